@@ -1,0 +1,36 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "ConversationKit",
+    products: [
+        .library(name: "RecordZone", targets: ["RecordZone"]),
+        .library(name: "ConversationKit", targets: ["ConversationKit"]),
+        .library(name: "ZoneServer", targets: ["ZoneServer"]),
+        .executable(name: "convkit-bench", targets: ["convkit-bench"]),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CSQLite", path: "Sources/CSQLite", pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(
+            name: "CSodium", path: "Sources/CSodium", pkgConfig: "libsodium",
+            providers: [.apt(["libsodium-dev"])]),
+
+        .target(name: "RecordZone", dependencies: ["CSodium"]),
+        .target(name: "ConversationKit", dependencies: ["RecordZone", "CSQLite"]),
+        .target(name: "ZoneServer", dependencies: ["RecordZone"]),
+
+        .executableTarget(
+            name: "convkit-bench", dependencies: ["RecordZone", "CSodium"],
+            path: "Tools/convkit-bench"),
+        .executableTarget(
+            name: "convkit-zone-writer", dependencies: ["RecordZone"],
+            path: "Tools/convkit-zone-writer"),
+
+        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "convkit-zone-writer"]),
+        .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,100 @@
+import Foundation
+
+/// An opaque, versioned position in a zone's (or the database's) change history.
+///
+/// Callers store and pass tokens back; they never look inside. Inside, a zone token names the
+/// zone and its incarnation, so a token from a deleted-and-recreated zone is recognised and
+/// answered with ``RecordZoneError/Code/changeTokenExpired``.
+public struct ChangeToken: Hashable, Sendable, Codable, CustomStringConvertible {
+    public let data: Data
+
+    public init(data: Data) { self.data = data }
+
+    /// The token as base64, for storage in text and for tools.
+    public var base64: String { data.base64EncodedString() }
+
+    public init?(base64: String) {
+        guard let data = Data(base64Encoded: base64) else { return nil }
+        self.data = data
+    }
+
+    public var description: String { base64 }
+
+    public init(from decoder: any Decoder) throws {
+        let text = try decoder.singleValueContainer().decode(String.self)
+        guard let data = Data(base64Encoded: text) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: "change token is not base64"))
+        }
+        self.data = data
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(base64)
+    }
+}
+
+/// The inside of a token: format version, kind, backend, zone, incarnation and a
+/// backend-specific position.
+struct TokenContents: Equatable {
+    enum Kind: UInt8 { case zone = 1, database = 2 }
+    static let version: UInt8 = 1
+
+    var kind: Kind
+    var backend: String
+    var zone: String
+    var incarnation: String
+    var position: Data
+
+    var token: ChangeToken {
+        var w = ByteWriter()
+        w.u8(Self.version)
+        w.u8(kind.rawValue)
+        w.string16(backend)
+        w.string16(zone)
+        w.string16(incarnation)
+        w.u32(UInt32(position.count))
+        w.append(position)
+        return ChangeToken(data: Data(w.bytes))
+    }
+
+    /// Parses a token; any malformed token is ``RecordZoneError/Code/invalidArguments``.
+    init(_ token: ChangeToken, expecting kind: Kind, backend: String) throws(RecordZoneError) {
+        let parsed: TokenContents? = token.data.withUnsafeBytes { raw in
+            var r = ByteReader(raw)
+            guard let version = try? r.u8(), version == Self.version,
+                let k = try? r.u8(), let kind = Kind(rawValue: k),
+                let backend = try? r.string16(what: "backend"),
+                let zone = try? r.string16(what: "zone"),
+                let incarnation = try? r.string16(what: "incarnation"),
+                let length = try? r.u32(), let position = try? r.data(Int(length)), r.remaining == 0
+            else { return nil }
+            return TokenContents(kind: kind, backend: backend, zone: zone, incarnation: incarnation, position: position)
+        }
+        guard let parsed, parsed.kind == kind, parsed.backend == backend else {
+            throw RecordZoneError(.invalidArguments, "not a \(backend) \(kind) change token")
+        }
+        self = parsed
+    }
+
+    init(kind: Kind, backend: String, zone: String, incarnation: String, position: Data) {
+        self.kind = kind
+        self.backend = backend
+        self.zone = zone
+        self.incarnation = incarnation
+        self.position = position
+    }
+
+    /// Parses a zone token and checks it belongs to this zone and incarnation.
+    static func zonePosition(_ token: ChangeToken?, backend: String, zone: ZoneName, incarnation: String) throws(RecordZoneError) -> Data? {
+        guard let token else { return nil }
+        let contents = try TokenContents(token, expecting: .zone, backend: backend)
+        guard contents.zone == zone.rawValue else {
+            throw RecordZoneError(.invalidArguments, "change token is for zone '\(contents.zone)', not '\(zone)'")
+        }
+        guard contents.incarnation == incarnation else {
+            throw RecordZoneError(.changeTokenExpired, "zone '\(zone)' was deleted and recreated since this token; fetch it again from the start")
+        }
+        return contents.position
+    }
+}

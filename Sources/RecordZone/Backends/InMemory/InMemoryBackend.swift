@@ -1,0 +1,259 @@
+import Foundation
+
+/// A backend that keeps everything in memory: fast tests of the layers above, and the
+/// reference the conformance suite holds the other backends to.
+///
+/// It stores each version's canonical bytes and verifies them again on every read, as a
+/// folder or server reader would.
+public actor InMemoryBackend: RecordZoneBackend {
+    static let kind = "memory"
+
+    private struct Entry {
+        var sequence: UInt64
+        var key: String
+        var data: Data
+    }
+
+    private struct Zone {
+        var incarnation = UUID().uuidString
+        var sequence: UInt64 = 0
+        /// Every stored change in sequence order; an entry is stale once its key has a later one.
+        var log: [Entry] = []
+        var latest: [String: UInt64] = [:]
+        var winners: [RecordID: Record] = [:]
+        var databaseSequence: UInt64 = 0
+
+        mutating func append(key: String, data: Data) -> UInt64 {
+            sequence += 1
+            log.append(Entry(sequence: sequence, key: key, data: data))
+            latest[key] = sequence
+            return sequence
+        }
+    }
+
+    public nonisolated let policy: RecordPolicy
+    private let instance = UUID().uuidString
+    private var zoneTable: [ZoneName: Zone] = [:]
+    private var deletedAt: [ZoneName: UInt64] = [:]
+    private var databaseSequence: UInt64 = 0
+    private var assets: [Data: Data] = [:]
+    private var waiters: [ZoneName: [Int: CheckedContinuation<Bool, Never>]] = [:]
+    private var nextWaiter = 0
+    private var injected = 0
+
+    /// - Parameter policy: the checks applied to every record saved and read.
+    public init(policy: RecordPolicy = RecordPolicy()) {
+        self.policy = policy
+    }
+
+    public func createZone(_ zone: ZoneName) throws(RecordZoneError) {
+        guard zoneTable[zone] == nil else { return }
+        databaseSequence += 1
+        var fresh = Zone()
+        fresh.databaseSequence = databaseSequence
+        zoneTable[zone] = fresh
+    }
+
+    public func zones() -> [ZoneName] { zoneTable.keys.sorted() }
+
+    public func deleteZone(_ zone: ZoneName) throws(RecordZoneError) {
+        guard zoneTable.removeValue(forKey: zone) != nil else {
+            throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
+        }
+        databaseSequence += 1
+        deletedAt[zone] = databaseSequence
+        wake(zone)
+    }
+
+    public func fetchDatabaseChanges(since token: ChangeToken?) throws(RecordZoneError) -> DatabaseChanges {
+        var since: UInt64 = 0
+        if let token {
+            let contents = try TokenContents(token, expecting: .database, backend: Self.kind)
+            guard contents.incarnation == instance else {
+                throw RecordZoneError(.changeTokenExpired, "database token is from another store")
+            }
+            since = Self.u64(contents.position)
+        }
+        let changed = zoneTable.filter { $0.value.databaseSequence > since }.keys.sorted()
+        let deleted = deletedAt.filter { $0.value > since && zoneTable[$0.key] == nil && token != nil }.keys.sorted()
+        let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: Self.bytes(databaseSequence))
+        return DatabaseChanges(changedZones: changed, deletedZones: deleted, token: next.token)
+    }
+
+    public func fetchChanges(in zoneName: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
+        let zone = try existing(zoneName)
+        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(Self.u64) ?? 0
+        let limit = BackendLimits.clampPage(limit)
+        var records = [Record](), rejected = [RejectedRecord]()
+        var position = since
+        var index = Self.firstIndex(in: zone.log, after: since)
+        while index < zone.log.count, records.count + rejected.count < limit {
+            let entry = zone.log[index]
+            index += 1
+            position = entry.sequence
+            guard zone.latest[entry.key] == entry.sequence else { continue }
+            switch policy.admit(encoded: entry.data, source: "memory #\(entry.sequence)") {
+            case .success(var record):
+                record.serverMetadata = ServerMetadata(changeTag: String(entry.sequence))
+                records.append(record)
+            case .failure(let rejection):
+                rejected.append(rejection)
+            }
+        }
+        let moreComing = zone.log[index...].contains { zone.latest[$0.key] == $0.sequence }
+        if !moreComing { position = zone.sequence }
+        return ZoneChanges(records: records, rejected: rejected, token: makeToken(zoneName, zone, position), moreComing: moreComing)
+    }
+
+    public func save(_ records: [Record], policy savePolicy: SavePolicy) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(records.count)
+        var results = [Result<Record, RecordZoneError>]()
+        var touched = Set<ZoneName>()
+        for record in records {
+            guard var zone = zoneTable[record.id.zone] else {
+                results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(record.id.zone)' does not exist", recordID: record.id)))
+                continue
+            }
+            if let error = SaveChecks.admit(record, policy: policy) ?? SaveChecks.checkUnchanged(record, current: zone.winners[record.id], policy: savePolicy) {
+                results.append(.failure(error))
+                continue
+            }
+            if let current = zone.winners[record.id], !MergeRule.wins(record, over: current) {
+                results.append(.success(current))
+                continue
+            }
+            let data: Data
+            do { data = try record.encoded() } catch { results.append(.failure(error)); continue }
+            var stored = record
+            stored.serverMetadata = ServerMetadata(changeTag: String(zone.append(key: record.id.name, data: data)), receivedAt: Date())
+            zone.winners[record.id] = stored
+            databaseSequence += 1
+            zone.databaseSequence = databaseSequence
+            zoneTable[record.id.zone] = zone
+            touched.insert(record.id.zone)
+            results.append(.success(stored))
+        }
+        touched.forEach(wake)
+        return results
+    }
+
+    public func fetch(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(ids.count)
+        return ids.map { id in
+            guard let zone = zoneTable[id.zone] else {
+                return .failure(RecordZoneError(.zoneNotFound, "zone '\(id.zone)' does not exist", recordID: id))
+            }
+            guard let record = zone.winners[id] else {
+                return .failure(RecordZoneError(.unknownItem, "no record \(id)", recordID: id))
+            }
+            return .success(record)
+        }
+    }
+
+    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
+        try query.run(over: existing(query.zone).winners.values, cursor: cursor, limit: limit)
+    }
+
+    public func putAsset(_ data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
+        let reference = try AssetChecks.reference(for: data, expected: expected)
+        assets[reference.hash] = data
+        return reference
+    }
+
+    public func asset(_ reference: AssetReference) throws(RecordZoneError) -> Data {
+        guard let data = assets[reference.hash] else {
+            throw RecordZoneError(.unknownItem, "no asset \(reference)")
+        }
+        try AssetChecks.verify(data, against: reference)
+        return data
+    }
+
+    public func waitForChanges(in zoneName: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
+        if try hasChanges(zoneName, since: token) { return true }
+        let id = nextWaiter
+        nextWaiter += 1
+        let timer = Task { [weak self] in
+            try? await Task.sleep(for: timeout)
+            await self?.resume(zoneName, id, false)
+        }
+        let woke = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                waiters[zoneName, default: [:]][id] = continuation
+            }
+        } onCancel: {
+            Task { await self.resume(zoneName, id, false) }
+        }
+        timer.cancel()
+        return woke
+    }
+
+    // MARK: - Test support
+
+    /// Stores raw bytes as if another writer had put them there, bypassing every save check:
+    /// how the conformance suite plants forged records for readers to catch.
+    func injectUnchecked(_ data: Data, into zoneName: ZoneName) throws(RecordZoneError) {
+        var zone = try existing(zoneName)
+        injected += 1
+        _ = zone.append(key: "injected-\(injected)", data: data)
+        zoneTable[zoneName] = zone
+        wake(zoneName)
+    }
+
+    // MARK: - Private
+
+    private func existing(_ zone: ZoneName) throws(RecordZoneError) -> Zone {
+        guard let found = zoneTable[zone] else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
+        return found
+    }
+
+    private func hasChanges(_ zoneName: ZoneName, since token: ChangeToken?) throws(RecordZoneError) -> Bool {
+        let zone = try existing(zoneName)
+        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(Self.u64) ?? 0
+        return zone.sequence > since
+    }
+
+    private func makeToken(_ name: ZoneName, _ zone: Zone, _ position: UInt64) -> ChangeToken {
+        TokenContents(kind: .zone, backend: Self.kind, zone: name.rawValue, incarnation: zone.incarnation, position: Self.bytes(position)).token
+    }
+
+    private func wake(_ zone: ZoneName) {
+        guard let waiting = waiters.removeValue(forKey: zone) else { return }
+        for continuation in waiting.values { continuation.resume(returning: true) }
+    }
+
+    private func resume(_ zone: ZoneName, _ id: Int, _ value: Bool) {
+        waiters[zone]?.removeValue(forKey: id)?.resume(returning: value)
+    }
+
+    private static func firstIndex(in log: [Entry], after sequence: UInt64) -> Int {
+        var low = 0, high = log.count
+        while low < high {
+            let mid = (low + high) / 2
+            if log[mid].sequence <= sequence { low = mid + 1 } else { high = mid }
+        }
+        return low
+    }
+
+    static func bytes(_ value: UInt64) -> Data { withUnsafeBytes(of: value.bigEndian) { Data($0) } }
+    static func u64(_ data: Data) -> UInt64 { data.reduce(0) { $0 << 8 | UInt64($1) } }
+}
+
+/// Asset hashing and verification, the same for every backend.
+enum AssetChecks {
+    static func reference(for data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
+        guard data.count <= BackendLimits.maximumAssetSize else {
+            throw RecordZoneError(.limitExceeded, "asset is \(data.count) bytes; the limit is \(BackendLimits.maximumAssetSize)")
+        }
+        let reference = AssetReference(for: data)
+        if let expected, expected != reference {
+            throw RecordZoneError(.assetCorrupt, "asset bytes hash to \(reference.hexHash), not \(expected.hexHash)")
+        }
+        return reference
+    }
+
+    static func verify(_ data: Data, against reference: AssetReference) throws(RecordZoneError) {
+        guard AssetReference(for: data) == reference else {
+            throw RecordZoneError(.assetCorrupt, "stored asset does not match its hash \(reference.hexHash)")
+        }
+    }
+}

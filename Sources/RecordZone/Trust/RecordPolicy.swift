@@ -1,0 +1,204 @@
+import Foundation
+import Synchronization
+
+/// Why a record was refused. A refused record is never applied and never returned as valid;
+/// it is reported with this reason so tools can show it.
+public enum RejectionReason: Hashable, Sendable, CustomStringConvertible {
+    case malformed(String)
+    case unsigned
+    case invalidSignature
+    case ownerFieldMissing(field: String)
+    /// The author key is not the key pinned for the identity that owns the record.
+    case ownerKeyMismatch(identity: String)
+    /// The owner named by the record is not among its members (e.g. not a participant).
+    case ownerNotMember(identity: String, listField: String)
+    /// A segment file that is incomplete or damaged; nothing in it was applied.
+    case corruptSegment(String)
+
+    public var description: String {
+        switch self {
+        case .malformed(let why): "malformed record: \(why)"
+        case .unsigned: "record is not signed"
+        case .invalidSignature: "signature does not verify"
+        case .ownerFieldMissing(let field): "owner field '\(field)' is missing"
+        case .ownerKeyMismatch(let identity): "signed by a key that is not the one pinned for '\(identity)'"
+        case .ownerNotMember(let identity, let list): "owner '\(identity)' is not in '\(list)'"
+        case .corruptSegment(let why): "corrupt segment: \(why)"
+        }
+    }
+}
+
+/// A record (or raw bytes) that a reader refused, with the reason and where it came from.
+public struct RejectedRecord: Error, Hashable, Sendable, CustomStringConvertible {
+    public var recordID: RecordID?
+    public var reason: RejectionReason
+    /// Where the bytes came from: a segment file, a request, a save.
+    public var source: String
+
+    public init(recordID: RecordID?, reason: RejectionReason, source: String) {
+        self.recordID = recordID
+        self.reason = reason
+        self.source = source
+    }
+
+    public var description: String {
+        "\(recordID.map { "\($0)" } ?? "?") from \(source): \(reason)"
+    }
+}
+
+/// Who owns records of one type.
+public struct OwnershipRule: Sendable, Hashable {
+    public enum Owner: Sendable, Hashable {
+        /// The record's name is the owner's identity (a speaker's profile).
+        case recordName
+        /// A string field names the owner's identity (a message's sender); with `memberOf`, that
+        /// identity must also appear in the named list-of-strings field (a conversation's participants).
+        case field(String, memberOf: String? = nil)
+    }
+
+    public var recordType: String
+    public var owner: Owner
+
+    public init(recordType: String, owner: Owner) {
+        self.recordType = recordType
+        self.owner = owner
+    }
+
+    /// The fields a tombstone of this type keeps, so that its owner can still be checked.
+    public var tombstoneFields: Set<String> {
+        switch owner {
+        case .recordName: []
+        case .field(let name, let list): list.map { [name, $0] } ?? [name]
+        }
+    }
+}
+
+/// The keys known for one identity: the one in force and those it replaced.
+public struct KeyChain: Hashable, Sendable {
+    public var current: Data
+    /// Earlier keys, each valid for versions up to the clock of the rotation that retired it.
+    public var retired: [(key: Data, until: RecordClock)]
+
+    public init(current: Data) {
+        self.current = current
+        self.retired = []
+    }
+
+    func allows(_ key: Data, at clock: RecordClock) -> Bool {
+        key == current || retired.contains { $0.key == key && clock <= $0.until }
+    }
+
+    public static func == (lhs: KeyChain, rhs: KeyChain) -> Bool {
+        lhs.current == rhs.current && lhs.retired.map(\.key) == rhs.retired.map(\.key)
+            && lhs.retired.map(\.until) == rhs.retired.map(\.until)
+    }
+    public func hash(into hasher: inout Hasher) { hasher.combine(current) }
+}
+
+/// The checks every reader applies to every inbound record: a valid Ed25519 signature by the
+/// author key, and ownership — the author must be the record's owner, whose key is pinned the
+/// first time it is seen. A different key later is refused unless a ``KeyRotation`` record
+/// signed by the pinned key moved the pin.
+///
+/// Types without a rule need only a valid signature.
+public final class RecordPolicy: Sendable {
+    public let rules: [String: OwnershipRule]
+    private let pins: Mutex<[String: KeyChain]>
+
+    public init(rules: [OwnershipRule] = [], pinnedKeys: [String: KeyChain] = [:]) {
+        self.rules = Dictionary(rules.map { ($0.recordType, $0) }, uniquingKeysWith: { _, last in last })
+        self.pins = Mutex(pinnedKeys)
+    }
+
+    /// The keys pinned so far, by identity (to persist them).
+    public var pinnedKeys: [String: KeyChain] { pins.withLock { $0 } }
+
+    /// The fields a tombstone of this record type keeps.
+    public func tombstoneFields(for recordType: String) -> Set<String> {
+        recordType == KeyRotation.recordType ? [KeyRotation.identityField] : rules[recordType]?.tombstoneFields ?? []
+    }
+
+    /// Signs a tombstone for `record` that keeps the fields its owner check needs.
+    public func tombstone(for record: Record, signedWith key: SigningKey, clock: RecordClock) throws(RecordZoneError) -> Record {
+        try record.tombstone(keeping: tombstoneFields(for: record.recordType), signedWith: key, clock: clock)
+    }
+
+    /// Checks a record; pins its owner's key on first sight. Returns the reason when refused.
+    public func check(_ record: Record) -> RejectionReason? {
+        guard record.isSigned, record.authorKey.count == Sodium.publicKeyLength else { return .unsigned }
+        guard record.hasValidSignature() else { return .invalidSignature }
+        if record.recordType == KeyRotation.recordType { return applyRotation(record) }
+        guard let rule = rules[record.recordType] else { return nil }
+        let identity: String
+        switch rule.owner {
+        case .recordName:
+            identity = record.id.name
+        case .field(let field, let list):
+            guard let owner = record[field]?.stringValue else { return .ownerFieldMissing(field: field) }
+            if let list {
+                let members = record[list]?.listValue?.compactMap(\.stringValue) ?? []
+                guard members.contains(owner) else { return .ownerNotMember(identity: owner, listField: list) }
+            }
+            identity = owner
+        }
+        return pins.withLock { pins in
+            if let chain = pins[identity] {
+                return chain.allows(record.authorKey, at: record.clock) ? nil : .ownerKeyMismatch(identity: identity)
+            }
+            pins[identity] = KeyChain(current: record.authorKey)
+            return nil
+        }
+    }
+
+    /// Decodes and checks encoded bytes.
+    public func admit(encoded data: Data, source: String) -> Result<Record, RejectedRecord> {
+        let record: Record
+        do {
+            record = try Record(canonical: data)
+        } catch {
+            return .failure(RejectedRecord(recordID: nil, reason: .malformed(error.description), source: source))
+        }
+        if let reason = check(record) {
+            return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source))
+        }
+        return .success(record)
+    }
+
+    private func applyRotation(_ record: Record) -> RejectionReason? {
+        guard let identity = record[KeyRotation.identityField]?.stringValue else {
+            return .ownerFieldMissing(field: KeyRotation.identityField)
+        }
+        if record.isDeleted { return nil }
+        guard let newKey = record[KeyRotation.newKeyField]?.bytesValue, newKey.count == Sodium.publicKeyLength else {
+            return .ownerFieldMissing(field: KeyRotation.newKeyField)
+        }
+        return pins.withLock { pins in
+            var chain = pins[identity] ?? KeyChain(current: record.authorKey)
+            if chain.current == newKey { return nil }
+            guard chain.allows(record.authorKey, at: record.clock) else { return .ownerKeyMismatch(identity: identity) }
+            if chain.current == record.authorKey {
+                chain.retired.append((chain.current, record.clock))
+                chain.current = newKey
+            }
+            pins[identity] = chain
+            return nil
+        }
+    }
+}
+
+/// A record that moves an identity's pinned key to a new key. It must be signed by the key
+/// pinned for the identity; versions signed by the old key up to the rotation's clock stay valid.
+public enum KeyRotation {
+    public static let recordType = "KeyRotation"
+    public static let identityField = "identity"
+    public static let newKeyField = "newKey"
+
+    /// Makes and signs a rotation of `identity` from `oldKey` to `newKey`.
+    public static func record(identity: String, zone: ZoneName, from oldKey: SigningKey, to newKey: Data, clock: RecordClock) throws(RecordZoneError) -> Record {
+        var record = Record(
+            id: try RecordID(zone: zone, name: "rotation-\(identity)-\(clock.rawValue)"), type: recordType,
+            fields: [identityField: .string(identity), newKeyField: .bytes(newKey)])
+        try record.sign(with: oldKey, clock: clock)
+        return record
+    }
+}
