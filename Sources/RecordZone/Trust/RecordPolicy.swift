@@ -3,7 +3,7 @@ import Synchronization
 
 /// Why a record was refused. A refused record is never applied and never returned as valid;
 /// it is reported with this reason so tools can show it.
-public enum RejectionReason: Hashable, Sendable, CustomStringConvertible {
+public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible {
     case malformed(String)
     case unsigned
     case invalidSignature

@@ -1,0 +1,73 @@
+import Foundation
+
+/// An immutable segment file: one batch of records written by one device.
+///
+/// ```
+/// "CKSG" 0x01          magic and format version
+/// u32 record count
+/// per record: u32 length, canonical record bytes (``Record/encoded()``)
+/// 32 bytes             SHA-256 of every byte above
+/// ```
+/// A segment that is cut short, has a flipped byte or trailing bytes fails its checksum or its
+/// framing and is reported, never applied, and never deleted: a file-sync tool may still be
+/// delivering it.
+enum Segment {
+    static let magic: [UInt8] = Array("CKSG".utf8)
+    static let version: UInt8 = 1
+    static let fileExtension = "seg"
+
+    static func encode(_ records: [Data]) -> Data {
+        var w = ByteWriter()
+        w.reserve(records.reduce(41) { $0 + $1.count + 4 })
+        w.append(magic)
+        w.u8(version)
+        w.u32(UInt32(records.count))
+        for record in records {
+            w.u32(UInt32(record.count))
+            w.append(record)
+        }
+        w.append(Sodium.sha256(Data(w.bytes)))
+        return Data(w.bytes)
+    }
+
+    /// The records' bytes, once the checksum and framing are verified.
+    static func decode(_ data: Data) -> Result<[Data], RejectionReason> {
+        guard data.count >= magic.count + 1 + 4 + 32 else {
+            return .failure(.corruptSegment("\(data.count) bytes is too short"))
+        }
+        let body = data.prefix(data.count - 32)
+        guard Sodium.constantTimeEqual(Sodium.sha256(body), data.suffix(32)) else {
+            return .failure(.corruptSegment("checksum mismatch (incomplete or damaged file)"))
+        }
+        return body.withUnsafeBytes { raw -> Result<[Data], RejectionReason> in
+            var r = ByteReader(raw)
+            guard let head = try? r.raw(4), Array(head) == magic else { return .failure(.corruptSegment("bad magic")) }
+            guard let v = try? r.u8(), v == version else { return .failure(.corruptSegment("unsupported segment version")) }
+            guard let count = try? r.u32(), Int(count) <= r.remaining / 4 else {
+                return .failure(.corruptSegment("bad record count"))
+            }
+            var records = [Data]()
+            records.reserveCapacity(Int(count))
+            for _ in 0..<count {
+                guard let length = try? r.u32(), let bytes = try? r.data(Int(length)) else {
+                    return .failure(.corruptSegment("record framing runs past the end"))
+                }
+                records.append(bytes)
+            }
+            guard r.remaining == 0 else { return .failure(.corruptSegment("\(r.remaining) trailing bytes")) }
+            return .success(records)
+        }
+    }
+
+    static func fileName(_ sequence: UInt64) -> String {
+        let digits = String(sequence)
+        return String(repeating: "0", count: max(0, 12 - digits.count)) + digits + "." + fileExtension
+    }
+
+    /// The sequence number in a segment file name, or nil for any other file (temporary files
+    /// start with a dot and are never read).
+    static func sequence(ofFile name: String) -> UInt64? {
+        guard !name.hasPrefix("."), name.hasSuffix("." + fileExtension) else { return nil }
+        return UInt64(name.dropLast(fileExtension.count + 1))
+    }
+}
