@@ -1,0 +1,83 @@
+import Foundation
+import Testing
+@testable import RecordZone
+
+@Suite struct RecordPolicyTests {
+    let profiles: ZoneName
+    init() throws { profiles = try ZoneName("profiles") }
+
+    @Test func firstKeySeenIsPinnedAndAnotherKeyIsRefused() throws {
+        let policy = makePolicy()
+        let bobProfile = try signed(profiles, "bob", type: "Profile", key: Keys.bob, clock: RecordClock(rawValue: 1))
+        #expect(policy.check(bobProfile) == nil)
+        let forged = try signed(profiles, "bob", type: "Profile", key: Keys.mallory, clock: RecordClock(rawValue: 2))
+        #expect(policy.check(forged) == .ownerKeyMismatch(identity: "bob"))
+        // A note claiming bob as owner but signed by mallory is refused too: same identity.
+        let note = try note(profiles, "n", owner: "bob", key: Keys.mallory, clock: RecordClock(rawValue: 3))
+        #expect(policy.check(note) == .ownerKeyMismatch(identity: "bob"))
+        #expect(policy.pinnedKeys["bob"]?.current == Keys.bob.publicKey)
+    }
+
+    @Test func unsignedAlteredAndWrongKeyRecordsAreRefused() throws {
+        let policy = makePolicy()
+        var record = try signed(profiles, "x", clock: RecordClock(rawValue: 1))
+        var unsigned = record
+        unsigned.signature = Data()
+        #expect(policy.check(unsigned) == .unsigned)
+        record["extra"] = .int(1)  // altered after signing
+        #expect(policy.check(record) == .invalidSignature)
+        var wrongKey = try signed(profiles, "y", clock: RecordClock(rawValue: 1))
+        wrongKey.authorKey = Keys.bob.publicKey  // claims bob, signed by alice
+        #expect(policy.check(wrongKey) == .invalidSignature)
+    }
+
+    @Test func ownerMustBeAMemberWhenTheRuleSaysSo() throws {
+        let policy = makePolicy()
+        let ok = try signed(profiles, "t1", type: "Thread", fields: ["author": .string("alice"), "members": .list([.string("alice"), .string("bob")])], clock: RecordClock(rawValue: 1))
+        #expect(policy.check(ok) == nil)
+        let outsider = try signed(profiles, "t2", type: "Thread", fields: ["author": .string("carol"), "members": .list([.string("alice")])], key: Keys.carol, clock: RecordClock(rawValue: 1))
+        #expect(policy.check(outsider) == .ownerNotMember(identity: "carol", listField: "members"))
+        let noOwner = try signed(profiles, "t3", type: "Note", clock: RecordClock(rawValue: 1))
+        #expect(policy.check(noOwner) == .ownerFieldMissing(field: "owner"))
+    }
+
+    @Test func tombstonesKeepTheirOwnerAndMustBeSignedByIt() throws {
+        let policy = makePolicy()
+        let original = try note(profiles, "n", owner: "alice", clock: RecordClock(rawValue: 1))
+        #expect(policy.check(original) == nil)
+        let stone = try policy.tombstone(for: original, signedWith: Keys.alice, clock: RecordClock(rawValue: 2))
+        #expect(stone.isDeleted && stone["text"] == nil && stone["owner"] == .string("alice"))
+        #expect(policy.check(stone) == nil)
+        let forgedStone = try policy.tombstone(for: original, signedWith: Keys.mallory, clock: RecordClock(rawValue: 3))
+        #expect(policy.check(forgedStone) == .ownerKeyMismatch(identity: "alice"))
+    }
+
+    @Test func rotationSignedByThePinnedKeyMovesThePin() throws {
+        let policy = makePolicy()
+        let newKey = Keys.key(9)
+        #expect(policy.check(try signed(profiles, "alice", type: "Profile", clock: RecordClock(rawValue: 10))) == nil)
+        // Mallory cannot rotate alice's key.
+        let hostile = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.mallory, to: Keys.mallory.publicKey, clock: RecordClock(rawValue: 20))
+        #expect(policy.check(hostile) == .ownerKeyMismatch(identity: "alice"))
+        let rotation = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: newKey.publicKey, clock: RecordClock(rawValue: 20))
+        #expect(policy.check(rotation) == nil)
+        #expect(policy.check(try signed(profiles, "alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))) == nil)
+        // The old key stays valid for what it signed before the rotation, not after.
+        #expect(policy.check(try note(profiles, "old", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 15))) == nil)
+        #expect(policy.check(try note(profiles, "late", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 31))) == .ownerKeyMismatch(identity: "alice"))
+    }
+
+    @Test func mergeRuleIsDeterministic() throws {
+        let low = try signed(profiles, "r", key: Keys.bob, clock: RecordClock(rawValue: 5))
+        let high = try signed(profiles, "r", key: Keys.alice, clock: RecordClock(rawValue: 6))
+        #expect(MergeRule.winner(low, high) == high && MergeRule.winner(high, low) == high)
+        // Same clock: the higher author key wins, whichever is seen first.
+        let a = try signed(profiles, "r", key: Keys.alice, clock: RecordClock(rawValue: 7))
+        let b = try signed(profiles, "r", key: Keys.bob, clock: RecordClock(rawValue: 7))
+        let expected = Keys.alice.publicKey.lexicographicallyPrecedes(Keys.bob.publicKey) ? b : a
+        #expect(MergeRule.winner(a, b) == expected && MergeRule.winner(b, a) == expected)
+        // A tombstone is a version like any other.
+        let stone = try a.tombstone(signedWith: Keys.alice, clock: RecordClock(rawValue: 8))
+        #expect(MergeRule.winner(stone, b).isDeleted)
+    }
+}

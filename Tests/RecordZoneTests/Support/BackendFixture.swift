@@ -1,0 +1,61 @@
+import Foundation
+import Testing
+@testable import RecordZone
+
+/// The backends the conformance suite runs against. Each test takes a kind as its argument,
+/// so the same test definition runs against every backend.
+enum BackendKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case memory, filesystem
+    var testDescription: String { rawValue }
+}
+
+/// A backend under test plus the means to reach it as several writers and to plant raw bytes.
+final class BackendFixture: @unchecked Sendable {
+    let kind: BackendKind
+    let policy: RecordPolicy
+    private let directory: TemporaryDirectory?
+    private let memory: InMemoryBackend?
+    private var opened: [String: any RecordZoneBackend] = [:]
+    private var forgerSequence: UInt64 = 0
+
+    init(_ kind: BackendKind) throws {
+        self.kind = kind
+        policy = makePolicy()
+        switch kind {
+        case .memory:
+            memory = InMemoryBackend(policy: policy)
+            directory = nil
+        case .filesystem:
+            memory = nil
+            directory = try TemporaryDirectory("fszone")
+        }
+    }
+
+    var root: String { directory?.path ?? "" }
+
+    /// The backend as seen by one writer (a device, for the filesystem). Readers get their own
+    /// policy, as separate peers would.
+    func backend(_ writer: String = "main") throws -> any RecordZoneBackend {
+        if let existing = opened[writer] { return existing }
+        let made: any RecordZoneBackend
+        switch kind {
+        case .memory: made = try #require(memory)
+        case .filesystem: made = try FileSystemBackend(root: root, device: writer, policy: makePolicy(), pollInterval: .milliseconds(5))
+        }
+        opened[writer] = made
+        return made
+    }
+
+    /// Stores bytes as a hostile or broken peer would, bypassing every save check.
+    func plant(_ data: Data, in zone: ZoneName) async throws {
+        switch kind {
+        case .memory:
+            try await #require(memory).injectUnchecked(data, into: zone)
+        case .filesystem:
+            let layout = FolderLayout(root: root)
+            let generation = try layout.zoneState(zone).generation
+            forgerSequence += 1
+            try layout.writeSegment(Segment.encode([data]), zone: zone, generation: generation, device: "forger", sequence: forgerSequence)
+        }
+    }
+}
