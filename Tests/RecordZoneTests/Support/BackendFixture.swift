@@ -35,12 +35,12 @@ final class BackendFixture: @unchecked Sendable {
 
     /// The backend as seen by one writer (a device, for the filesystem). Readers get their own
     /// policy, as separate peers would.
-    func backend(_ writer: String = "main") throws -> any RecordZoneBackend {
+    func backend(_ writer: String = "main", pinnedKeys: [String: KeyChain] = [:]) throws -> any RecordZoneBackend {
         if let existing = opened[writer] { return existing }
         let made: any RecordZoneBackend
         switch kind {
         case .memory: made = try #require(memory)
-        case .filesystem: made = try FileSystemBackend(root: root, device: writer, policy: makePolicy(), pollInterval: .milliseconds(5))
+        case .filesystem: made = try FileSystemBackend(root: root, device: writer, policy: makePolicy(pinnedKeys: pinnedKeys), pollInterval: .milliseconds(5))
         }
         opened[writer] = made
         return made

@@ -16,12 +16,12 @@ enum Keys {
 
 /// The ownership rules the tests use: a "Profile" is owned by the identity in its name, a
 /// "Note" by the identity in its `owner` field, and "Shared" records need only a signature.
-func makePolicy() -> RecordPolicy {
+func makePolicy(pinnedKeys: [String: KeyChain] = [:]) -> RecordPolicy {
     RecordPolicy(rules: [
         OwnershipRule(recordType: "Profile", owner: .recordName),
         OwnershipRule(recordType: "Note", owner: .field("owner")),
         OwnershipRule(recordType: "Thread", owner: .field("author", memberOf: "members")),
-    ])
+    ], pinnedKeys: pinnedKeys)
 }
 
 func zone(_ name: String) throws -> ZoneName { try ZoneName(name) }
