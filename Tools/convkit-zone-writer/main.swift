@@ -1,1 +1,72 @@
-print("w")
+// convkit-zone-writer: writes signed records into a filesystem zone as one device and prints
+// one "ack <record name>" line for each record once its batch is durable. The tests run it as
+// a real process: two at once as two devices, a second one as the same device, and one killed
+// with SIGKILL mid-write.
+import Foundation
+import RecordZone
+
+let usage = """
+    OVERVIEW: Write signed test records into a filesystem zone as one device.
+
+    USAGE: convkit-zone-writer --root <dir> --device <name> --zone <zone> --count <n> [--batch <n>] [--prefix <p>]
+
+    OPTIONS:
+      --root <dir>       The shared zone folder.
+      --device <name>    The device to write as.
+      --zone <zone>      The zone to write into (created if missing).
+      --count <n>        How many records to write.
+      --batch <n>        Records per segment (default 10).
+      --prefix <p>       Record name prefix (default: the device name).
+      -h, --help         Show help information.
+
+    """
+
+func fail(_ message: String, code: Int32) -> Never {
+    FileHandle.standardError.write(Data("Error: \(message)\n".utf8))
+    if code == 64 { FileHandle.standardError.write(Data(usage.utf8)) }
+    exit(code)
+}
+
+var options = [String: String]()
+var arguments = CommandLine.arguments.dropFirst()
+while let flag = arguments.popFirst() {
+    if flag == "-h" || flag == "--help" {
+        print(usage, terminator: "")
+        exit(0)
+    }
+    guard flag.hasPrefix("--"), let value = arguments.popFirst() else { fail("unexpected argument '\(flag)'", code: 64) }
+    options[String(flag.dropFirst(2))] = value
+}
+guard let root = options["root"], let device = options["device"], let zoneText = options["zone"],
+    let count = options["count"].flatMap(Int.init), count >= 0
+else { fail("--root, --device, --zone and --count are required", code: 64) }
+let batchSize = options["batch"].flatMap(Int.init) ?? 10
+guard batchSize > 0, batchSize <= Record.maximumBatchSize else { fail("--batch must be 1…\(Record.maximumBatchSize)", code: 64) }
+let prefix = options["prefix"] ?? device
+
+do {
+    let zone = try ZoneName(zoneText)
+    let backend = try FileSystemBackend(root: root, device: device)
+    try await backend.createZone(zone)
+    let key = SigningKey.generate()
+    let clock = HybridLogicalClock()
+    var written = 0
+    while written < count {
+        var batch = [Record]()
+        for n in written..<min(count, written + batchSize) {
+            var record = Record(id: try RecordID(zone: zone, name: "\(prefix)-\(n)"), type: "Item")
+            record["n"] = .int(Int64(n))
+            record["payload"] = .bytes(Data(repeating: UInt8(n % 256), count: 200))
+            try record.sign(with: key, clock: clock.now())
+            batch.append(record)
+        }
+        var acks = ""
+        for result in try await backend.save(batch) {
+            acks += "ack \(try result.get().id.name)\n"
+        }
+        FileHandle.standardOutput.write(Data(acks.utf8))
+        written += batch.count
+    }
+} catch {
+    fail("\(error)", code: 1)
+}
