@@ -29,8 +29,6 @@ let package = Package(
             path: "Tools/convkit-zone-writer"),
 
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "convkit-zone-writer"]),
-        .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit"]),
-        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -3,19 +3,29 @@ import Foundation
 /// The checks a backend makes before it stores a version, shared so every backend refuses the
 /// same records with the same codes.
 enum SaveChecks {
-    /// Refuses a version that is too large, unsigned, forged or not its author's to write.
-    static func admit(_ record: Record, policy: RecordPolicy) -> RecordZoneError? {
-        let encodedSize: Int
+    /// Refuses versions that are too large, unsigned, forged or not their author's to write.
+    /// Signatures are verified in parallel; ownership in order, as readers would.
+    /// - Returns: per record, its canonical encoding ready to store, or why it was refused.
+    static func admit(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
+        let verified = RecordPolicy.parallelMap(records, encodeAndVerify)
+        return zip(records, verified).map { record, outcome in
+            guard case .success = outcome, let reason = policy.checkOwnership(record) else { return outcome }
+            return .failure(error(for: reason, recordID: record.id))
+        }
+    }
+
+    private static func encodeAndVerify(_ record: Record) -> Result<Data, RecordZoneError> {
+        let encoded: Data
         do {
-            encodedSize = try record.encoded().count
+            encoded = try record.encoded()  // throws limitExceeded past 1 MiB
         } catch {
-            return error
+            return .failure(error)
         }
-        guard encodedSize <= Record.maximumEncodedSize else {
-            return RecordZoneError(.limitExceeded, "record encodes to \(encodedSize) bytes", recordID: record.id)
+        let body = encoded.prefix(encoded.count - 1 - record.signature.count)
+        if let reason = RecordPolicy.checkSignature(record, signedBytes: body) {
+            return .failure(error(for: reason, recordID: record.id))
         }
-        guard let reason = policy.check(record) else { return nil }
-        return error(for: reason, recordID: record.id)
+        return .success(encoded)
     }
 
     static func error(for reason: RejectionReason, recordID: RecordID?) -> RecordZoneError {

@@ -124,9 +124,73 @@ public final class RecordPolicy: Sendable {
     }
 
     /// Checks a record; pins its owner's key on first sight. Returns the reason when refused.
-    public func check(_ record: Record) -> RejectionReason? {
+    /// - Parameter signedBytes: the record's canonical body when the caller has it already
+    ///   (as decoded from the wire); otherwise it is encoded again.
+    public func check(_ record: Record, signedBytes: Data? = nil) -> RejectionReason? {
+        Self.checkSignature(record, signedBytes: signedBytes) ?? checkOwnership(record)
+    }
+
+    /// Decodes and checks encoded bytes.
+    public func admit(encoded data: Data, source: String) -> Result<Record, RejectedRecord> {
+        switch Self.decodeAndVerify(data) {
+        case .failure(let rejection):
+            return .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source))
+        case .success(let record):
+            if let reason = checkOwnership(record) {
+                return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source))
+            }
+            return .success(record)
+        }
+    }
+
+    /// Decodes and checks a batch: signatures are verified in parallel across cores, then
+    /// ownership is checked in order (pinning depends on order, so it stays sequential).
+    public func admit(batch: [Data], source: (Int) -> String) -> [Result<Record, RejectedRecord>] {
+        let verified = Self.parallelMap(batch, Self.decodeAndVerify)
+        return verified.enumerated().map { index, outcome in
+            switch outcome {
+            case .failure(let rejection):
+                return .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source(index)))
+            case .success(let record):
+                if let reason = checkOwnership(record) {
+                    return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index)))
+                }
+                return .success(record)
+            }
+        }
+    }
+
+    struct SignatureFailure: Error {
+        var id: RecordID?
+        var reason: RejectionReason
+    }
+
+    /// Decodes canonical bytes and verifies the signature over exactly the bytes received (the
+    /// decoder accepts canonical input only, so the body is the input less the signature).
+    static func decodeAndVerify(_ data: Data) -> Result<Record, SignatureFailure> {
+        let record: Record
+        do {
+            record = try Record(canonical: data)
+        } catch {
+            return .failure(SignatureFailure(id: nil, reason: .malformed(error.description)))
+        }
+        let body = data.prefix(data.count - 1 - record.signature.count)
+        if let reason = checkSignature(record, signedBytes: body) {
+            return .failure(SignatureFailure(id: record.id, reason: reason))
+        }
+        return .success(record)
+    }
+
+    static func checkSignature(_ record: Record, signedBytes: Data?) -> RejectionReason? {
         guard record.isSigned, record.authorKey.count == Sodium.publicKeyLength else { return .unsigned }
-        guard record.hasValidSignature() else { return .invalidSignature }
+        if let signedBytes {
+            return Sodium.verify(signature: record.signature, message: signedBytes, publicKey: record.authorKey) ? nil : .invalidSignature
+        }
+        return record.hasValidSignature() ? nil : .invalidSignature
+    }
+
+    /// The ownership half of ``check(_:signedBytes:)``, for a record whose signature is verified.
+    func checkOwnership(_ record: Record) -> RejectionReason? {
         if record.recordType == KeyRotation.recordType { return applyRotation(record) }
         guard let rule = rules[record.recordType] else { return nil }
         let identity: String
@@ -150,18 +214,20 @@ public final class RecordPolicy: Sendable {
         }
     }
 
-    /// Decodes and checks encoded bytes.
-    public func admit(encoded data: Data, source: String) -> Result<Record, RejectedRecord> {
-        let record: Record
-        do {
-            record = try Record(canonical: data)
-        } catch {
-            return .failure(RejectedRecord(recordID: nil, reason: .malformed(error.description), source: source))
+    /// Maps in parallel over all cores when the batch is large enough to pay for it.
+    static func parallelMap<T: Sendable, R: Sendable>(_ items: [T], _ transform: @Sendable (T) -> R) -> [R] {
+        let cores = ProcessInfo.processInfo.activeProcessorCount
+        guard items.count >= 32, cores > 1 else { return items.map(transform) }
+        let chunks = min(cores * 4, items.count)
+        let results = UnsafeMutableBufferPointer<R?>.allocate(capacity: items.count)
+        results.initialize(repeating: nil)
+        defer { results.deallocate() }
+        nonisolated(unsafe) let output = results
+        DispatchQueue.concurrentPerform(iterations: chunks) { chunk in
+            let lower = items.count * chunk / chunks, upper = items.count * (chunk + 1) / chunks
+            for index in lower..<upper { output[index] = transform(items[index]) }
         }
-        if let reason = check(record) {
-            return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source))
-        }
-        return .success(record)
+        return results.map { $0! }
     }
 
     private func applyRotation(_ record: Record) -> RejectionReason? {

@@ -134,20 +134,24 @@ public actor FileSystemBackend: RecordZoneBackend {
             }
             var state = try refreshed(zone, generation: generation)
             var accepted = [(index: Int, record: Record, bytes: Data)]()
-            for i in indices {
+            var pendingIndex = [RecordID: Int]()
+            let admitted = SaveChecks.admit(indices.map { records[$0] }, policy: policy)
+            for (i, outcome) in zip(indices, admitted) {
                 let record = records[i]
-                if let error = SaveChecks.admit(record, policy: policy)
-                    ?? SaveChecks.checkUnchanged(record, current: state.winners[record.id], policy: savePolicy)
-                {
+                let encoded: Data
+                switch outcome {
+                case .success(let bytes): encoded = bytes
+                case .failure(let error): results[i] = .failure(error); continue
+                }
+                if let error = SaveChecks.checkUnchanged(record, current: state.winners[record.id], policy: savePolicy) {
                     results[i] = .failure(error)
                 } else if let current = state.winners[record.id], !MergeRule.wins(record, over: current) {
                     results[i] = .success(current)
-                } else if let pending = accepted.firstIndex(where: { $0.record.id == record.id }),
-                    !MergeRule.wins(record, over: accepted[pending].record)
-                {
+                } else if let pending = pendingIndex[record.id], !MergeRule.wins(record, over: accepted[pending].record) {
                     results[i] = .success(accepted[pending].record)
                 } else {
-                    do { accepted.append((i, record, try record.encoded())) } catch { results[i] = .failure(error) }
+                    pendingIndex[record.id] = accepted.count
+                    accepted.append((i, record, encoded))
                 }
             }
             guard !accepted.isEmpty else { continue }
@@ -248,21 +252,23 @@ public actor FileSystemBackend: RecordZoneBackend {
                     page.rejected.append(RejectedRecord(recordID: nil, reason: reason, source: source))
                     break deviceLoop
                 }
-                var index = Int(at.offset)
-                while index < encoded.count {
-                    if page.records.count + page.rejected.count >= limit {
-                        page.moreComing = true
-                        at = DevicePosition(segment: sequence - 1, offset: UInt32(index))
-                        break deviceLoop
-                    }
-                    switch policy.admit(encoded: encoded[index], source: "\(source) #\(index)") {
+                let first = min(Int(at.offset), encoded.count)
+                let room = limit - page.records.count - page.rejected.count
+                let end = first + min(room, encoded.count - first)
+                let admitted = policy.admit(batch: Array(encoded[first..<end])) { "\(source) #\(first + $0)" }
+                for (offset, outcome) in admitted.enumerated() {
+                    switch outcome {
                     case .success(var record):
-                        record.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, index))
+                        record.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, first + offset))
                         page.records.append(record)
                     case .failure(let rejection):
                         page.rejected.append(rejection)
                     }
-                    index += 1
+                }
+                if end < encoded.count {
+                    page.moreComing = true
+                    at = DevicePosition(segment: sequence - 1, offset: UInt32(end))
+                    break deviceLoop
                 }
                 at = DevicePosition(segment: sequence, offset: 0)
                 sequence += 1

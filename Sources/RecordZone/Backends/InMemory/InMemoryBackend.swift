@@ -109,12 +109,18 @@ public actor InMemoryBackend: RecordZoneBackend {
         try BackendLimits.checkBatch(records.count)
         var results = [Result<Record, RecordZoneError>]()
         var touched = Set<ZoneName>()
-        for record in records {
+        let admitted = SaveChecks.admit(records, policy: policy)
+        for (record, outcome) in zip(records, admitted) {
             guard var zone = zoneTable[record.id.zone] else {
                 results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(record.id.zone)' does not exist", recordID: record.id)))
                 continue
             }
-            if let error = SaveChecks.admit(record, policy: policy) ?? SaveChecks.checkUnchanged(record, current: zone.winners[record.id], policy: savePolicy) {
+            let data: Data
+            switch outcome {
+            case .success(let encoded): data = encoded
+            case .failure(let error): results.append(.failure(error)); continue
+            }
+            if let error = SaveChecks.checkUnchanged(record, current: zone.winners[record.id], policy: savePolicy) {
                 results.append(.failure(error))
                 continue
             }
@@ -122,8 +128,6 @@ public actor InMemoryBackend: RecordZoneBackend {
                 results.append(.success(current))
                 continue
             }
-            let data: Data
-            do { data = try record.encoded() } catch { results.append(.failure(error)); continue }
             var stored = record
             stored.serverMetadata = ServerMetadata(changeTag: String(zone.append(key: record.id.name, data: data)), receivedAt: Date())
             zone.winners[record.id] = stored
