@@ -88,11 +88,33 @@ public struct KeyChain: Hashable, Sendable {
         key == current || retired.contains { $0.key == key && clock <= $0.until }
     }
 
+    public init(current: Data, retired: [(key: Data, until: RecordClock)]) {
+        self.current = current
+        self.retired = retired
+    }
+
     public static func == (lhs: KeyChain, rhs: KeyChain) -> Bool {
         lhs.current == rhs.current && lhs.retired.map(\.key) == rhs.retired.map(\.key)
             && lhs.retired.map(\.until) == rhs.retired.map(\.until)
     }
     public func hash(into hasher: inout Hasher) { hasher.combine(current) }
+}
+
+extension KeyChain: Codable {
+    private struct Retired: Codable { var key: Data; var until: RecordClock }
+    private enum Keys: String, CodingKey { case current, retired }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        current = try c.decode(Data.self, forKey: .current)
+        retired = try c.decode([Retired].self, forKey: .retired).map { ($0.key, $0.until) }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(current, forKey: .current)
+        try c.encode(retired.map { Retired(key: $0.key, until: $0.until) }, forKey: .retired)
+    }
 }
 
 /// The checks every reader applies to every inbound record: a valid Ed25519 signature by the

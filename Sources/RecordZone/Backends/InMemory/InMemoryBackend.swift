@@ -81,18 +81,26 @@ public actor InMemoryBackend: RecordZoneBackend {
     }
 
     public func fetchChanges(in zoneName: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
+        try fetchChanges(in: zoneName, since: token, limit: limit, reader: policy)
+    }
+
+    /// Fetches changes verified with a reader's own policy (see ``connection(policy:)``).
+    func fetchChanges(in zoneName: ZoneName, since token: ChangeToken?, limit: Int, reader: RecordPolicy) throws(RecordZoneError) -> ZoneChanges {
         let zone = try existing(zoneName)
         let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(Self.u64) ?? 0
         let limit = BackendLimits.clampPage(limit)
         var records = [Record](), rejected = [RejectedRecord]()
         var position = since
         var index = Self.firstIndex(in: zone.log, after: since)
-        while index < zone.log.count, records.count + rejected.count < limit {
+        var page = [Entry]()
+        while index < zone.log.count, page.count < limit {
             let entry = zone.log[index]
             index += 1
             position = entry.sequence
-            guard zone.latest[entry.key] == entry.sequence else { continue }
-            switch policy.admit(encoded: entry.data, source: "memory #\(entry.sequence)") {
+            if zone.latest[entry.key] == entry.sequence { page.append(entry) }
+        }
+        for (entry, outcome) in zip(page, reader.admit(batch: page.map(\.data), source: { "memory #\(page[$0].sequence)" })) {
+            switch outcome {
             case .success(var record):
                 record.serverMetadata = ServerMetadata(changeTag: String(entry.sequence))
                 records.append(record)
@@ -142,6 +150,10 @@ public actor InMemoryBackend: RecordZoneBackend {
     }
 
     public func fetch(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try fetch(ids, reader: policy)
+    }
+
+    func fetch(_ ids: [RecordID], reader: RecordPolicy) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try BackendLimits.checkBatch(ids.count)
         return ids.map { id in
             guard let zone = zoneTable[id.zone] else {
@@ -150,12 +162,28 @@ public actor InMemoryBackend: RecordZoneBackend {
             guard let record = zone.winners[id] else {
                 return .failure(RecordZoneError(.unknownItem, "no record \(id)", recordID: id))
             }
+            if reader !== policy, let reason = reader.check(record) {
+                return .failure(SaveChecks.error(for: reason, recordID: id))
+            }
             return .success(record)
         }
     }
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
-        try query.run(over: existing(query.zone).winners.values, cursor: cursor, limit: limit)
+        try self.query(query, cursor: cursor, limit: limit, reader: policy)
+    }
+
+    func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int, reader: RecordPolicy) throws(RecordZoneError) -> QueryResult {
+        var result = try query.run(over: existing(query.zone).winners.values, cursor: cursor, limit: limit)
+        if reader !== policy { result.records.removeAll { reader.check($0) != nil } }
+        return result
+    }
+
+    /// A view of this backend for one client that verifies what it reads with its own policy
+    /// (its own pinned keys), as a separate peer would. Saves are still checked by the
+    /// backend's policy.
+    public nonisolated func connection(policy reader: RecordPolicy) -> InMemoryConnection {
+        InMemoryConnection(backend: self, reader: reader)
     }
 
     public func putAsset(_ data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
@@ -259,5 +287,37 @@ enum AssetChecks {
         guard AssetReference(for: data) == reference else {
             throw RecordZoneError(.assetCorrupt, "stored asset does not match its hash \(reference.hexHash)")
         }
+    }
+}
+
+/// One client's view of an ``InMemoryBackend``: reads are verified with the client's policy.
+public struct InMemoryConnection: RecordZoneBackend {
+    public let backend: InMemoryBackend
+    public let reader: RecordPolicy
+
+    public func createZone(_ zone: ZoneName) async throws(RecordZoneError) { try await backend.createZone(zone) }
+    public func zones() async throws(RecordZoneError) -> [ZoneName] { await backend.zones() }
+    public func deleteZone(_ zone: ZoneName) async throws(RecordZoneError) { try await backend.deleteZone(zone) }
+    public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
+        try await backend.fetchDatabaseChanges(since: token)
+    }
+    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
+        try await backend.fetchChanges(in: zone, since: token, limit: limit, reader: reader)
+    }
+    public func save(_ records: [Record], policy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try await backend.save(records, policy: policy)
+    }
+    public func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try await backend.fetch(ids, reader: reader)
+    }
+    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
+        try await backend.query(query, cursor: cursor, limit: limit, reader: reader)
+    }
+    public func putAsset(_ data: Data, expected: AssetReference?) async throws(RecordZoneError) -> AssetReference {
+        try await backend.putAsset(data, expected: expected)
+    }
+    public func asset(_ reference: AssetReference) async throws(RecordZoneError) -> Data { try await backend.asset(reference) }
+    public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
+        try await backend.waitForChanges(in: zone, since: token, timeout: timeout)
     }
 }

@@ -1,0 +1,92 @@
+import CSQLite
+import Foundation
+
+/// One SQLite connection (`sqlite3*`): not `Sendable`; its owner serializes access
+/// (``DatabaseQueue``). Statements are prepared once and cached by their SQL.
+/// See <https://www.sqlite.org/c3ref/sqlite3.html>.
+public final class Database {
+    let handle: OpaquePointer
+    public let path: String
+    private var statements: [String: Statement] = [:]
+
+    /// Opens (or creates) the database at `path`.
+    /// - Parameter readOnly: open without write access (the reader connection).
+    /// - Throws: ``SQLiteError``.
+    public init(path: String, readOnly: Bool = false) throws(SQLiteError) {
+        var db: OpaquePointer?
+        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
+        let code = sqlite3_open_v2(path, &db, flags, nil)
+        guard code == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            if let db { sqlite3_close_v2(db) }
+            throw SQLiteError(code: code, message: "cannot open \(path): \(message)")
+        }
+        handle = db
+        self.path = path
+        sqlite3_extended_result_codes(db, 1)
+        sqlite3_busy_timeout(db, 5000)
+    }
+
+    deinit {
+        statements.removeAll()
+        sqlite3_close_v2(handle)
+    }
+
+    func error(_ code: Int32, sql: String?) -> SQLiteError {
+        SQLiteError(code: sqlite3_extended_errcode(handle), message: String(cString: sqlite3_errmsg(handle)), sql: sql)
+    }
+
+    /// Runs one or more SQL statements with no parameters and no results.
+    public func execute(_ sql: String) throws(SQLiteError) {
+        var message: UnsafeMutablePointer<CChar>?
+        let code = sqlite3_exec(handle, sql, nil, nil, &message)
+        guard code == SQLITE_OK else {
+            let text = message.map { String(cString: $0) } ?? String(cString: sqlite3_errstr(code))
+            sqlite3_free(message)
+            throw SQLiteError(code: sqlite3_extended_errcode(handle), message: text, sql: sql)
+        }
+    }
+
+    /// The cached prepared statement for this SQL.
+    public func statement(_ sql: String) throws(SQLiteError) -> Statement {
+        if let cached = statements[sql] { return cached }
+        let statement = try Statement(database: self, sql: sql)
+        statements[sql] = statement
+        return statement
+    }
+
+    /// Runs a statement with values.
+    public func execute(_ sql: String, _ values: [any DatabaseValueConvertible]) throws(SQLiteError) {
+        try statement(sql).execute(values)
+    }
+
+    public func rows<T>(_ sql: String, _ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> [T] {
+        try statement(sql).rows(values, map)
+    }
+
+    public func first<T>(_ sql: String, _ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> T? {
+        try statement(sql).first(values, map)
+    }
+
+    /// The number of rows the last statement changed.
+    public var changes: Int { Int(sqlite3_changes(handle)) }
+    public var lastInsertedRowID: Int64 { sqlite3_last_insert_rowid(handle) }
+
+    /// Runs `body` in an immediate transaction: committed when it returns, rolled back when it throws.
+    public func transaction<T>(_ body: () throws -> T) throws -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let result = try body()
+            try execute("COMMIT")
+            return result
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// `PRAGMA user_version`, the schema version migrations key on.
+    public var userVersion: Int {
+        get throws(SQLiteError) { Int(try first("PRAGMA user_version") { $0.int(0) } ?? 0) }
+    }
+}

@@ -1,0 +1,130 @@
+import CSQLite
+import Foundation
+
+/// A value SQLite stores.
+public enum DatabaseValue: Sendable, Hashable {
+    case null
+    case integer(Int64)
+    case real(Double)
+    case text(String)
+    case blob(Data)
+}
+
+/// Converts Swift values to ``DatabaseValue`` for binding.
+public protocol DatabaseValueConvertible {
+    var databaseValue: DatabaseValue { get }
+}
+
+extension Int64: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .integer(self) } }
+extension Int: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .integer(Int64(self)) } }
+extension UInt64: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .integer(Int64(bitPattern: self)) } }
+extension Bool: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .integer(self ? 1 : 0) } }
+extension Double: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .real(self) } }
+extension String: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .text(self) } }
+extension Data: DatabaseValueConvertible { public var databaseValue: DatabaseValue { .blob(self) } }
+extension DatabaseValue: DatabaseValueConvertible { public var databaseValue: DatabaseValue { self } }
+extension Optional: DatabaseValueConvertible where Wrapped: DatabaseValueConvertible {
+    public var databaseValue: DatabaseValue { self?.databaseValue ?? .null }
+}
+
+/// A prepared statement (`sqlite3_stmt`), owned by its ``Database`` and finalized in `deinit`.
+/// See <https://www.sqlite.org/c3ref/stmt.html>.
+public final class Statement {
+    let handle: OpaquePointer
+    public let sql: String
+    unowned let database: Database
+
+    init(database: Database, sql: String) throws(SQLiteError) {
+        var statement: OpaquePointer?
+        let code = sqlite3_prepare_v3(database.handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard code == SQLITE_OK, let statement else {
+            throw database.error(code, sql: sql)
+        }
+        self.handle = statement
+        self.sql = sql
+        self.database = database
+    }
+
+    deinit { sqlite3_finalize(handle) }
+
+    /// Binds the values to parameters 1…n (after clearing earlier bindings and resetting).
+    public func bind(_ values: [any DatabaseValueConvertible]) throws(SQLiteError) {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+        for (offset, value) in values.enumerated() {
+            let index = Int32(offset + 1)
+            let code: Int32
+            switch value.databaseValue {
+            case .null: code = sqlite3_bind_null(handle, index)
+            case .integer(let v): code = sqlite3_bind_int64(handle, index, v)
+            case .real(let v): code = sqlite3_bind_double(handle, index, v)
+            case .text(let v): code = sqlite3_bind_text(handle, index, v, -1, csqlite_transient())
+            case .blob(let v):
+                code = v.withUnsafeBytes { raw in
+                    sqlite3_bind_blob(handle, index, raw.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(raw.count), csqlite_transient())
+                }
+            }
+            guard code == SQLITE_OK else { throw database.error(code, sql: sql) }
+        }
+    }
+
+    /// Steps once: true when a row is ready, false when done.
+    public func step() throws(SQLiteError) -> Bool {
+        let code = sqlite3_step(handle)
+        switch code {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        default:
+            let error = database.error(code, sql: sql)
+            sqlite3_reset(handle)
+            throw error
+        }
+    }
+
+    /// Runs to completion with the values bound.
+    public func execute(_ values: [any DatabaseValueConvertible] = []) throws(SQLiteError) {
+        try bind(values)
+        while try step() {}
+        sqlite3_reset(handle)
+    }
+
+    /// Runs and maps every row.
+    public func rows<T>(_ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> [T] {
+        try bind(values)
+        defer { sqlite3_reset(handle) }
+        var result = [T]()
+        let row = Row(statement: self)
+        while try step() { result.append(try map(row)) }
+        return result
+    }
+
+    /// Runs and maps the first row, if any.
+    public func first<T>(_ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> T? {
+        try bind(values)
+        defer { sqlite3_reset(handle) }
+        return try step() ? try map(Row(statement: self)) : nil
+    }
+}
+
+/// The current row of a stepping ``Statement``; columns are read by index.
+public struct Row {
+    let statement: Statement
+    var handle: OpaquePointer { statement.handle }
+
+    public func isNull(_ index: Int32) -> Bool { sqlite3_column_type(handle, index) == SQLITE_NULL }
+    public func int(_ index: Int32) -> Int64 { sqlite3_column_int64(handle, index) }
+    public func double(_ index: Int32) -> Double { sqlite3_column_double(handle, index) }
+    public func bool(_ index: Int32) -> Bool { int(index) != 0 }
+    public func optionalInt(_ index: Int32) -> Int64? { isNull(index) ? nil : int(index) }
+    public func text(_ index: Int32) -> String {
+        guard let pointer = sqlite3_column_text(handle, index) else { return "" }
+        return String(cString: pointer)
+    }
+    public func optionalText(_ index: Int32) -> String? { isNull(index) ? nil : text(index) }
+    public func blob(_ index: Int32) -> Data {
+        let count = Int(sqlite3_column_bytes(handle, index))
+        guard count > 0, let pointer = sqlite3_column_blob(handle, index) else { return Data() }
+        return Data(bytes: pointer, count: count)
+    }
+    public func optionalBlob(_ index: Int32) -> Data? { isNull(index) ? nil : blob(index) }
+}

@@ -1,0 +1,58 @@
+/// The store's schema, one migration per version (`PRAGMA user_version`).
+///
+/// Sync bookkeeping tables carry the `ck_` prefix; every table is STRICT.
+enum StoreSchema {
+    static let migrations: [Migration] = [
+        Migration(version: 1, sql: """
+            CREATE TABLE ck_meta (key TEXT PRIMARY KEY, value BLOB) STRICT;
+            -- The winning version of every record the store holds (canonical bytes).
+            CREATE TABLE ck_records (
+                zone TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL,
+                clock INTEGER NOT NULL, author BLOB NOT NULL, signature BLOB NOT NULL,
+                is_deleted INTEGER NOT NULL, record BLOB NOT NULL,
+                PRIMARY KEY (zone, name)) STRICT, WITHOUT ROWID;
+            -- Local versions waiting to be pushed; one row per record, the newest version.
+            CREATE TABLE ck_outbox (
+                id INTEGER PRIMARY KEY, zone TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL,
+                attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL DEFAULT 0, last_error TEXT,
+                UNIQUE (zone, name)) STRICT;
+            CREATE TABLE ck_zone_state (zone TEXT PRIMARY KEY, token BLOB, is_created INTEGER NOT NULL DEFAULT 0) STRICT;
+            CREATE TABLE ck_quarantine (
+                id INTEGER PRIMARY KEY, zone TEXT, name TEXT, reason TEXT NOT NULL, source TEXT NOT NULL,
+                record BLOB, received_at INTEGER NOT NULL) STRICT;
+            CREATE TABLE ck_pins (identity TEXT PRIMARY KEY, chain BLOB NOT NULL) STRICT;
+
+            CREATE TABLE speakers (
+                identifier TEXT PRIMARY KEY, name TEXT NOT NULL, public_key BLOB,
+                is_known INTEGER NOT NULL DEFAULT 0) STRICT;
+            CREATE TABLE speaker_tags (
+                tag TEXT NOT NULL, identifier TEXT NOT NULL, PRIMARY KEY (tag, identifier)) STRICT, WITHOUT ROWID;
+            CREATE INDEX speaker_tags_by_speaker ON speaker_tags (identifier);
+            CREATE TABLE conversations (
+                zone TEXT PRIMARY KEY, other TEXT NOT NULL, started_by TEXT, joined_by TEXT,
+                last_message_at INTEGER) STRICT;
+            CREATE INDEX conversations_by_other ON conversations (other);
+            CREATE TABLE conversation_members (
+                zone TEXT NOT NULL, speaker TEXT NOT NULL, clock INTEGER NOT NULL,
+                PRIMARY KEY (zone, speaker)) STRICT, WITHOUT ROWID;
+            CREATE TABLE messages (
+                zone TEXT NOT NULL, name TEXT NOT NULL, speaker TEXT NOT NULL, listener TEXT NOT NULL,
+                content TEXT NOT NULL, spoken_at INTEGER NOT NULL, edited_at INTEGER, read_at INTEGER,
+                is_deleted INTEGER NOT NULL DEFAULT 0,
+                sync_state INTEGER NOT NULL, sync_error TEXT,
+                PRIMARY KEY (zone, name)) STRICT;
+            -- Newest N of a conversation, and older pages before a cursor.
+            CREATE INDEX messages_by_time ON messages (zone, spoken_at, name);
+            -- Unread counts: the local speaker's unread messages, per conversation.
+            CREATE INDEX messages_unread ON messages (listener, zone) WHERE read_at IS NULL AND is_deleted = 0;
+            CREATE TABLE receipts (
+                zone TEXT NOT NULL, message TEXT NOT NULL, reader TEXT NOT NULL, read_at INTEGER NOT NULL,
+                PRIMARY KEY (zone, message, reader)) STRICT, WITHOUT ROWID;
+            """),
+    ]
+}
+
+/// The `sync_state` column's values.
+enum SyncStateColumn: Int64 {
+    case synced = 0, pending = 1, failed = 2
+}

@@ -1,0 +1,29 @@
+import Foundation
+
+/// The one conversation between the local speaker and another speaker.
+public struct Conversation: Sendable, Hashable, Identifiable {
+    /// The conversation's zone name, derived from the pair of speakers, so both sides name the
+    /// same conversation even when both start it offline.
+    public let id: String
+    /// The other speaker's identifier.
+    public let nonLocalSpeaker: String
+    /// Who started it: the participant whose join came first (by clock, then identifier).
+    public let startedBy: String?
+    /// The other participant, once they have joined (sent or answered).
+    public let joinedBy: String?
+    public let unreadCount: Int
+    public let lastMessageAt: Date?
+}
+
+/// A page of a conversation's messages, oldest first.
+public struct MessagePage: Sendable {
+    public let messages: [Message]
+    /// Pass it as `before:` for the page of older messages; nil when there are none.
+    public let olderCursor: MessageCursor?
+}
+
+/// A position in a conversation's history: just before this message.
+public struct MessageCursor: Sendable, Hashable, Codable {
+    public let spokenAt: Int64
+    public let name: String
+}

@@ -1,0 +1,51 @@
+import Foundation
+import RecordZone
+
+/// The store's errors: a code, a message, and what caused it underneath.
+public struct ConversationError: Error, Sendable, CustomStringConvertible {
+    public enum Code: String, Sendable, Hashable {
+        case invalidIdentifier
+        case contentTooLarge
+        case emptyContent
+        case unknownSpeaker
+        case unknownConversation
+        case unknownMessage
+        case notYourMessage
+        case noLocalSpeaker
+        /// The store belongs to another local speaker; open that speaker's own store.
+        case storeBelongsToAnotherSpeaker
+        case storeNotWritable
+        case databaseCorrupt
+        case database
+        case backend
+    }
+
+    public var code: Code
+    public var message: String
+    /// The SQLite error underneath, for ``Code/database``, ``Code/databaseCorrupt`` and ``Code/storeNotWritable``.
+    public var sqliteError: SQLiteError?
+    /// The backend error underneath, for ``Code/backend``.
+    public var backendError: RecordZoneError?
+
+    public init(_ code: Code, _ message: String, sqliteError: SQLiteError? = nil, backendError: RecordZoneError? = nil) {
+        self.code = code
+        self.message = message
+        self.sqliteError = sqliteError
+        self.backendError = backendError
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+
+    /// Wraps any error thrown inside the store into a ``ConversationError``.
+    static func wrap(_ error: any Error) -> ConversationError {
+        switch error {
+        case let error as ConversationError: return error
+        case let error as SQLiteError:
+            if error.isCorruption { return ConversationError(.databaseCorrupt, "the store's database is damaged: \(error.message)", sqliteError: error) }
+            if error.isAccessProblem { return ConversationError(.storeNotWritable, "the store's database cannot be written: \(error.message)", sqliteError: error) }
+            return ConversationError(.database, error.description, sqliteError: error)
+        case let error as RecordZoneError: return ConversationError(.backend, error.description, backendError: error)
+        default: return ConversationError(.database, "\(error)")
+        }
+    }
+}

@@ -1,0 +1,49 @@
+import Foundation
+import RecordZone
+
+/// A message's identity: its conversation and its name (a UUID chosen by the sender).
+public struct MessageID: Sendable, Hashable, Codable, CustomStringConvertible {
+    public let conversation: String
+    public let name: String
+    public init(conversation: String, name: String) {
+        self.conversation = conversation
+        self.name = name
+    }
+    public var description: String { "\(conversation)/\(name)" }
+}
+
+/// One message, as a value snapshot.
+public struct Message: Sendable, Hashable, Identifiable {
+    public static let maximumContentBytes = 64 * 1024
+
+    public let id: MessageID
+    public let content: String
+    /// The speaker who said it.
+    public let speaker: String
+    /// The speaker it was said to.
+    public let listener: String
+    public let spokenAt: Date
+    public let editedAt: Date?
+    /// When the listener read it (from their signed receipt).
+    public let readAt: Date?
+    public let syncState: SyncState
+}
+
+/// Where a local change stands with the backend.
+public enum SyncState: Sendable, Hashable {
+    /// Committed locally, waiting in the outbox.
+    case pending
+    /// The backend has it.
+    case synced
+    /// The backend refused it for good; the reason says why.
+    case failed(reason: String)
+}
+
+/// Something that changed in the store, for live views.
+public enum StoreEvent: Sendable, Hashable {
+    case messageAdded(MessageID)
+    case messageChanged(MessageID)
+    case speakerUpdated(String)
+    case conversationChanged(String)
+    case syncStateChanged(MessageID)
+}

@@ -1,0 +1,181 @@
+import Foundation
+import RecordZone
+
+/// Applies record versions to the cache inside a write transaction: the merge rule against the
+/// version held, the chat model's own checks, then the projection into the chat tables.
+/// Local changes and pulled changes go through the same path, so both sides of a conversation
+/// build their tables the same way. Collects the events to publish after the commit.
+struct RecordApplier {
+    enum Origin { case local, remote }
+
+    let db: Database
+    let localSpeaker: String?
+    private(set) var events: [StoreEvent] = []
+    private(set) var quarantinedCount = 0
+
+    init(db: Database, localSpeaker: String?) {
+        self.db = db
+        self.localSpeaker = localSpeaker
+    }
+
+    /// Applies one version. Returns false when it lost the merge or was quarantined.
+    @discardableResult
+    mutating func apply(_ record: Record, origin: Origin) throws -> Bool {
+        let zone = record.id.zone.rawValue, name = record.id.name
+        if let held = try db.first("SELECT clock, author, signature FROM ck_records WHERE zone = ? AND name = ?", [zone, name], { row in
+            (UInt64(bitPattern: row.int(0)), row.blob(1), row.blob(2))
+        }) {
+            var current = Record(id: record.id, type: record.recordType)
+            current.clock = RecordClock(rawValue: held.0)
+            current.authorKey = held.1
+            current.signature = held.2
+            guard MergeRule.wins(record, over: current) else { return false }
+        }
+        if let problem = chatProblem(record) {
+            try quarantine(record.id, reason: problem, source: origin == .local ? "local" : "pull", record: try? record.encoded())
+            return false
+        }
+        try db.execute("""
+            INSERT INTO ck_records (zone, name, type, clock, author, signature, is_deleted, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, clock = excluded.clock, author = excluded.author,
+                signature = excluded.signature, is_deleted = excluded.is_deleted, record = excluded.record
+            """, [zone, name, record.recordType, record.clock.rawValue, record.authorKey, record.signature, record.isDeleted, try record.encoded()])
+        switch record.recordType {
+        case ChatRecords.speakerType: try projectSpeaker(record)
+        case ChatRecords.memberType: try projectMember(record)
+        case ChatRecords.messageType: try projectMessage(record, origin: origin)
+        case ChatRecords.receiptType: try projectReceipt(record)
+        default: break  // a type from a newer version: kept in ck_records, not shown
+        }
+        return true
+    }
+
+    /// Records a refused record with its reason; it is never applied or shown.
+    mutating func quarantine(_ id: RecordID?, reason: String, source: String, record: Data?) throws {
+        try db.execute("INSERT INTO ck_quarantine (zone, name, reason, source, record, received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                       [id?.zone.rawValue, id?.name, reason, source, record, Int64(Date().timeIntervalSince1970 * 1000)])
+        quarantinedCount += 1
+    }
+
+    /// The chat model's checks, beyond signature and ownership (which the backend's reader
+    /// applied with the store's policy).
+    private func chatProblem(_ record: Record) -> String? {
+        let zone = record.id.zone
+        switch record.recordType {
+        case ChatRecords.speakerType:
+            return zone == ChatRecords.speakersZone ? nil : "a Speaker record outside the speakers zone"
+        case ChatRecords.memberType:
+            guard let speaker = record.string("speaker") else { return "member record without a speaker" }
+            let participants = record["participants"]?.listValue?.compactMap(\.stringValue) ?? []
+            guard participants.count == 2, participants[0] < participants[1],
+                ChatRecords.conversationZone(participants[0], participants[1]) == zone
+            else { return "member record whose participants do not match its zone" }
+            guard participants.contains(speaker) else { return "member is not a participant" }
+            if let local = localSpeaker, !participants.contains(local) { return "a conversation the local speaker is not in" }
+            return nil
+        case ChatRecords.messageType:
+            guard let speaker = record.string("speaker") else { return "message without a speaker" }
+            if record.isDeleted {
+                return ChatRecords.isParticipant(speaker, in: zone) ? nil : "message tombstone from outside the conversation"
+            }
+            guard let listener = record.string("listener"), let content = record.string("content"),
+                record.milliseconds("spokenAt") != nil
+            else { return "message without listener, content or spokenAt" }
+            guard ChatRecords.conversationZone(speaker, listener) == zone, speaker != listener else {
+                return "message whose speaker and listener do not match its conversation"
+            }
+            guard content.utf8.count <= Message.maximumContentBytes else { return "message content over 64 KiB" }
+            return nil
+        case ChatRecords.receiptType:
+            guard let reader = record.string("reader"), ChatRecords.isParticipant(reader, in: zone) else {
+                return "receipt from outside the conversation"
+            }
+            if !record.isDeleted, record.string("message") == nil || record.milliseconds("readAt") == nil {
+                return "receipt without message or readAt"
+            }
+            return nil
+        default:
+            return nil
+        }
+    }
+
+    private mutating func projectSpeaker(_ record: Record) throws {
+        let identifier = record.id.name
+        let name = record.isDeleted ? "" : record.string("name") ?? ""
+        try db.execute("""
+            INSERT INTO speakers (identifier, name, public_key, is_known) VALUES (?, ?, ?, 0)
+            ON CONFLICT (identifier) DO UPDATE SET name = excluded.name, public_key = excluded.public_key
+            """, [identifier, name, record.authorKey])
+        try db.execute("DELETE FROM speaker_tags WHERE identifier = ?", [identifier])
+        if !record.isDeleted {
+            for tag in Set(record["tags"]?.listValue?.compactMap(\.stringValue) ?? []) {
+                try db.execute("INSERT INTO speaker_tags (tag, identifier) VALUES (?, ?)", [tag, identifier])
+            }
+        }
+        events.append(.speakerUpdated(identifier))
+    }
+
+    private mutating func projectMember(_ record: Record) throws {
+        guard !record.isDeleted, let speaker = record.string("speaker") else { return }
+        let zone = record.id.zone.rawValue
+        let participants = record["participants"]?.listValue?.compactMap(\.stringValue) ?? []
+        try db.execute("""
+            INSERT INTO conversation_members (zone, speaker, clock) VALUES (?, ?, ?)
+            ON CONFLICT (zone, speaker) DO UPDATE SET clock = min(clock, excluded.clock)
+            """, [zone, speaker, record.clock.rawValue])
+        if let other = participants.first(where: { $0 != localSpeaker }) {
+            try ensureConversation(zone: zone, other: other)
+        }
+        let members = try db.rows("SELECT speaker FROM conversation_members WHERE zone = ? ORDER BY clock, speaker", [zone]) { $0.text(0) }
+        try db.execute("UPDATE conversations SET started_by = ?, joined_by = ? WHERE zone = ?",
+                       [members.first, members.count > 1 ? members[1] : nil, zone])
+        events.append(.conversationChanged(zone))
+    }
+
+    private mutating func projectMessage(_ record: Record, origin: Origin) throws {
+        let zone = record.id.zone.rawValue, name = record.id.name
+        let state = origin == .local ? SyncStateColumn.pending : .synced
+        let exists = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, name]) { _ in true } ?? false
+        if record.isDeleted {
+            try db.execute("UPDATE messages SET is_deleted = 1, content = '', sync_state = ?, sync_error = NULL WHERE zone = ? AND name = ?",
+                           [state.rawValue, zone, name])
+            if exists { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
+            return
+        }
+        guard let speaker = record.string("speaker"), let listener = record.string("listener"),
+            let content = record.string("content"), let spokenAt = record.milliseconds("spokenAt")
+        else { return }
+        try db.execute("""
+            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?)
+            ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
+                spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL
+            """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, listener, state.rawValue])
+        let other = speaker == localSpeaker ? listener : speaker
+        try ensureConversation(zone: zone, other: other)
+        try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [spokenAt, zone])
+        events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
+    }
+
+    private mutating func projectReceipt(_ record: Record) throws {
+        guard !record.isDeleted, let reader = record.string("reader"), let message = record.string("message"),
+            let readAt = record.milliseconds("readAt")
+        else { return }
+        let zone = record.id.zone.rawValue
+        try db.execute("""
+            INSERT INTO receipts (zone, message, reader, read_at) VALUES (?, ?, ?, ?)
+            ON CONFLICT (zone, message, reader) DO UPDATE SET read_at = excluded.read_at
+            """, [zone, message, reader, readAt])
+        try db.execute("UPDATE messages SET read_at = ? WHERE zone = ? AND name = ? AND listener = ?", [readAt, zone, message, reader])
+        if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: message))) }
+    }
+
+    private mutating func ensureConversation(zone: String, other: String) throws {
+        try db.execute("INSERT INTO conversations (zone, other) VALUES (?, ?) ON CONFLICT (zone) DO NOTHING", [zone, other])
+        if db.changes > 0 { events.append(.conversationChanged(zone)) }
+        try db.execute("""
+            INSERT INTO speakers (identifier, name, is_known) VALUES (?, '', 1)
+            ON CONFLICT (identifier) DO UPDATE SET is_known = 1
+            """, [other])
+    }
+}
