@@ -4,7 +4,7 @@
 enum StoreSchema {
     static let migrations: [Migration] = [
         Migration(version: 1, sql: """
-            CREATE TABLE ck_meta (key TEXT PRIMARY KEY, value BLOB) STRICT;
+            CREATE TABLE ck_meta (key TEXT PRIMARY KEY, value ANY) STRICT;
             -- The winning version of every record the store holds (canonical bytes).
             CREATE TABLE ck_records (
                 zone TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL,

@@ -50,6 +50,9 @@ struct RecordApplier {
         return true
     }
 
+    /// Adds an event to publish after the commit.
+    mutating func note(_ event: StoreEvent) { events.append(event) }
+
     /// Records a refused record with its reason; it is never applied or shown.
     mutating func quarantine(_ id: RecordID?, reason: String, source: String, record: Data?) throws {
         try db.execute("INSERT INTO ck_quarantine (zone, name, reason, source, record, received_at) VALUES (?, ?, ?, ?, ?, ?)",

@@ -126,6 +126,7 @@ extension KeyChain: Codable {
 public final class RecordPolicy: Sendable {
     public let rules: [String: OwnershipRule]
     private let pins: Mutex<[String: KeyChain]>
+    private let pinChanges = Atomic<Int>(0)
 
     public init(rules: [OwnershipRule] = [], pinnedKeys: [String: KeyChain] = [:]) {
         self.rules = Dictionary(rules.map { ($0.recordType, $0) }, uniquingKeysWith: { _, last in last })
@@ -134,6 +135,18 @@ public final class RecordPolicy: Sendable {
 
     /// The keys pinned so far, by identity (to persist them).
     public var pinnedKeys: [String: KeyChain] { pins.withLock { $0 } }
+
+    /// How many times a pin was added or moved: persist ``pinnedKeys`` when it changes.
+    public var pinChangeCount: Int { pinChanges.load(ordering: .acquiring) }
+
+    /// Pins `key` for `identity` if nothing is pinned yet (the local speaker's own key).
+    public func pin(_ key: Data, for identity: String) {
+        pins.withLock { pins in
+            guard pins[identity] == nil else { return }
+            pins[identity] = KeyChain(current: key)
+            pinChanges.add(1, ordering: .releasing)
+        }
+    }
 
     /// The fields a tombstone of this record type keeps.
     public func tombstoneFields(for recordType: String) -> Set<String> {
@@ -232,6 +245,7 @@ public final class RecordPolicy: Sendable {
                 return chain.allows(record.authorKey, at: record.clock) ? nil : .ownerKeyMismatch(identity: identity)
             }
             pins[identity] = KeyChain(current: record.authorKey)
+            pinChanges.add(1, ordering: .releasing)
             return nil
         }
     }
@@ -269,6 +283,7 @@ public final class RecordPolicy: Sendable {
                 chain.current = newKey
             }
             pins[identity] = chain
+            pinChanges.add(1, ordering: .releasing)
             return nil
         }
     }

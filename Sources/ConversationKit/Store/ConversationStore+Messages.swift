@@ -1,0 +1,253 @@
+import Foundation
+import RecordZone
+
+extension ConversationStore {
+    // MARK: Conversations
+
+    /// The conversation with `other`, if one exists here.
+    public func existingConversation(with other: String) throws(ConversationError) -> Conversation? {
+        let local = try requireIdentity()
+        let zone = ChatRecords.conversationZone(local.identifier, other).rawValue
+        return try read { db in try Self.conversations(db, where: "c.zone = ?", [zone], local: local.identifier).first }
+    }
+
+    /// The conversation with `other`, started (offline, through the outbox) if there is none.
+    /// Both sides starting it at once still end in one conversation: its zone comes from the pair.
+    @discardableResult
+    public func conversation(with other: String) throws(ConversationError) -> Conversation {
+        let local = try requireIdentity()
+        try ChatRecords.validate(identifier: other)
+        guard other != local.identifier else { throw ConversationError(.invalidIdentifier, "a conversation needs another speaker") }
+        let zone = ChatRecords.conversationZone(local.identifier, other).rawValue
+        return try write { applier in
+            try joinIfNeeded(other, as: local, in: &applier)
+            guard let conversation = try Self.conversations(applier.db, where: "c.zone = ?", [zone], local: local.identifier).first else {
+                throw ConversationError(.unknownConversation, "conversation \(zone) was not created")
+            }
+            return conversation
+        }
+    }
+
+    /// Every conversation, most recent first.
+    public func conversations() throws(ConversationError) -> [Conversation] {
+        let local = try requireIdentity()
+        return try read { db in try Self.conversations(db, where: "1", [], local: local.identifier) }
+    }
+
+    /// Unread messages to the local speaker in one conversation.
+    public func unreadCount(in conversation: String) throws(ConversationError) -> Int {
+        let local = try requireIdentity()
+        return try read { db in
+            try Self.requireConversation(db, conversation)
+            return Int(try db.first("SELECT count(*) FROM messages WHERE listener = ? AND zone = ? AND read_at IS NULL AND is_deleted = 0",
+                             [local.identifier, conversation]) { $0.int(0) } ?? 0)
+        }
+    }
+
+    /// Unread messages to the local speaker over all conversations.
+    public func totalUnreadCount() throws(ConversationError) -> Int {
+        let local = try requireIdentity()
+        return try read { db in
+            Int(try db.first("SELECT count(*) FROM messages WHERE listener = ? AND read_at IS NULL AND is_deleted = 0", [local.identifier]) { $0.int(0) } ?? 0)
+        }
+    }
+
+    // MARK: Messages
+
+    /// Sends a message: committed locally with its outbox entry and returned at once, offline
+    /// or not; ``sync()`` delivers it.
+    /// - Throws: ``ConversationError/Code/emptyContent``, ``ConversationError/Code/contentTooLarge``
+    ///   (over 64 KiB of UTF-8), ``ConversationError/Code/invalidIdentifier``.
+    @discardableResult
+    public func send(_ content: String, to listener: String) throws(ConversationError) -> Message {
+        let local = try requireIdentity()
+        try Self.validate(content: content)
+        try ChatRecords.validate(identifier: listener)
+        guard listener != local.identifier else { throw ConversationError(.invalidIdentifier, "cannot send a message to yourself") }
+        let name = UUID().uuidString.lowercased()
+        let spokenAt = Self.milliseconds(configuration.now())
+        let record: Record
+        do {
+            record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil)
+        } catch { throw ConversationError(.invalidIdentifier, error.message) }
+        let id = MessageID(conversation: record.id.zone.rawValue, name: name)
+        return try write { applier in
+            try joinIfNeeded(listener, as: local, in: &applier)
+            try commitLocal(record, as: local, in: &applier)
+            return try Self.message(applier.db, id)
+        }
+    }
+
+    /// Replaces the content of one of the local speaker's messages (a new signed version).
+    @discardableResult
+    public func edit(_ id: MessageID, content: String) throws(ConversationError) -> Message {
+        let local = try requireIdentity()
+        try Self.validate(content: content)
+        return try write { applier in
+            let current = try ownMessage(id, local: local, db: applier.db)
+            let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener, content: content,
+                                                 spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(configuration.now()))
+            try commitLocal(record, as: local, in: &applier)
+            return try Self.message(applier.db, id)
+        }
+    }
+
+    /// Deletes one of the local speaker's messages with a signed tombstone.
+    public func delete(_ id: MessageID) throws(ConversationError) {
+        let local = try requireIdentity()
+        try write { applier in
+            _ = try ownMessage(id, local: local, db: applier.db)
+            let held = try applier.db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [id.conversation, id.name]) { $0.blob(0) }
+            guard let held, let current = try? Record(canonical: held) else {
+                throw ConversationError(.unknownMessage, "no record for message \(id)")
+            }
+            let stone = try policy.tombstone(for: current, signedWith: local.key, clock: clock.now())
+            try applyLocal(stone, in: &applier)
+        }
+    }
+
+    /// Marks a message to the local speaker as read: a Receipt record signed by the reader,
+    /// which shows the sender ``Message/readAt``. Marking a read message again does nothing.
+    public func markAsRead(_ id: MessageID) throws(ConversationError) {
+        try markAsRead([id])
+    }
+
+    /// Marks every unread message of a conversation as read.
+    public func markAllAsRead(in conversation: String) throws(ConversationError) {
+        let local = try requireIdentity()
+        let unread = try read { db in
+            try Self.requireConversation(db, conversation)
+            return try db.rows("SELECT name FROM messages WHERE listener = ? AND zone = ? AND read_at IS NULL AND is_deleted = 0", [local.identifier, conversation]) {
+                MessageID(conversation: conversation, name: $0.text(0))
+            }
+        }
+        try markAsRead(unread)
+    }
+
+    private func markAsRead(_ ids: [MessageID]) throws(ConversationError) {
+        let local = try requireIdentity()
+        let readAt = Self.milliseconds(configuration.now())
+        try write { applier in
+            for id in ids {
+                let message = try Self.message(applier.db, id)
+                guard message.listener == local.identifier else {
+                    throw ConversationError(.notYourMessage, "only the listener can mark \(id) as read")
+                }
+                guard message.readAt == nil else { continue }
+                let zone = ChatRecords.conversationZone(message.speaker, message.listener)
+                try commitLocal(try ChatRecords.receipt(zone: zone, message: id.name, reader: local.identifier, readAt: readAt), as: local, in: &applier)
+            }
+        }
+    }
+
+    /// One message, if the store has it and it is not deleted.
+    public func message(_ id: MessageID) throws(ConversationError) -> Message? {
+        try read { db in try? Self.message(db, id) }
+    }
+
+    /// A page of a conversation's messages, oldest first: the newest `limit` messages, or the
+    /// `limit` messages just before `cursor` (``MessagePage/olderCursor`` of the page after).
+    public func messages(in conversation: String, limit: Int = 50, before cursor: MessageCursor? = nil) throws(ConversationError) -> MessagePage {
+        let limit = max(1, min(limit, 1000))
+        return try read { db in
+            try Self.requireConversation(db, conversation)
+            var sql = "SELECT \(Self.messageColumns) FROM messages WHERE zone = ? AND is_deleted = 0"
+            var values: [any DatabaseValueConvertible] = [conversation]
+            if let cursor {
+                sql += " AND (spoken_at, name) < (?, ?)"
+                values += [cursor.spokenAt, cursor.name]
+            }
+            sql += " ORDER BY spoken_at DESC, name DESC LIMIT ?"
+            values.append(limit + 1)
+            var rows = try db.rows(sql, values, Self.message(from:))
+            let hasOlder = rows.count > limit
+            if hasOlder { rows.removeLast() }
+            let oldest = rows.last
+            return MessagePage(messages: rows.reversed(),
+                               olderCursor: hasOlder ? oldest.map { MessageCursor(spokenAt: Self.milliseconds($0.spokenAt), name: $0.id.name) } : nil)
+        }
+    }
+
+    /// The newest `limit` messages of a conversation now and after every change to it.
+    public func observeMessages(in conversation: String, limit: Int = 50) -> AsyncStream<[Message]> {
+        let events = self.events()
+        return AsyncStream { continuation in
+            let task = Task {
+                if let page = try? messages(in: conversation, limit: limit) { continuation.yield(page.messages) }
+                for await event in events {
+                    switch event {
+                    case .messageAdded(let id), .messageChanged(let id), .syncStateChanged(let id):
+                        guard id.conversation == conversation, let page = try? messages(in: conversation, limit: limit) else { continue }
+                        continuation.yield(page.messages)
+                    default: continue
+                    }
+                }
+                continuation.finish()
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    // MARK: Helpers
+
+    /// Writes the local speaker's member record for the conversation with `other`, once.
+    func joinIfNeeded(_ other: String, as local: LocalIdentity, in applier: inout RecordApplier) throws {
+        let zone = ChatRecords.conversationZone(local.identifier, other).rawValue
+        let joined = try applier.db.first("SELECT 1 FROM conversation_members WHERE zone = ? AND speaker = ?", [zone, local.identifier]) { _ in true } ?? false
+        if !joined { try commitLocal(try ChatRecords.member(local.identifier, with: other), as: local, in: &applier) }
+    }
+
+    private func ownMessage(_ id: MessageID, local: LocalIdentity, db: Database) throws -> Message {
+        let message = try Self.message(db, id)
+        guard message.speaker == local.identifier else { throw ConversationError(.notYourMessage, "\(id) was said by \(message.speaker)") }
+        return message
+    }
+
+    static func requireConversation(_ db: Database, _ zone: String) throws {
+        guard try db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
+            throw ConversationError(.unknownConversation, "no conversation \(zone)")
+        }
+    }
+
+    static func validate(content: String) throws(ConversationError) {
+        guard !content.isEmpty else { throw ConversationError(.emptyContent, "a message needs content") }
+        let count = content.utf8.count
+        guard count <= Message.maximumContentBytes else {
+            throw ConversationError(.contentTooLarge, "message is \(count) bytes; the limit is \(Message.maximumContentBytes)")
+        }
+    }
+
+    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error"
+
+    static func message(from row: Row) -> Message {
+        let state: SyncState
+        switch SyncStateColumn(rawValue: row.int(8)) {
+        case .pending: state = .pending
+        case .failed: state = .failed(reason: row.optionalText(9) ?? "refused")
+        default: state = .synced
+        }
+        return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),
+                       spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state)
+    }
+
+    static func message(_ db: Database, _ id: MessageID) throws -> Message {
+        guard let message = try db.first("SELECT \(messageColumns) FROM messages WHERE zone = ? AND name = ? AND is_deleted = 0", [id.conversation, id.name], message(from:)) else {
+            throw ConversationError(.unknownMessage, "no message \(id)")
+        }
+        return message
+    }
+
+    static func conversations(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String) throws -> [Conversation] {
+        try db.rows("""
+            SELECT c.zone, c.other, c.started_by, c.joined_by, c.last_message_at,
+                (SELECT count(*) FROM messages m WHERE m.listener = ? AND m.zone = c.zone AND m.read_at IS NULL AND m.is_deleted = 0)
+            FROM conversations c WHERE \(condition) ORDER BY coalesce(c.last_message_at, 0) DESC, c.zone
+            """, [local] + values) { row in
+            Conversation(id: row.text(0), nonLocalSpeaker: row.text(1), startedBy: row.optionalText(2), joinedBy: row.optionalText(3),
+                         unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date))
+        }
+    }
+
+    static func date(_ milliseconds: Int64) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
+    static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
+}

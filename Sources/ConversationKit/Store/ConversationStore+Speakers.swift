@@ -1,0 +1,100 @@
+import Foundation
+import RecordZone
+
+extension ConversationStore {
+    /// Sets up the store's own speaker: creates its key pair on first use (kept in the store
+    /// directory, mode 0600) and publishes its signed Speaker record through the outbox.
+    /// Calling it again with the same identifier updates the name and tags.
+    /// - Throws: ``ConversationError/Code/invalidIdentifier``;
+    ///   ``ConversationError/Code/storeBelongsToAnotherSpeaker`` when this store is another
+    ///   speaker's (open that speaker's own store instead; nothing of theirs is touched).
+    @discardableResult
+    public func setupLocalSpeaker(identifier: String, name: String, tags: [String] = []) throws(ConversationError) -> Speaker {
+        try ChatRecords.validate(identifier: identifier)
+        if let existing = localSpeakerIdentifier, existing != identifier {
+            throw ConversationError(.storeBelongsToAnotherSpeaker, "this store belongs to '\(existing)'; open '\(identifier)'s own store directory instead")
+        }
+        let key: SigningKey
+        do { key = try KeyFile.loadOrCreate(at: keyFile) } catch { throw ConversationError(.storeNotWritable, "cannot keep the speaker key: \(error.message)", backendError: error) }
+        let local = LocalIdentity(identifier: identifier, key: key)
+        policy.pin(key.publicKey, for: identifier)
+        let record: Record
+        do { record = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
+            throw ConversationError(.invalidIdentifier, error.message)
+        }
+        try write { applier in
+            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
+            applier = RecordApplier(db: applier.db, localSpeaker: identifier)
+            try commitLocal(record, as: local, in: &applier)
+        }
+        identity.withLock { $0 = local }
+        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true)
+    }
+
+    /// Changes the local speaker's name and tags (a new signed version of its Speaker record).
+    @discardableResult
+    public func updateLocalSpeaker(name: String, tags: [String]) throws(ConversationError) -> Speaker {
+        let local = try requireIdentity()
+        return try setupLocalSpeaker(identifier: local.identifier, name: name, tags: tags)
+    }
+
+    /// The local speaker, once set up.
+    public var localSpeaker: Speaker? {
+        get throws(ConversationError) {
+            guard let identifier = localSpeakerIdentifier else { return nil }
+            return try speaker(fromRef: SpeakerRef(identifier: identifier))
+        }
+    }
+
+    /// The speaker a reference points to, if the store knows it.
+    public func speaker(fromRef ref: SpeakerRef) throws(ConversationError) -> Speaker? {
+        let local = localSpeakerIdentifier
+        return try read { db in try Self.speakers(db, where: "s.identifier = ?", [ref.identifier], local: local).first }
+    }
+
+    /// Everyone the local speaker has talked with or found by a query.
+    public func allKnownSpeakers() throws(ConversationError) -> [Speaker] {
+        let local = localSpeakerIdentifier
+        return try read { db in try Self.speakers(db, where: "s.is_known = 1 AND s.identifier != ?", [local ?? ""], local: local) }
+    }
+
+    /// Finds speakers with a tag: in the `speakers` directory zone through the backend's query
+    /// (when it can be reached) and in the local cache. Found speakers join
+    /// ``allKnownSpeakers()``. The local speaker is not among the results.
+    public func speakers(matching query: SpeakerQuery) async throws(ConversationError) -> [Speaker] {
+        let local = localSpeakerIdentifier
+        var found = [Record]()
+        var cursor: QueryCursor? = nil
+        do {
+            repeat {
+                let page = try await backend.query(
+                    RecordQuery(zone: ChatRecords.speakersZone, recordType: ChatRecords.speakerType, predicates: [.contains("tags", .string(query.tag))]),
+                    cursor: cursor, limit: 200)
+                found += page.records
+                cursor = page.cursor
+            } while cursor != nil
+        } catch where error.isTransient || error.code == .zoneNotFound {
+            // Offline, or nobody published yet: the local cache answers alone.
+        } catch {
+            throw ConversationError(.backend, "speaker query failed: \(error)", backendError: error)
+        }
+        let results = found
+        return try write { applier in
+            for record in results { try applier.apply(record, origin: .remote) }
+            try applier.db.execute("UPDATE speakers SET is_known = 1 WHERE identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND identifier != ?",
+                                   [query.tag, local ?? ""])
+            return try Self.speakers(applier.db, where: "s.identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND s.identifier != ?",
+                                     [query.tag, local ?? ""], local: local)
+        }
+    }
+
+    static func speakers(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String?) throws -> [Speaker] {
+        let rows = try db.rows("SELECT s.identifier, s.name FROM speakers s WHERE \(condition) ORDER BY s.identifier", values) { row in
+            (row.text(0), row.text(1))
+        }
+        return try rows.map { identifier, name in
+            let tags = try db.rows("SELECT tag FROM speaker_tags WHERE identifier = ? ORDER BY tag", [identifier]) { $0.text(0) }
+            return Speaker(identifier: identifier, name: name.isEmpty ? identifier : name, tags: tags, isLocalSpeaker: identifier == local)
+        }
+    }
+}

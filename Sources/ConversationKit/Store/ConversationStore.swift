@@ -1,0 +1,181 @@
+import Foundation
+import RecordZone
+import Synchronization
+
+/// The embedded chat store: speakers, conversations and messages in a local SQLite cache,
+/// usable with no network at all, synced through a record-zone backend.
+///
+/// ```swift
+/// let store = try ConversationStore(directory: "/var/lib/app/alice", backend: .folder("/mnt/shared/chat", device: "alice-laptop"))
+/// try await store.setupLocalSpeaker(identifier: "alice", name: "Alice", tags: ["swift"])
+/// let message = try await store.send("Hi Bob!", to: "bob")   // returns at once, offline
+/// try await store.sync()                                     // push the outbox, pull changes
+/// ```
+///
+/// Every write commits the change and its outbox entry in one SQLite transaction. A store
+/// belongs to one local speaker: opening it as another speaker is refused (open that speaker's
+/// own directory instead), so nobody's unsent messages are ever dropped by switching identity.
+public final class ConversationStore: Sendable {
+    public let directory: String
+    let database: StoreDatabase
+    let backend: any RecordZoneBackend
+    let configuration: StoreConfiguration
+    let clock: HybridLogicalClock
+    let engine: SyncEngine
+    var policy: RecordPolicy { database.policy }
+
+    struct LocalIdentity: Sendable {
+        var identifier: String
+        var key: SigningKey
+    }
+    let identity = Mutex<LocalIdentity?>(nil)
+
+    var keyFile: String { directory + "/speaker.key" }
+
+    /// Opens (creating if needed) the store in `directory`.
+    /// - Throws: ``ConversationError`` — ``ConversationError/Code/storeNotWritable`` when the
+    ///   directory cannot be created or written, ``ConversationError/Code/databaseCorrupt``
+    ///   when the database file is damaged, ``ConversationError/Code/backend`` when the
+    ///   backend cannot be opened.
+    public init(directory: String, backend: BackendFactory, configuration: StoreConfiguration = StoreConfiguration()) throws(ConversationError) {
+        self.directory = directory
+        self.configuration = configuration
+        let now = configuration.now
+        clock = configuration.clock ?? HybridLogicalClock(wallMilliseconds: { UInt64(max(0, now().timeIntervalSince1970 * 1000)) })
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        } catch {
+            throw ConversationError(.storeNotWritable, "cannot create the store directory \(directory): \(error.localizedDescription)")
+        }
+        guard FileManager.default.isWritableFile(atPath: directory) else {
+            throw ConversationError(.storeNotWritable, "the store directory \(directory) is not writable")
+        }
+        let queue: DatabaseQueue
+        let policy: RecordPolicy
+        do {
+            queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations)
+            let pinned = try queue.read { db in try PinStore.load(from: db) }
+            policy = RecordPolicy(rules: ChatRecords.rules, pinnedKeys: pinned)
+            let local = try queue.read { db in try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) } }
+            if let local {
+                let key = try KeyFile.load(from: directory + "/speaker.key")
+                identity.withLock { $0 = LocalIdentity(identifier: local, key: key) }
+            }
+        } catch {
+            throw ConversationError.wrap(error)
+        }
+        database = StoreDatabase(queue: queue, policy: policy, hub: EventHub())
+        do {
+            self.backend = try backend.make(policy)
+        } catch {
+            throw ConversationError(.backend, "cannot open the backend: \(error)", backendError: error)
+        }
+        engine = SyncEngine(database: database, backend: self.backend, configuration: configuration)
+    }
+
+    deinit { database.hub.finish() }
+
+    /// The ownership rules of chat records (who may sign what), for a backend or server that
+    /// checks records on write: `RecordPolicy(rules: ConversationStore.ownershipRules)`.
+    public static var ownershipRules: [OwnershipRule] { ChatRecords.rules }
+
+    /// The local speaker's identifier, once set up.
+    public var localSpeakerIdentifier: String? { identity.withLock { $0?.identifier } }
+
+    /// The local speaker's public key, once set up.
+    public var localPublicKey: Data? { identity.withLock { $0?.key.publicKey } }
+
+    /// Every event from now on: new and changed messages, speakers, conversations, sync states.
+    public func events() -> AsyncStream<StoreEvent> { database.hub.stream() }
+
+    func write<T: Sendable>(_ body: (inout RecordApplier) throws -> T) throws(ConversationError) -> T {
+        try database.write(body)
+    }
+
+    func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
+        try database.read(body)
+    }
+
+    /// The local speaker and key, or ``ConversationError/Code/noLocalSpeaker``.
+    func requireIdentity() throws(ConversationError) -> LocalIdentity {
+        guard let local = identity.withLock({ $0 }) else {
+            throw ConversationError(.noLocalSpeaker, "call setupLocalSpeaker(identifier:name:tags:) first")
+        }
+        return local
+    }
+
+    /// Signs a local version, applies it and queues it in the outbox, in the caller's transaction.
+    func commitLocal(_ record: Record, as local: LocalIdentity, in applier: inout RecordApplier) throws {
+        var record = record
+        try record.sign(with: local.key, clock: clock.now())
+        try applyLocal(record, in: &applier)
+    }
+
+    /// Applies an already signed local version and queues it in the outbox.
+    func applyLocal(_ record: Record, in applier: inout RecordApplier) throws {
+        guard try applier.apply(record, origin: .local) else {
+            throw ConversationError(.database, "a local change to \(record.id) lost the merge or was refused")
+        }
+        try applier.db.execute("""
+            INSERT INTO ck_outbox (zone, name, record) VALUES (?, ?, ?)
+            ON CONFLICT (zone, name) DO UPDATE SET record = excluded.record, attempts = 0, next_attempt_at = 0, last_error = NULL
+            """, [record.id.zone.rawValue, record.id.name, try record.encoded()])
+    }
+
+    // MARK: Sync
+
+    /// Pushes the outbox and pulls every changed zone the local speaker takes part in.
+    /// - Throws: ``ConversationError`` with ``ConversationError/Code/backend`` when the backend
+    ///   cannot be reached; whatever was pushed or pulled before that stays committed.
+    @discardableResult
+    public func sync() async throws(ConversationError) -> SyncReport {
+        try await engine.sync(localSpeaker: try requireIdentity().identifier)
+    }
+
+    /// How many local changes wait in the outbox.
+    public func pendingChangeCount() throws(ConversationError) -> Int {
+        try read { db in Int(try db.first("SELECT count(*) FROM ck_outbox") { $0.int(0) } ?? 0) }
+    }
+
+    /// Records refused on the way in, with their reasons: never applied, never shown.
+    public func quarantine() throws(ConversationError) -> [QuarantinedRecord] {
+        try read { db in
+            try db.rows("SELECT zone, name, reason, source, received_at FROM ck_quarantine ORDER BY id") { row in
+                QuarantinedRecord(zone: row.optionalText(0), name: row.optionalText(1), reason: row.text(2), source: row.text(3),
+                                  receivedAt: Date(timeIntervalSince1970: Double(row.int(4)) / 1000))
+            }
+        }
+    }
+
+    /// Drops everything that can be fetched again — synced records, tokens, the quarantine — and
+    /// keeps the local speaker, its key, pinned keys and every unsent change. The next
+    /// ``sync()`` fetches everything again.
+    public func clearAllCachedData() throws(ConversationError) {
+        let local = try requireIdentity()
+        _ = try write { applier in
+            let db = applier.db
+            try db.execute("""
+                DELETE FROM ck_records WHERE NOT EXISTS (SELECT 1 FROM ck_outbox o WHERE o.zone = ck_records.zone AND o.name = ck_records.name)
+                    AND NOT (zone = ? AND name = ?)
+                """, [ChatRecords.speakersZone.rawValue, local.identifier])
+            try db.execute("DELETE FROM messages WHERE sync_state = ?", [SyncStateColumn.synced.rawValue])
+            try db.execute("DELETE FROM receipts")
+            try db.execute("DELETE FROM speaker_tags WHERE identifier != ?", [local.identifier])
+            try db.execute("DELETE FROM speakers WHERE identifier != ?", [local.identifier])
+            try db.execute("DELETE FROM conversation_members WHERE speaker != ?", [local.identifier])
+            try db.execute("DELETE FROM conversations WHERE zone NOT IN (SELECT zone FROM messages) AND zone NOT IN (SELECT zone FROM conversation_members)")
+            try db.execute("UPDATE ck_zone_state SET token = NULL")
+            try db.execute("DELETE FROM ck_meta WHERE key = 'database_token'")
+            try db.execute("DELETE FROM ck_quarantine")
+        }
+    }
+}
+
+/// A record the store refused, as ``ConversationStore/quarantine()`` lists it.
+public struct QuarantinedRecord: Sendable, Hashable {
+    public let zone: String?
+    public let name: String?
+    public let reason: String
+    public let source: String
+    public let receivedAt: Date
+}

@@ -1,0 +1,251 @@
+import Foundation
+import RecordZone
+
+/// What one ``ConversationStore/sync()`` did.
+public struct SyncReport: Sendable, Hashable {
+    /// Local versions the backend accepted.
+    public var pushed = 0
+    /// Local versions the backend refused for good (their messages are marked failed).
+    public var failed = 0
+    /// Local versions left in the outbox for a later retry (transient errors).
+    public var deferred = 0
+    /// Remote versions applied to the cache.
+    public var pulled = 0
+    /// Records refused on the way in.
+    public var quarantined = 0
+    /// Zones fetched again from the start after their token expired.
+    public var refetchedZones = 0
+}
+
+/// Pushes the outbox and pulls changes. One sync runs at a time (an actor); reads of the store
+/// go on meanwhile on the reader connection.
+///
+/// Push: outbox rows in order, in batches within the backend's limits, each answered per
+/// record — accepted (row removed, message synced), refused for good (row removed, message
+/// failed with the reason) or transient (retried later with exponential backoff and jitter).
+/// A version is pushed by its record ID, so a push repeated after a crash saves the same
+/// version again and never duplicates a message.
+///
+/// Pull: the database change feed names the zones that moved; for each one the local speaker
+/// takes part in, pages of changes (verified by the backend's reader with the store's policy,
+/// signatures in parallel) are applied with their new token in one transaction, so a crash
+/// never skips or repeats a change.
+actor SyncEngine {
+    let database: StoreDatabase
+    let backend: any RecordZoneBackend
+    let configuration: StoreConfiguration
+
+    init(database: StoreDatabase, backend: any RecordZoneBackend, configuration: StoreConfiguration) {
+        self.database = database
+        self.backend = backend
+        self.configuration = configuration
+    }
+
+    func sync(localSpeaker: String) async throws(ConversationError) -> SyncReport {
+        var report = SyncReport()
+        try await push(&report, localSpeaker: localSpeaker)
+        try await pull(&report, localSpeaker: localSpeaker)
+        return report
+    }
+
+    // MARK: Push
+
+    private struct OutboxEntry: Sendable {
+        var id: Int64
+        var zone: String
+        var record: Data
+        var attempts: Int
+    }
+
+    private func push(_ report: inout SyncReport, localSpeaker: String) async throws(ConversationError) {
+        var attempted = Set<Int64>()
+        while true {
+            let now = Self.milliseconds(configuration.now())
+            let batchSize = min(configuration.pushBatchSize, Record.maximumBatchSize)
+            let entries = try read { db in
+                try db.rows("SELECT id, zone, record, attempts FROM ck_outbox WHERE next_attempt_at <= ? ORDER BY id LIMIT ?", [now, batchSize * 4]) { row in
+                    OutboxEntry(id: row.int(0), zone: row.text(1), record: row.blob(2), attempts: Int(row.int(3)))
+                }
+            }.filter { !attempted.contains($0.id) }.prefix(batchSize)
+            guard !entries.isEmpty else { return }
+            for entry in entries { attempted.insert(entry.id) }
+
+            var records = [Record](), sent = [OutboxEntry]()
+            for entry in entries {
+                if let record = try? Record(canonical: entry.record) {
+                    records.append(record)
+                    sent.append(entry)
+                } else {
+                    try write { applier in
+                        try applier.db.execute("DELETE FROM ck_outbox WHERE id = ?", [entry.id])
+                        try applier.quarantine(nil, reason: "unreadable outbox entry", source: "outbox", record: entry.record)
+                    }
+                }
+            }
+            try await ensureZonesExist(Set(records.map(\.id.zone)))
+            let results: [Result<Record, RecordZoneError>]
+            do {
+                results = try await backend.save(records)
+            } catch {
+                guard error.isTransient else { throw ConversationError(.backend, "push failed: \(error)", backendError: error) }
+                try reschedule(sent, error: error)
+                report.deferred += sent.count
+                throw ConversationError(.backend, "push failed, will retry: \(error)", backendError: error)
+            }
+            try write { applier in
+                for (entry, (record, result)) in zip(sent, zip(records, results)) {
+                    try settle(entry, record, result, applier: &applier, report: &report)
+                }
+            }
+        }
+    }
+
+    private func settle(_ entry: OutboxEntry, _ record: Record, _ result: Result<Record, RecordZoneError>,
+                        applier: inout RecordApplier, report: inout SyncReport) throws {
+        let db = applier.db
+        let isMessage = record.recordType == ChatRecords.messageType
+        let zone = record.id.zone.rawValue, name = record.id.name
+        switch result {
+        case .success(let winner):
+            try db.execute("DELETE FROM ck_outbox WHERE id = ? AND record = ?", [entry.id, entry.record])
+            let unchanged = db.changes > 0
+            if winner.signature != record.signature {
+                try applier.apply(winner, origin: .remote)  // another version won the merge
+            }
+            if unchanged, isMessage {
+                try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.synced.rawValue, zone, name])
+                applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
+            }
+            report.pushed += 1
+        case .failure(let error) where error.isTransient || error.code == .zoneNotFound:
+            try reschedule([entry], error: error, in: db)
+            report.deferred += 1
+        case .failure(let error):
+            try db.execute("DELETE FROM ck_outbox WHERE id = ? AND record = ?", [entry.id, entry.record])
+            if isMessage {
+                try db.execute("UPDATE messages SET sync_state = ?, sync_error = ? WHERE zone = ? AND name = ?",
+                               [SyncStateColumn.failed.rawValue, error.description, zone, name])
+                applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
+            }
+            report.failed += 1
+        }
+    }
+
+    private func reschedule(_ entries: [OutboxEntry], error: RecordZoneError) throws(ConversationError) {
+        try write { applier in try self.reschedule(entries, error: error, in: applier.db) }
+    }
+
+    private nonisolated func reschedule(_ entries: [OutboxEntry], error: RecordZoneError, in db: Database) throws {
+        let now = configuration.now().timeIntervalSince1970
+        for entry in entries {
+            let attempts = entry.attempts + 1
+            var delay = min(configuration.retryMaximumDelay, configuration.retryBaseDelay * pow(2, Double(attempts - 1)))
+            if let serverDelay = error.retryAfter { delay = max(delay, serverDelay) }
+            delay *= 0.5 + configuration.random()  // jitter: 50%…150%
+            try db.execute("UPDATE ck_outbox SET attempts = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
+                           [attempts, Self.milliseconds(Date(timeIntervalSince1970: now + delay)), error.description, entry.id])
+        }
+    }
+
+    private func ensureZonesExist(_ zones: Set<ZoneName>) async throws(ConversationError) {
+        let created = Set(try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } })
+        for zone in zones.sorted() where !created.contains(zone.rawValue) {
+            do {
+                try await backend.createZone(zone)
+            } catch {
+                throw ConversationError(.backend, "cannot create zone \(zone): \(error)", backendError: error)
+            }
+            try write { applier in
+                try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
+            }
+        }
+    }
+
+    // MARK: Pull
+
+    private func pull(_ report: inout SyncReport, localSpeaker: String) async throws(ConversationError) {
+        var databaseToken = try read { db in
+            try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
+        }
+        let changes: DatabaseChanges
+        do {
+            changes = try await backend.fetchDatabaseChanges(since: databaseToken)
+        } catch where error.code == .changeTokenExpired {
+            databaseToken = nil
+            do { changes = try await backend.fetchDatabaseChanges(since: nil) } catch {
+                throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
+            }
+        } catch {
+            throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
+        }
+        let relevant = changes.changedZones.filter {
+            $0 == ChatRecords.speakersZone || ChatRecords.isParticipant(localSpeaker, in: $0)
+        }
+        for zone in relevant {
+            try await pullZone(zone, report: &report)
+        }
+        if !changes.deletedZones.isEmpty {
+            try write { applier in
+                for zone in changes.deletedZones {
+                    try applier.db.execute("UPDATE ck_zone_state SET token = NULL, is_created = 0 WHERE zone = ?", [zone.rawValue])
+                }
+            }
+        }
+        try write { applier in
+            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('database_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                                   [changes.token.data])
+        }
+    }
+
+    private func pullZone(_ zone: ZoneName, report: inout SyncReport) async throws(ConversationError) {
+        var token = try read { db in
+            try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
+        }
+        while true {
+            let page: ZoneChanges
+            do {
+                page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
+            } catch where error.code == .changeTokenExpired {
+                // The zone was deleted and recreated: forget its token and fetch it whole again.
+                try write { applier in
+                    try applier.db.execute("UPDATE ck_zone_state SET token = NULL WHERE zone = ?", [zone.rawValue])
+                }
+                token = nil
+                report.refetchedZones += 1
+                continue
+            } catch where error.code == .zoneNotFound {
+                return
+            } catch {
+                throw ConversationError(.backend, "cannot fetch changes of \(zone): \(error)", backendError: error)
+            }
+            let counts = try write { applier in
+                var applied = 0
+                for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
+                for rejected in page.rejected {
+                    try applier.quarantine(rejected.recordID, reason: rejected.reason.description, source: rejected.source, record: nil)
+                }
+                try applier.db.execute("""
+                    INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)
+                    ON CONFLICT (zone) DO UPDATE SET token = excluded.token, is_created = 1
+                    """, [zone.rawValue, page.token.data])
+                return (applied, applier.quarantinedCount)
+            }
+            report.pulled += counts.0
+            report.quarantined += counts.1
+            token = page.token
+            if !page.moreComing { return }
+        }
+    }
+
+    // MARK: Helpers
+
+    private func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
+        try database.read(body)
+    }
+
+    private func write<T: Sendable>(_ body: (inout RecordApplier) throws -> T) throws(ConversationError) -> T {
+        try database.write(body)
+    }
+
+    static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
+}
