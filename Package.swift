@@ -28,7 +28,13 @@ let package = Package(
             name: "convkit-zone-writer", dependencies: ["RecordZone"],
             path: "Tools/convkit-zone-writer"),
 
-        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "convkit-zone-writer"]),
+        .executableTarget(
+            name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone"],
+            path: "Tools/convkit-store-sync"),
+
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "TestSupport", "convkit-zone-writer"]),
+        .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit", "RecordZone", "TestSupport", "convkit-store-sync"]),
     ],
     swiftLanguageModes: [.v6]
 )

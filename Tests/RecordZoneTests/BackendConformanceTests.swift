@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import RecordZone
 
 /// The contract every backend keeps. Each test runs once per ``BackendKind``; a new backend

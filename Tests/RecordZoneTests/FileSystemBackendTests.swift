@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import RecordZone
 
 /// What only the filesystem backend must show: real processes sharing one folder, crashes

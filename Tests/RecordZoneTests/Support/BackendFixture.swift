@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import RecordZone
 
 /// The backends the conformance suite runs against. Each test takes a kind as its argument,

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 @testable import RecordZone
 
 /// Keys with fixed seeds, so failures reproduce.
@@ -40,32 +41,6 @@ func note(_ zone: ZoneName, _ name: String, owner: String = "alice", key: Signin
     try signed(zone, name, type: "Note", fields: ["owner": .string(owner), "text": .string(text)], key: key, clock: clock)
 }
 
-/// A temporary directory removed when the value goes away.
-final class TemporaryDirectory: @unchecked Sendable {
-    let path: String
-
-    init(_ label: String = "convkit") throws {
-        let base = FileManager.default.temporaryDirectory.path
-        path = "\(base)/\(label)-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-    }
-
-    deinit { try? FileManager.default.removeItem(atPath: path) }
-}
-
-/// A small deterministic random source (SplitMix64) for property-style tests.
-struct SeededRandom: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// Reads every change of a zone from a token, page by page.
 func fetchAll(_ backend: any RecordZoneBackend, _ zone: ZoneName, since token: ChangeToken? = nil, limit: Int = 100)
     async throws -> (records: [Record], rejected: [RejectedRecord], token: ChangeToken)
@@ -91,17 +66,4 @@ func fetchAll(_ backend: any RecordZoneBackend, _ zone: ZoneName, since token: C
 func saveAll(_ backend: any RecordZoneBackend, _ records: [Record]) async throws -> [Record] {
     let results = try await backend.save(records)
     return try results.map { try $0.get() }
-}
-
-/// The path of a tool built beside the tests.
-func builtProduct(_ name: String) throws -> String {
-    var candidates = [String]()
-    if let executable = Bundle.main.executableURL?.deletingLastPathComponent().path {
-        candidates.append("\(executable)/\(name)")
-    }
-    candidates.append(URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().path + "/\(name)")
-    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().deletingLastPathComponent().path
-    candidates.append("\(root)/.build/debug/\(name)")
-    return try #require(candidates.first { FileManager.default.isExecutableFile(atPath: $0) }, "no built \(name) in \(candidates)")
 }

@@ -2,15 +2,15 @@ import Foundation
 import Testing
 
 /// A real child process with its output collected, for tests that run the built tools.
-final class ChildProcess: @unchecked Sendable {
-    let process = Process()
+public final class ChildProcess: @unchecked Sendable {
+    public let process = Process()
     private let output = Pipe()
     private let errors = Pipe()
     private let lock = NSLock()
     private var stdoutData = Data()
     private var stderrData = Data()
 
-    init(_ executable: String, _ arguments: [String]) throws {
+    public init(_ executable: String, _ arguments: [String]) throws {
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         process.standardOutput = output
@@ -26,18 +26,18 @@ final class ChildProcess: @unchecked Sendable {
         try process.run()
     }
 
-    var standardOutput: String { lock.withLock { String(decoding: stdoutData, as: UTF8.self) } }
-    var standardError: String { lock.withLock { String(decoding: stderrData, as: UTF8.self) } }
+    public var standardOutput: String { lock.withLock { String(decoding: stdoutData, as: UTF8.self) } }
+    public var standardError: String { lock.withLock { String(decoding: stderrData, as: UTF8.self) } }
 
     /// Complete lines written to stdout so far.
-    var lines: [String] {
+    public var lines: [String] {
         let text = standardOutput
         guard let lastNewline = text.lastIndex(of: "\n") else { return [] }
         return text[..<lastNewline].split(separator: "\n").map(String.init)
     }
 
     /// Waits for the process to exit and returns its status; drains the pipes first.
-    func wait() async -> Int32 {
+    public func wait() async -> Int32 {
         while process.isRunning { try? await Task.sleep(for: .milliseconds(10)) }
         output.fileHandleForReading.readabilityHandler = nil
         errors.fileHandleForReading.readabilityHandler = nil
@@ -51,7 +51,7 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// Polls until `condition` holds or the deadline passes.
-    func waitUntil(seconds: Double = 60, _ condition: (ChildProcess) -> Bool) async -> Bool {
+    public func waitUntil(seconds: Double = 60, _ condition: (ChildProcess) -> Bool) async -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             if condition(self) { return true }
@@ -61,5 +61,5 @@ final class ChildProcess: @unchecked Sendable {
         return false
     }
 
-    func kill(_ signal: Int32) { Foundation.kill(process.processIdentifier, signal) }
+    public func kill(_ signal: Int32) { Foundation.kill(process.processIdentifier, signal) }
 }

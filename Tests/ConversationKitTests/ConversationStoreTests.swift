@@ -1,0 +1,319 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+
+@Suite struct ConversationStoreTests {
+    @Test(arguments: ChatBackend.allCases)
+    func offlineSendsOnBothSidesEndInOneConversationInTheSameOrder(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        // Both offline: nothing synced yet, bob unknown to alice and the reverse.
+        let first = try alice.send("Hi Bob", to: "bob")
+        #expect(first.syncState == .pending)
+        try alice.send("Are you there?", to: "bob")
+        try bob.send("Hello Alice", to: "alice")
+        try alice.send("Third from alice", to: "bob")
+        try bob.send("Second from bob", to: "alice")
+        #expect(try alice.pendingChangeCount() > 0)
+
+        try await syncAll([alice, bob])
+
+        let aliceConversations = try alice.conversations(), bobConversations = try bob.conversations()
+        #expect(aliceConversations.count == 1 && bobConversations.count == 1)
+        let conversation = try #require(aliceConversations.first)
+        #expect(conversation.id == bobConversations.first?.id)
+        #expect(conversation.nonLocalSpeaker == "bob" && bobConversations.first?.nonLocalSpeaker == "alice")
+        let aliceView = try history(alice, conversation.id, pageSize: 2), bobView = try history(bob, conversation.id, pageSize: 3)
+        #expect(aliceView.count == 5)
+        #expect(aliceView.map(\.id) == bobView.map(\.id))
+        #expect(aliceView.map(\.content) == bobView.map(\.content))
+        #expect(aliceView.allSatisfy { $0.syncState == .synced })
+        #expect(bobView.allSatisfy { $0.syncState == .synced })
+        #expect(try alice.pendingChangeCount() == 0 && bob.pendingChangeCount() == 0)
+        // Unread counts: each side has the other's messages unread.
+        #expect(try alice.unreadCount(in: conversation.id) == 2)
+        #expect(try bob.unreadCount(in: conversation.id) == 3)
+        #expect(try bob.totalUnreadCount() == 3)
+        #expect(try alice.allKnownSpeakers().map(\.identifier) == ["bob"])
+    }
+
+    @Test(arguments: ChatBackend.allCases)
+    func bothStartingTheConversationOfflineGivesExactlyOne(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        let fromAlice = try alice.conversation(with: "bob")
+        let fromBob = try bob.conversation(with: "alice")
+        #expect(fromAlice.id == fromBob.id)
+        try await syncAll([alice, bob])
+        for store in [alice, bob] {
+            let conversations = try store.conversations()
+            #expect(conversations.count == 1)
+            #expect(conversations.first?.id == fromAlice.id)
+            // Both sides agree on who started it and who joined.
+            #expect(Set([conversations.first?.startedBy, conversations.first?.joinedBy]) == Set(["alice", "bob"]))
+        }
+        #expect(try alice.conversations().first?.startedBy == bob.conversations().first?.startedBy)
+        #expect(try alice.existingConversation(with: "bob")?.id == fromAlice.id)
+        #expect(try alice.existingConversation(with: "carol") == nil)
+    }
+
+    @Test(arguments: ChatBackend.allCases)
+    func editsDeletesAndReadReceiptsReachTheOtherSide(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        let keep = try alice.send("first draft", to: "bob")
+        let drop = try alice.send("oops, wrong chat", to: "bob")
+        let reply = try bob.send("ok", to: "alice")
+        try await syncAll([alice, bob])
+        #expect(try bob.unreadCount(in: keep.id.conversation) == 2)
+
+        let edited = try alice.edit(keep.id, content: "final text")
+        #expect(edited.editedAt != nil && edited.syncState == .pending)
+        try alice.delete(drop.id)
+        #expect(try alice.message(drop.id) == nil)
+        try bob.markAsRead(keep.id)
+        #expect(try bob.message(keep.id)?.readAt != nil)
+        #expect(throws: ConversationError.self) { try bob.edit(keep.id, content: "not mine") }
+        #expect(throws: ConversationError.self) { try alice.markAsRead(keep.id) }  // alice is not the listener
+        try await syncAll([alice, bob])
+
+        let bobView = try history(bob, keep.id.conversation)
+        #expect(bobView.map(\.content) == ["final text", "ok"])
+        #expect(bobView.first?.editedAt != nil)
+        #expect(try bob.message(drop.id) == nil)
+        let aliceCopy = try #require(try alice.message(keep.id))
+        #expect(aliceCopy.readAt != nil, "alice sees bob's receipt")
+        #expect(try alice.message(reply.id)?.readAt == nil)
+        #expect(try bob.unreadCount(in: keep.id.conversation) == 0)  // one read, one deleted
+        try alice.markAllAsRead(in: reply.id.conversation)
+        #expect(try alice.totalUnreadCount() == 0)
+        try await syncAll([alice, bob])
+        #expect(try bob.message(reply.id)?.readAt != nil)
+    }
+
+    @Test(arguments: ChatBackend.allCases)
+    func aTagQueryFindsBobAndNotCarol(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice", tags: ["swift"])
+        let bob = try fixture.store("bob", tags: ["swift", "linux"])
+        let carol = try fixture.store("carol", tags: ["rust"])
+        try await syncAll([bob, carol])  // they publish their profiles
+        #expect(try alice.allKnownSpeakers().isEmpty)
+        let found = try await alice.speakers(matching: SpeakerQuery(tag: "swift"))
+        #expect(found.map(\.identifier) == ["bob"])
+        #expect(found.first?.name == "Bob" && found.first?.tags == ["linux", "swift"])
+        #expect(try alice.allKnownSpeakers().map(\.identifier) == ["bob"])
+        #expect(try alice.speaker(fromRef: SpeakerRef(identifier: "bob"))?.name == "Bob")
+        #expect(try await alice.speakers(matching: SpeakerQuery(tag: "nobody")).isEmpty)
+        // A profile update reaches those who know the speaker.
+        try bob.updateLocalSpeaker(name: "Robert", tags: ["swift"])
+        try await bob.sync()
+        try await alice.sync()
+        #expect(try alice.speaker(fromRef: SpeakerRef(identifier: "bob"))?.name == "Robert")
+        #expect(try alice.localSpeaker?.isLocalSpeaker == true)
+    }
+
+    @Test func aRecordAlteredInTheSharedFolderIsQuarantinedAndNeverShown() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        try bob.send("pay 10 to carol", to: "alice")
+        try await bob.sync()
+        // A hostile folder edits bob's message and rewrites the segment with a valid checksum.
+        let zone = try #require(try bob.conversations().first?.id)
+        let folder = "\(fixture.folder)/zones/\(zone)/1/bob"
+        var altered = 0
+        for name in try FileManager.default.contentsOfDirectory(atPath: folder) where name.hasSuffix(".seg") {
+            let path = folder + "/" + name
+            let data = try Data(contentsOf: URL(fileURLWithPath: path))
+            guard let at = data.range(of: Data("pay 10".utf8)) else { continue }
+            var body = data.prefix(data.count - 32)
+            body[at.lowerBound + 4] = UInt8(ascii: "9")  // "pay 90"
+            try (body + Sodium.sha256(body)).write(to: URL(fileURLWithPath: path))
+            altered += 1
+        }
+        #expect(altered == 1)
+        let report = try await alice.sync()
+        #expect(report.quarantined == 1)
+        let quarantined = try alice.quarantine()
+        #expect(quarantined.count == 1)
+        #expect(quarantined.first?.reason.contains("signature") == true)
+        #expect(try alice.messages(in: zone).messages.isEmpty, "the altered message must not be shown")
+        #expect(try alice.totalUnreadCount() == 0)
+    }
+
+    @Test(arguments: ChatBackend.allCases)
+    func liveEventsAndObservedMessagesFollowChanges(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        let conversation = try alice.conversation(with: "bob")
+        var observed = alice.observeMessages(in: conversation.id).makeAsyncIterator()
+        #expect(await observed.next() == [])
+        let events = alice.events()
+        let sent = try alice.send("hello", to: "bob")
+        #expect(await observed.next()?.map(\.content) == ["hello"])
+        try bob.send("hi alice", to: "alice")
+        try await syncAll([bob, alice])
+        var sawAdd = false, sawSynced = false
+        for await event in events {
+            if case .messageAdded(let id) = event, id == sent.id { sawAdd = true }
+            if case .syncStateChanged(let id) = event, id == sent.id { sawSynced = true }
+            if sawAdd && sawSynced { break }
+        }
+        #expect(sawAdd && sawSynced)
+        var latest: [Message] = []
+        while let next = await observed.next() {
+            latest = next
+            if latest.count == 2 && latest.allSatisfy({ $0.syncState == .synced }) { break }
+        }
+        #expect(latest.map(\.content).sorted() == ["hello", "hi alice"])
+    }
+
+    @Test func aTransientFailureIsRetriedWithBackoffAndNeverDuplicates() async throws {
+        let fixture = try ChatFixture(.memory)
+        let clock = ManualClock()
+        let flaky = FlakyBackend(fixture.server)
+        var configuration = StoreConfiguration()
+        configuration.now = { clock.now }
+        configuration.random = { 0.5 }  // no jitter: exactly the base delay
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { policy in
+            flaky.connect(policy)
+        }, configuration: configuration)
+        try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let bob = try fixture.store("bob")
+        let message = try alice.send("survives the network", to: "bob")
+
+        // The save reaches the backend, then the answer is lost: the push must be retried.
+        flaky.mode = .loseAnswer
+        await #expect(throws: ConversationError.self) { try await alice.sync() }
+        #expect(try alice.message(message.id)?.syncState == .pending)
+        flaky.mode = .healthy
+        // Not yet due: the retry waits for its backoff.
+        let early = try await alice.sync()
+        #expect(early.pushed == 0)
+        clock.advance(1)
+        let retried = try await alice.sync()
+        #expect(retried.pushed >= 1)
+        #expect(try alice.message(message.id)?.syncState == .synced)
+        try await bob.sync()
+        let conversation = try #require(try bob.conversations().first)
+        #expect(try history(bob, conversation.id).map(\.content) == ["survives the network"])
+    }
+
+    @Test func aPermanentRejectionMarksTheMessageFailedWithTheReason() async throws {
+        let fixture = try ChatFixture(.memory)
+        let flaky = FlakyBackend(fixture.server)
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { flaky.connect($0) })
+        try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await alice.sync()
+        let message = try alice.send("refused", to: "bob")
+        flaky.mode = .refuseMessages
+        let report = try await alice.sync()
+        #expect(report.failed == 1)
+        guard case .failed(let reason) = try alice.message(message.id)?.syncState else {
+            Issue.record("message is not marked failed")
+            return
+        }
+        #expect(reason.contains("notAuthorized"))
+        #expect(try alice.pendingChangeCount() == 0)
+    }
+
+    @Test(arguments: ChatBackend.allCases)
+    func aRecreatedZoneIsFetchedAgainFromTheStart(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        try bob.send("before", to: "alice")
+        try await syncAll([bob, alice])
+        let zone = try ZoneName(try #require(try alice.conversations().first?.id))
+        // Someone deletes and recreates the zone; bob writes into the new incarnation.
+        let admin: any RecordZoneBackend = kind == .memory ? fixture.server : try FileSystemBackend(root: fixture.folder, device: "admin")
+        try await admin.deleteZone(zone)
+        try await admin.createZone(zone)
+        try bob.send("after", to: "alice")
+        try bob.clearAllCachedData()
+        try await bob.sync()
+        let report = try await alice.sync()
+        #expect(report.refetchedZones == 1)
+        #expect(try history(alice, zone.rawValue).map(\.content).contains("after"))
+    }
+
+    @Test(arguments: ChatBackend.allCases)
+    func clearingTheCacheKeepsUnsentMessagesAndSyncBringsTheRestBack(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        try bob.send("one", to: "alice")
+        try bob.send("two", to: "alice")
+        try await syncAll([bob, alice])
+        let zone = try #require(try alice.conversations().first?.id)
+        let unsent = try alice.send("not sent yet", to: "bob")
+        try alice.clearAllCachedData()
+        #expect(try history(alice, zone).map(\.content) == ["not sent yet"])
+        #expect(try alice.message(unsent.id)?.syncState == .pending)
+        try await alice.sync()
+        #expect(try history(alice, zone).map(\.content) == ["one", "two", "not sent yet"])
+        #expect(try alice.pendingChangeCount() == 0)
+    }
+}
+
+/// A backend in front of a real in-memory backend that can lose answers or refuse messages:
+/// the one stand-in in these tests, since a network cannot be made to fail on cue here.
+final class FlakyBackend: @unchecked Sendable {
+    enum Mode { case healthy, loseAnswer, refuseMessages }
+    private let lock = NSLock()
+    private var current = Mode.healthy
+    let server: InMemoryBackend
+
+    init(_ server: InMemoryBackend) { self.server = server }
+
+    var mode: Mode {
+        get { lock.withLock { current } }
+        set { lock.withLock { current = newValue } }
+    }
+
+    func connect(_ policy: RecordPolicy) -> any RecordZoneBackend {
+        Connection(inner: server.connection(policy: policy), owner: self)
+    }
+
+    struct Connection: RecordZoneBackend {
+        let inner: InMemoryConnection
+        let owner: FlakyBackend
+
+        func save(_ records: [Record], policy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+            switch owner.mode {
+            case .healthy: return try await inner.save(records, policy: policy)
+            case .loseAnswer:
+                _ = try await inner.save(records, policy: policy)
+                throw RecordZoneError(.networkUnavailable, "connection reset before the answer")
+            case .refuseMessages:
+                let results = try await inner.save(records.filter { $0.recordType != "Message" }, policy: policy)
+                var iterator = results.makeIterator()
+                return records.map { record in
+                    record.recordType == "Message"
+                        ? .failure(RecordZoneError(.notAuthorized, "refused by the server", recordID: record.id))
+                        : iterator.next() ?? .failure(RecordZoneError(.internalError, "missing result"))
+                }
+            }
+        }
+        func createZone(_ zone: ZoneName) async throws(RecordZoneError) { try await inner.createZone(zone) }
+        func zones() async throws(RecordZoneError) -> [ZoneName] { try await inner.zones() }
+        func deleteZone(_ zone: ZoneName) async throws(RecordZoneError) { try await inner.deleteZone(zone) }
+        func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
+            try await inner.fetchDatabaseChanges(since: token)
+        }
+        func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
+            try await inner.fetchChanges(in: zone, since: token, limit: limit)
+        }
+        func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] { try await inner.fetch(ids) }
+        func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
+            try await inner.query(query, cursor: cursor, limit: limit)
+        }
+        func putAsset(_ data: Data, expected: AssetReference?) async throws(RecordZoneError) -> AssetReference {
+            try await inner.putAsset(data, expected: expected)
+        }
+        func asset(_ reference: AssetReference) async throws(RecordZoneError) -> Data { try await inner.asset(reference) }
+        func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
+            try await inner.waitForChanges(in: zone, since: token, timeout: timeout)
+        }
+    }
+}

@@ -1,0 +1,69 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+
+/// The backends the chat-store tests run through; each test takes one as its argument.
+enum ChatBackend: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case memory, filesystem
+    var testDescription: String { rawValue }
+}
+
+/// Stores for alice, bob and carol, each in its own temporary directory, sharing one backend.
+final class ChatFixture: @unchecked Sendable {
+    let kind: ChatBackend
+    let directory: TemporaryDirectory
+    let server: InMemoryBackend
+    var folder: String { directory.path + "/shared" }
+
+    init(_ kind: ChatBackend) throws {
+        self.kind = kind
+        directory = try TemporaryDirectory("chat")
+        server = InMemoryBackend(policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+    }
+
+    func storePath(_ identifier: String) -> String { "\(directory.path)/stores/\(identifier)" }
+
+    func factory(device: String) -> BackendFactory {
+        switch kind {
+        case .memory: .memory(server)
+        case .filesystem: .folder(folder, device: device)
+        }
+    }
+
+    /// Opens the store of `identifier` and sets up its local speaker.
+    func store(_ identifier: String, tags: [String] = [], configuration: StoreConfiguration = StoreConfiguration()) throws -> ConversationStore {
+        let store = try ConversationStore(directory: storePath(identifier), backend: factory(device: identifier), configuration: configuration)
+        try store.setupLocalSpeaker(identifier: identifier, name: identifier.capitalized, tags: tags)
+        return store
+    }
+}
+
+/// Syncs the stores in turn, twice round, so every change reaches every store.
+func syncAll(_ stores: [ConversationStore]) async throws {
+    for _ in 0..<2 {
+        for store in stores { try await store.sync() }
+    }
+}
+
+/// A conversation's whole history, oldest first, page by page.
+func history(_ store: ConversationStore, _ conversation: String, pageSize: Int = 50) throws -> [Message] {
+    var all = [Message]()
+    var cursor: MessageCursor? = nil
+    repeat {
+        let page = try store.messages(in: conversation, limit: pageSize, before: cursor)
+        all = page.messages + all
+        cursor = page.olderCursor
+    } while cursor != nil
+    return all
+}
+
+/// A clock the test moves by hand.
+final class ManualClock: @unchecked Sendable {
+    private let lock = NSLock()
+    private var current: Date
+    init(_ start: Date = Date(timeIntervalSince1970: 1_800_000_000)) { current = start }
+    var now: Date { lock.withLock { current } }
+    func advance(_ seconds: Double) { lock.withLock { current = current.addingTimeInterval(seconds) } }
+}

@@ -1,0 +1,64 @@
+// convkit-store-sync: opens a store on a folder backend and syncs it once, printing one
+// "added <message>" line per message as each pulled page commits. The tests run it as a real
+// process and kill it with SIGKILL mid-pull.
+import ConversationKit
+import Foundation
+
+let usage = """
+    OVERVIEW: Sync one ConversationKit store with a folder backend, once.
+
+    USAGE: convkit-store-sync --store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>]
+
+    OPTIONS:
+      --store <dir>        The store directory.
+      --folder <dir>       The shared zone folder.
+      --device <name>      The device to write to the folder as.
+      --identifier <id>    The local speaker (set up on first use).
+      --page-size <n>      Records per pulled page (default 200).
+      -h, --help           Show help information.
+
+    """
+
+func fail(_ message: String, code: Int32) -> Never {
+    FileHandle.standardError.write(Data("Error: \(message)\n".utf8))
+    if code == 64 { FileHandle.standardError.write(Data(usage.utf8)) }
+    exit(code)
+}
+
+var options = [String: String]()
+var arguments = CommandLine.arguments.dropFirst()
+while let flag = arguments.popFirst() {
+    if flag == "-h" || flag == "--help" {
+        print(usage, terminator: "")
+        exit(0)
+    }
+    guard flag.hasPrefix("--"), let value = arguments.popFirst() else { fail("unexpected argument '\(flag)'", code: 64) }
+    options[String(flag.dropFirst(2))] = value
+}
+guard let storePath = options["store"], let folder = options["folder"], let device = options["device"], let identifier = options["identifier"] else {
+    fail("--store, --folder, --device and --identifier are required", code: 64)
+}
+var configuration = StoreConfiguration()
+if let pageSize = options["page-size"] {
+    guard let value = Int(pageSize), value > 0 else { fail("--page-size must be a positive number", code: 64) }
+    configuration.pageSize = value
+}
+
+do {
+    let store = try ConversationStore(directory: storePath, backend: .folder(folder, device: device), configuration: configuration)
+    if store.localSpeakerIdentifier == nil {
+        try store.setupLocalSpeaker(identifier: identifier, name: identifier)
+    }
+    let events = store.events()
+    let printer = Task {
+        for await event in events {
+            if case .messageAdded(let id) = event { FileHandle.standardOutput.write(Data("added \(id.name)\n".utf8)) }
+        }
+    }
+    let report = try await store.sync()
+    try await Task.sleep(for: .milliseconds(50))
+    printer.cancel()
+    FileHandle.standardOutput.write(Data("done pulled=\(report.pulled) pushed=\(report.pushed) quarantined=\(report.quarantined)\n".utf8))
+} catch {
+    fail("\(error)", code: 1)
+}
