@@ -22,7 +22,7 @@ let package = Package(
         .target(name: "ZoneServer", dependencies: ["RecordZone"]),
 
         .executableTarget(
-            name: "convkit-bench", dependencies: ["RecordZone", "CSodium"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "CSodium", "CSQLite"],
             path: "Tools/convkit-bench"),
         .executableTarget(
             name: "convkit-zone-writer", dependencies: ["RecordZone"],

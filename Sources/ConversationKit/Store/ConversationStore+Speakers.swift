@@ -24,7 +24,7 @@ extension ConversationStore {
         }
         try write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
-            applier = RecordApplier(db: applier.db, localSpeaker: identifier)
+            applier.localSpeaker = identifier
             try commitLocal(record, as: local, in: &applier)
         }
         identity.withLock { $0 = local }

@@ -9,9 +9,12 @@ struct RecordApplier {
     enum Origin { case local, remote }
 
     let db: Database
-    let localSpeaker: String?
+    var localSpeaker: String?
     private(set) var events: [StoreEvent] = []
     private(set) var quarantinedCount = 0
+    /// Conversations already ensured in this transaction, and their newest message time.
+    private var ensured = Set<String>()
+    private var newestMessage: [String: Int64] = [:]
 
     init(db: Database, localSpeaker: String?) {
         self.db = db
@@ -156,7 +159,7 @@ struct RecordApplier {
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, listener, state.rawValue])
         let other = speaker == localSpeaker ? listener : speaker
         try ensureConversation(zone: zone, other: other)
-        try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [spokenAt, zone])
+        newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
     }
 
@@ -173,7 +176,16 @@ struct RecordApplier {
         if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: message))) }
     }
 
+    /// Writes what was gathered over the transaction; call once, before the commit.
+    mutating func finish() throws {
+        for (zone, newest) in newestMessage {
+            try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
+        }
+        newestMessage.removeAll()
+    }
+
     private mutating func ensureConversation(zone: String, other: String) throws {
+        guard ensured.insert(zone).inserted else { return }
         try db.execute("INSERT INTO conversations (zone, other) VALUES (?, ?) ON CONFLICT (zone) DO NOTHING", [zone, other])
         if db.changes > 0 { events.append(.conversationChanged(zone)) }
         try db.execute("""

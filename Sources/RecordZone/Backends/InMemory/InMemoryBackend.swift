@@ -119,8 +119,9 @@ public actor InMemoryBackend: RecordZoneBackend {
         var touched = Set<ZoneName>()
         let admitted = SaveChecks.admit(records, policy: policy)
         for (record, outcome) in zip(records, admitted) {
-            guard var zone = zoneTable[record.id.zone] else {
-                results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(record.id.zone)' does not exist", recordID: record.id)))
+            let zoneName = record.id.zone
+            guard let current = zoneTable[zoneName].map({ $0.winners[record.id] }) else {
+                results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zoneName)' does not exist", recordID: record.id)))
                 continue
             }
             let data: Data
@@ -128,21 +129,22 @@ public actor InMemoryBackend: RecordZoneBackend {
             case .success(let encoded): data = encoded
             case .failure(let error): results.append(.failure(error)); continue
             }
-            if let error = SaveChecks.checkUnchanged(record, current: zone.winners[record.id], policy: savePolicy) {
+            if let error = SaveChecks.checkUnchanged(record, current: current, policy: savePolicy) {
                 results.append(.failure(error))
                 continue
             }
-            if let current = zone.winners[record.id], !MergeRule.wins(record, over: current) {
+            if let current, !MergeRule.wins(record, over: current) {
                 results.append(.success(current))
                 continue
             }
-            var stored = record
-            stored.serverMetadata = ServerMetadata(changeTag: String(zone.append(key: record.id.name, data: data)), receivedAt: Date())
-            zone.winners[record.id] = stored
             databaseSequence += 1
-            zone.databaseSequence = databaseSequence
-            zoneTable[record.id.zone] = zone
-            touched.insert(record.id.zone)
+            // Mutated in place (the default subscript), never copied out: zones can be large.
+            var stored = record
+            stored.serverMetadata = ServerMetadata(
+                changeTag: String(zoneTable[zoneName, default: Zone()].append(key: record.id.name, data: data)), receivedAt: Date())
+            zoneTable[zoneName, default: Zone()].winners[record.id] = stored
+            zoneTable[zoneName, default: Zone()].databaseSequence = databaseSequence
+            touched.insert(zoneName)
             results.append(.success(stored))
         }
         touched.forEach(wake)
@@ -224,10 +226,9 @@ public actor InMemoryBackend: RecordZoneBackend {
     /// Stores raw bytes as if another writer had put them there, bypassing every save check:
     /// how the conformance suite plants forged records for readers to catch.
     func injectUnchecked(_ data: Data, into zoneName: ZoneName) throws(RecordZoneError) {
-        var zone = try existing(zoneName)
+        _ = try existing(zoneName)
         injected += 1
-        _ = zone.append(key: "injected-\(injected)", data: data)
-        zoneTable[zoneName] = zone
+        _ = zoneTable[zoneName, default: Zone()].append(key: "injected-\(injected)", data: data)
         wake(zoneName)
     }
 

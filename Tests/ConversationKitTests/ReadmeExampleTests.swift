@@ -1,0 +1,50 @@
+import ConversationKit
+import Foundation
+import Testing
+import TestSupport
+
+/// The README's embedded-store example, run as a test; a second test keeps the README's copy
+/// identical to the code between the markers below.
+@Suite struct ReadmeExampleTests {
+    @Test func theReadmeExampleRuns() async throws {
+        let directory = try TemporaryDirectory("readme")
+        let root = directory.path
+        // README-BEGIN
+        let alice = try ConversationStore(directory: "\(root)/alice", backend: .folder("\(root)/shared", device: "alice-laptop"))
+        try alice.setupLocalSpeaker(identifier: "alice", name: "Alice", tags: ["swift"])
+        let bob = try ConversationStore(directory: "\(root)/bob", backend: .folder("\(root)/shared", device: "bob-phone"))
+        try bob.setupLocalSpeaker(identifier: "bob", name: "Bob", tags: ["swift", "linux"])
+
+        let sent = try alice.send("Hi Bob!", to: "bob")   // offline: committed with its outbox entry
+        try await alice.sync()                             // pushes the outbox
+        try await bob.sync()                               // pulls, verifies, applies
+
+        guard let conversation = try bob.existingConversation(with: "alice") else { return }
+        let page = try bob.messages(in: conversation.id, limit: 50)
+        print(page.messages.map(\.content))                // ["Hi Bob!"]
+        try bob.markAllAsRead(in: conversation.id)         // a signed receipt for alice
+        try await bob.sync()
+        try await alice.sync()
+        print(try alice.message(sent.id)?.readAt as Any)   // when bob read it
+
+        let swifties = try await alice.speakers(matching: SpeakerQuery(tag: "linux"))
+        print(swifties.map(\.name))                        // ["Bob"]
+        // README-END
+        #expect(page.messages.map(\.content) == ["Hi Bob!"])
+        #expect(try alice.message(sent.id)?.readAt != nil)
+        #expect(swifties.map(\.name) == ["Bob"])
+        #expect(conversation.id == sent.id.conversation)
+    }
+
+    @Test func theReadmeShowsExactlyThisExample() throws {
+        let here = URL(fileURLWithPath: #filePath)
+        let root = here.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
+        let source = try String(contentsOf: here, encoding: .utf8)
+        let lines = source.components(separatedBy: "\n")
+        let begin = try #require(lines.firstIndex { $0.hasSuffix("// README-BEGIN") })
+        let end = try #require(lines.firstIndex { $0.hasSuffix("// README-END") })
+        let example = lines[(begin + 1)..<end].map { $0.hasPrefix("        ") ? String($0.dropFirst(8)) : $0 }.joined(separator: "\n")
+        #expect(readme.contains(example), "README.md's embedded-store example differs from ReadmeExampleTests.swift")
+    }
+}

@@ -1,0 +1,127 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+
+/// Bad input, identity switching and crashes: clear typed errors, nothing half-written, nothing lost.
+@Suite struct StoreRobustnessTests {
+    func code(_ body: () throws -> Void) -> ConversationError.Code? {
+        do {
+            try body()
+            return nil
+        } catch let error as ConversationError {
+            return error.code
+        } catch {
+            return nil
+        }
+    }
+
+    @Test func badInputGetsTypedErrorsAndWritesNothing() throws {
+        let fixture = try ChatFixture(.memory)
+        let store = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
+        #expect(code { try store.send("hi", to: "bob") } == .noLocalSpeaker)
+        #expect(code { try store.setupLocalSpeaker(identifier: "", name: "Nobody") } == .invalidIdentifier)
+        #expect(code { try store.setupLocalSpeaker(identifier: String(repeating: "x", count: 129), name: "Long") } == .invalidIdentifier)
+        #expect(code { try store.setupLocalSpeaker(identifier: "_system", name: "Reserved") } == .invalidIdentifier)
+        #expect(code { try store.setupLocalSpeaker(identifier: "tab\there", name: "Tab") } == .invalidIdentifier)
+        try store.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let pending = try store.pendingChangeCount()
+        #expect(code { try store.send(String(repeating: "x", count: 64 * 1024 + 1), to: "bob") } == .contentTooLarge)
+        #expect(code { try store.send("", to: "bob") } == .emptyContent)
+        #expect(code { try store.send("hi", to: "") } == .invalidIdentifier)
+        #expect(code { try store.send("hi", to: "alice") } == .invalidIdentifier)
+        #expect(code { _ = try store.unreadCount(in: "c-0000000000000000-0000000000000000") } == .unknownConversation)
+        #expect(code { try store.markAsRead(MessageID(conversation: "c-x", name: "nope")) } == .unknownMessage)
+        #expect(code { try store.delete(MessageID(conversation: "c-x", name: "nope")) } == .unknownMessage)
+        // Nothing was half-written: no conversation, no outbox entry.
+        #expect(try store.conversations().isEmpty)
+        #expect(try store.pendingChangeCount() == pending)
+        // Exactly 64 KiB is fine.
+        let big = try store.send(String(repeating: "y", count: 64 * 1024), to: "bob")
+        #expect(big.content.utf8.count == 64 * 1024)
+    }
+
+    @Test func aStoreDirectoryThatCannotBeCreatedIsATypedError() throws {
+        let dir = try TemporaryDirectory("blocked")
+        let fixture = try ChatFixture(.memory)
+        // A file where the directory should go: it cannot be created, whoever runs the test.
+        let blocker = dir.path + "/file"
+        try Data("x".utf8).write(to: URL(fileURLWithPath: blocker))
+        #expect(code { _ = try ConversationStore(directory: blocker + "/store", backend: fixture.factory(device: "a")) } == .storeNotWritable)
+        #expect(code { _ = try ConversationStore(directory: blocker, backend: fixture.factory(device: "a")) } == .storeNotWritable)
+    }
+
+    @Test func aCorruptDatabaseFileIsATypedError() throws {
+        let fixture = try ChatFixture(.memory)
+        let path = fixture.storePath("alice")
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: path + "/store.sqlite"))
+        #expect(code { _ = try ConversationStore(directory: path, backend: fixture.factory(device: "alice")) } == .databaseCorrupt)
+    }
+
+    @Test func switchingIdentityNeverDropsAnotherSpeakersUnsentMessages() throws {
+        let fixture = try ChatFixture(.memory)
+        let alice = try fixture.store("alice")
+        let unsent = try alice.send("still in the outbox", to: "bob")
+        #expect(code { try alice.setupLocalSpeaker(identifier: "bob", name: "Bob") } == .storeBelongsToAnotherSpeaker)
+        // Reopening the directory is still alice's store, with her message.
+        let reopened = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
+        #expect(reopened.localSpeakerIdentifier == "alice")
+        #expect(try reopened.message(unsent.id)?.syncState == .pending)
+        #expect(try reopened.pendingChangeCount() == alice.pendingChangeCount())
+        // Bob opens his own store beside it.
+        let bob = try fixture.store("bob")
+        #expect(try bob.conversations().isEmpty)
+    }
+
+    @Test func theKeyAndPinsSurviveAReopen() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        try bob.send("hello", to: "alice")
+        try await syncAll([bob, alice])
+        let key = try #require(alice.localPublicKey)
+        let reopened = try ConversationStore(directory: fixture.storePath("alice"), backend: .folder(fixture.folder, device: "alice-2"))
+        #expect(reopened.localPublicKey == key)
+        let mode = try #require(FileManager.default.attributesOfItem(atPath: fixture.storePath("alice") + "/speaker.key")[.posixPermissions] as? Int)
+        #expect(mode & 0o077 == 0)
+        #expect(try reopened.totalUnreadCount() == 1)
+    }
+
+    @Test func aSyncKilledMidPullAndRunAgainEndsWithEveryMessageExactlyOnce() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let bob = try fixture.store("bob")
+        let count = 400
+        for i in 0..<count { try bob.send("message \(i)", to: "alice") }
+        try await bob.sync()
+
+        let tool = try builtProduct("convkit-store-sync")
+        let arguments = ["--store", fixture.storePath("alice"), "--folder", fixture.folder, "--device", "alice", "--identifier", "alice", "--page-size", "2"]
+        let first = try ChildProcess(tool, arguments)
+        let midway = await first.waitUntil { $0.lines.filter { $0.hasPrefix("added") }.count >= 40 }
+        #expect(midway, "\(first.standardError)")
+        first.kill(SIGKILL)
+        _ = await first.wait()
+        let beforeKill = first.lines.filter { $0.hasPrefix("added") }.count
+        #expect(!first.standardOutput.contains("done"), "the sync finished before it was killed")
+
+        let second = try ChildProcess(tool, arguments)
+        #expect(await second.wait() == 0, "\(second.standardError)")
+        // The second run resumed from the stored token: it pulled less than everything (a run
+        // from scratch pulls all 400 messages plus the member and speaker records).
+        let done = try #require(second.lines.first { $0.hasPrefix("done ") })
+        let pulled = try #require(done.split(separator: " ").first { $0.hasPrefix("pulled=") }.flatMap { Int($0.dropFirst(7)) })
+        #expect(pulled > 0 && pulled <= count + 3 - beforeKill)
+
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .folder(fixture.folder, device: "alice"))
+        let conversation = try #require(try alice.conversations().first)
+        let messages = try history(alice, conversation.id, pageSize: 100)
+        #expect(messages.count == count)
+        #expect(Set(messages.map(\.id)).count == count)
+        #expect(Set(messages.map(\.content)) == Set((0..<count).map { "message \($0)" }))
+        #expect(try alice.unreadCount(in: conversation.id) == count)
+        // A further sync finds nothing new.
+        let again = try await alice.sync()
+        #expect(again.pulled == 0)
+    }
+}

@@ -1,0 +1,111 @@
+import Foundation
+
+/// Runs `body` (which does `batch` operations) repeatedly for about `seconds`; returns ops/s.
+func rate(seconds: Double, batch: Int = 1, _ body: () throws -> Void) rethrows -> Double {
+    let clock = ContinuousClock()
+    try body()  // warm up
+    var operations = 0
+    let start = clock.now
+    var elapsed = Duration.zero
+    repeat {
+        try body()
+        operations += batch
+        elapsed = clock.now - start
+    } while elapsed < .seconds(seconds)
+    return Double(operations) / secondsIn(elapsed)
+}
+
+/// Runs `body` on every core at once for about `seconds`; returns total ops/s.
+func parallelRate(seconds: Double, _ body: @escaping @Sendable () -> Void) -> Double {
+    let cores = ProcessInfo.processInfo.activeProcessorCount
+    let counts = UnsafeMutableBufferPointer<Int>.allocate(capacity: cores)
+    counts.initialize(repeating: 0)
+    defer { counts.deallocate() }
+    nonisolated(unsafe) let shared = counts
+    let start = ContinuousClock.now
+    DispatchQueue.concurrentPerform(iterations: cores) { core in
+        var n = 0
+        repeat {
+            body()
+            n += 1
+        } while ContinuousClock.now - start < .seconds(seconds)
+        shared[core] = n
+    }
+    let elapsed = ContinuousClock.now - start
+    return Double(counts.reduce(0, +)) / secondsIn(elapsed)
+}
+
+/// Like ``rate(seconds:batch:_:)`` for async work; `body` returns false when it has no more to do.
+@MainActor func rateAsync(seconds: Double, batch: Int, _ body: () async throws -> Bool) async throws -> Double {
+    let clock = ContinuousClock()
+    var operations = 0
+    let start = clock.now
+    var elapsed = Duration.zero
+    repeat {
+        guard try await body() else { break }
+        operations += batch
+        elapsed = clock.now - start
+    } while elapsed < .seconds(seconds)
+    return Double(operations) / secondsIn(elapsed)
+}
+
+struct Row: Encodable {
+    var name: String
+    var perSecond: Double
+    var rawName: String
+    var rawPerSecond: Double
+    var ratio: Double { perSecond / rawPerSecond }
+
+    enum CodingKeys: String, CodingKey { case name, perSecond, rawName, rawPerSecond, ratio }
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(name, forKey: .name)
+        try c.encode(perSecond, forKey: .perSecond)
+        try c.encode(rawName, forKey: .rawName)
+        try c.encode(rawPerSecond, forKey: .rawPerSecond)
+        try c.encode(ratio, forKey: .ratio)
+    }
+}
+
+/// Collects rows and prints them as a table (or JSON at the end).
+@MainActor final class Reporter {
+    let json: Bool
+    private(set) var rows = [Row]()
+
+    init(json: Bool) { self.json = json }
+
+    func note(_ text: String) {
+        if !json { print(text) }
+    }
+
+    func header(_ title: String) {
+        note("")
+        note(title)
+        note(columns("operation", "rate", "raw limit (same bytes, same run)", "rate", "ratio"))
+    }
+
+    func report(_ row: Row) {
+        rows.append(row)
+        note(columns(row.name, String(format: "%.0f/s", row.perSecond), row.rawName, String(format: "%.0f/s", row.rawPerSecond), String(format: "%.2f", row.ratio)))
+    }
+
+    func finish() throws {
+        guard json else { return }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        print(String(decoding: try encoder.encode(rows), as: UTF8.self))
+    }
+
+    private func columns(_ name: String, _ rate: String, _ rawName: String, _ rawRate: String, _ ratio: String) -> String {
+        func pad(_ s: String, _ width: Int, left: Bool = false) -> String {
+            let fill = String(repeating: " ", count: max(0, width - s.count))
+            return left ? fill + s : s + fill
+        }
+        return pad(name, 40) + pad(rate, 12, left: true) + "   " + pad(rawName, 36) + pad(rawRate, 12, left: true) + pad(ratio, 8, left: true)
+    }
+}
+
+/// Seconds in a duration, as a Double.
+func secondsIn(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+}

@@ -1,0 +1,46 @@
+import CSQLite
+import Foundation
+
+/// The raw SQLite C API with nothing of ours on top: the baseline the store is measured against.
+final class RawSQLite {
+    let db: OpaquePointer
+
+    init(path: String) throws {
+        var handle: OpaquePointer?
+        guard sqlite3_open(path, &handle) == SQLITE_OK, let handle else { throw RawError("cannot open \(path)") }
+        db = handle
+        try exec("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL")
+    }
+
+    deinit { sqlite3_close_v2(db) }
+
+    func exec(_ sql: String) throws {
+        guard sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else { throw RawError(String(cString: sqlite3_errmsg(db))) }
+    }
+
+    func prepare(_ sql: String) throws -> OpaquePointer {
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK, let statement else {
+            throw RawError(String(cString: sqlite3_errmsg(db)))
+        }
+        return statement
+    }
+
+    func bind(_ statement: OpaquePointer, _ index: Int32, _ text: String) {
+        sqlite3_bind_text(statement, index, text, -1, csqlite_transient())
+    }
+
+    func bind(_ statement: OpaquePointer, _ index: Int32, _ data: [UInt8]) {
+        sqlite3_bind_blob(statement, index, data, Int32(data.count), csqlite_transient())
+    }
+
+    func run(_ statement: OpaquePointer) throws {
+        guard sqlite3_step(statement) == SQLITE_DONE else { throw RawError(String(cString: sqlite3_errmsg(db))) }
+        sqlite3_reset(statement)
+    }
+}
+
+struct RawError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}

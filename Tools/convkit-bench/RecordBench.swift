@@ -1,0 +1,120 @@
+import CSodium
+import Foundation
+import RecordZone
+
+/// A message-sized sample record: about the size of a chat message with its metadata.
+func sampleRecord(_ index: Int, key: SigningKey, clock: HybridLogicalClock, zone: ZoneName) throws -> Record {
+    var record = Record(id: try RecordID(zone: zone, name: "msg-\(index)"), type: "Message")
+    record["content"] = .string("Hello there! This is message number \(index), about as long as a chat line usually is.")
+    record["speaker"] = .string("alice")
+    record["listener"] = .string("bob")
+    record["spokenAt"] = .date(milliseconds: 1_700_000_000_000 + Int64(index))
+    try record.sign(with: key, clock: clock.now())
+    return record
+}
+
+/// Records signed, verified, encoded and decoded, and a filesystem zone written and read,
+/// each beside the raw libsodium or disk rate for the same bytes.
+@MainActor func recordBench(_ reporter: Reporter, seconds: Double) async throws {
+    let key = SigningKey.generate()
+    let clock = HybridLogicalClock()
+    let zone = try ZoneName("bench")
+    let record = try sampleRecord(0, key: key, clock: clock, zone: zone)
+    let body = try record.canonicalBytes()
+    let encoded = try record.encoded()
+    reporter.header("Records (\(body.count)-byte body) and a filesystem zone")
+
+    // Raw libsodium on the same bytes.
+    let seed = Array(key.seed)
+    var pk = [UInt8](repeating: 0, count: 32), sk = [UInt8](repeating: 0, count: 64)
+    crypto_sign_seed_keypair(&pk, &sk, seed)
+    let bodyBytes = Array(body)
+    var signature = [UInt8](repeating: 0, count: 64)
+    let rawSign = rate(seconds: seconds) {
+        crypto_sign_detached(&signature, nil, bodyBytes, UInt64(bodyBytes.count), sk)
+    }
+    let rawVerify = rate(seconds: seconds) {
+        precondition(crypto_sign_verify_detached(signature, bodyBytes, UInt64(bodyBytes.count), pk) == 0)
+    }
+    let signed = signature, publicKey = pk
+    let rawVerifyAllCores = parallelRate(seconds: seconds) {
+        precondition(crypto_sign_verify_detached(signed, bodyBytes, UInt64(bodyBytes.count), publicKey) == 0)
+    }
+    var digest = [UInt8](repeating: 0, count: 32)
+    let encodedBytes = Array(encoded)
+    let rawHash = rate(seconds: seconds) {
+        crypto_hash_sha256(&digest, encodedBytes, UInt64(encodedBytes.count))
+    }
+
+    var scratch = record
+    reporter.report(Row(name: "record sign (encode + sign)", perSecond: try rate(seconds: seconds) {
+        try scratch.sign(with: key, clock: RecordClock(rawValue: 1))
+    }, rawName: "crypto_sign_detached", rawPerSecond: rawSign))
+    let policy = RecordPolicy()
+    reporter.report(Row(name: "record verify (decode + verify)", perSecond: rate(seconds: seconds) {
+        guard case .success = policy.admit(encoded: encoded, source: "bench") else { preconditionFailure("verify failed") }
+    }, rawName: "crypto_sign_verify_detached", rawPerSecond: rawVerify))
+    reporter.report(Row(name: "record encode", perSecond: try rate(seconds: seconds) {
+        _ = try record.encoded()
+    }, rawName: "crypto_hash_sha256", rawPerSecond: rawHash))
+    reporter.report(Row(name: "record decode", perSecond: try rate(seconds: seconds) {
+        _ = try Record(canonical: encoded)
+    }, rawName: "crypto_hash_sha256", rawPerSecond: rawHash))
+
+    // Filesystem zone: write batches of 400 (one fsynced segment each), read back with verify.
+    let root = FileManager.default.temporaryDirectory.path + "/convkit-bench-\(UUID().uuidString.prefix(8))"
+    defer { try? FileManager.default.removeItem(atPath: root) }
+    let backend = try FileSystemBackend(root: root, device: "bench")
+    try await backend.createZone(zone)
+    let batchSize = Record.maximumBatchSize
+    // Records are signed ahead of time: the write measures save = verify + segment + fsync.
+    var next = 0
+    let batches = try (0..<max(8, Int(40 * seconds))).map { _ in
+        try (0..<batchSize).map { _ in
+            defer { next += 1 }
+            return try sampleRecord(next, key: key, clock: clock, zone: zone)
+        }
+    }
+    var batchIndex = 0
+    let written = try await rateAsync(seconds: seconds, batch: batchSize) {
+        guard batchIndex < batches.count else { return false }
+        _ = try await backend.save(batches[batchIndex])
+        batchIndex += 1
+        return true
+    }
+    // Raw: the same bytes written as a file, fsynced, renamed, directory fsynced.
+    let segmentBytes = Data(count: batchSize * (encoded.count + 4) + 41)
+    let rawFolder = root + "/raw"
+    try FileManager.default.createDirectory(atPath: rawFolder, withIntermediateDirectories: true)
+    var rawIndex = 0
+    let rawWrite = try rate(seconds: seconds, batch: batchSize) {
+        let path = "\(rawFolder)/\(rawIndex)"
+        rawIndex += 1
+        let fd = open(path + ".tmp", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        guard fd >= 0 else { throw RecordZoneError(.ioError, "open") }
+        _ = segmentBytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        fsync(fd)
+        close(fd)
+        rename(path + ".tmp", path)
+        let dir = open(rawFolder, O_RDONLY)
+        fsync(dir)
+        close(dir)
+    }
+    let rawWriteLimit = 1 / (1 / rawVerifyAllCores + 1 / rawWrite)
+    reporter.report(Row(name: "fs zone write (save, 400/segment)", perSecond: written, rawName: "verify (all cores) + write/fsync", rawPerSecond: rawWriteLimit))
+
+    let reader = try FileSystemBackend(root: root, device: nil)
+    var total = 0
+    let clockStart = ContinuousClock.now
+    var token: ChangeToken? = nil
+    repeat {
+        let page = try await reader.fetchChanges(in: zone, since: token, limit: 1000)
+        total += page.records.count
+        token = page.token
+        if !page.moreComing { break }
+    } while true
+    let elapsed = ContinuousClock.now - clockStart
+    let readRate = Double(total) / secondsIn(elapsed)
+    reporter.report(Row(name: "fs zone read (fetch + verify)", perSecond: readRate, rawName: "verify, all cores", rawPerSecond: rawVerifyAllCores))
+
+}

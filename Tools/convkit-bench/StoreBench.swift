@@ -1,0 +1,131 @@
+import CSQLite
+import CSodium
+import ConversationKit
+import Foundation
+import RecordZone
+
+/// The chat store: messages sent, records pulled, and the newest page of one conversation among
+/// many messages, each beside raw SQLite (and libsodium) doing the same work in the same run.
+@MainActor func storeBench(_ reporter: Reporter, seconds: Double, messageCount: Int) async throws {
+    reporter.header("Chat store (SQLite WAL, synchronous=FULL)")
+    let root = FileManager.default.temporaryDirectory.path + "/convkit-store-bench-\(UUID().uuidString.prefix(8))"
+    defer { try? FileManager.default.removeItem(atPath: root) }
+    let server = InMemoryBackend(policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+    let content = "Hello there! This is a message about as long as a chat line usually is."
+
+    // 1. Sends, each its own durable transaction, against one-row raw transactions plus a raw sign.
+    let bob = try ConversationStore(directory: root + "/bob", backend: .memory(server))
+    try bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+    let sends = try rate(seconds: seconds) { try bob.send(content, to: "alice") }
+    let raw = try RawSQLite(path: root + "/raw.sqlite")
+    try raw.exec("CREATE TABLE t (zone TEXT NOT NULL, name TEXT NOT NULL, content TEXT NOT NULL, PRIMARY KEY (zone, name)) STRICT")
+    let insert = try raw.prepare("INSERT INTO t (zone, name, content) VALUES (?, ?, ?)")
+    defer { sqlite3_finalize(insert) }
+    var rawIndex = 0
+    let rawTransactions = try rate(seconds: seconds) {
+        try raw.exec("BEGIN IMMEDIATE")
+        raw.bind(insert, 1, "zone")
+        raw.bind(insert, 2, "m\(rawIndex)")
+        raw.bind(insert, 3, content)
+        rawIndex += 1
+        try raw.run(insert)
+        try raw.exec("COMMIT")
+    }
+    let key = SigningKey.generate()
+    let sample = Data(repeating: 7, count: 240)
+    let rawSign = rate(seconds: seconds) { _ = key.sign(sample) }
+    reporter.report(Row(name: "send (durable transaction each)", perSecond: sends,
+                        rawName: "1-row txn + crypto_sign", rawPerSecond: 1 / (1 / rawTransactions + 1 / rawSign)))
+
+    // 2. Pull: bob's messages into a fresh store for alice, against raw verify + batched inserts.
+    try await bob.sync()
+    let alice = try ConversationStore(directory: root + "/alice", backend: .memory(server))
+    try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+    let pullStart = ContinuousClock.now
+    let report = try await alice.sync()
+    let pullRate = Double(report.pulled) / secondsIn(ContinuousClock.now - pullStart)
+    var encoded = [[UInt8]]()
+    var token: ChangeToken? = nil
+    for zone in await server.zones() {
+        token = nil
+        repeat {
+            let page = try await server.fetchChanges(in: zone, since: token, limit: 1000)
+            encoded += try page.records.map { Array(try $0.encoded()) }
+            token = page.token
+            if !page.moreComing { break }
+        } while true
+    }
+    let publicKey = Array(key.publicKey), message = Array(sample), signature = Array(key.sign(sample))
+    let verifyAll = parallelRate(seconds: seconds) {
+        precondition(crypto_sign_verify_detached(signature, message, UInt64(message.count), publicKey) == 0)
+    }
+    try raw.exec("CREATE TABLE pulled (zone TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL, PRIMARY KEY (zone, name)) STRICT")
+    let insertPulled = try raw.prepare("INSERT INTO pulled (zone, name, record) VALUES (?, ?, ?)")
+    defer { sqlite3_finalize(insertPulled) }
+    let insertStart = ContinuousClock.now
+    for pageStart in stride(from: 0, to: encoded.count, by: 200) {
+        try raw.exec("BEGIN IMMEDIATE")
+        for index in pageStart..<min(encoded.count, pageStart + 200) {
+            raw.bind(insertPulled, 1, "zone")
+            raw.bind(insertPulled, 2, "r\(index)")
+            raw.bind(insertPulled, 3, encoded[index])
+            try raw.run(insertPulled)
+        }
+        try raw.exec("COMMIT")
+    }
+    let rawInsertRate = Double(encoded.count) / secondsIn(ContinuousClock.now - insertStart)
+    reporter.report(Row(name: "pull \(report.pulled) (verify + apply, 200/page)", perSecond: pullRate,
+                        rawName: "verify (all cores) + insert 200/txn", rawPerSecond: 1 / (1 / verifyAll + 1 / rawInsertRate)))
+
+    // 3. The newest 50 of one conversation among `messageCount` messages.
+    let perConversation = 1000
+    let conversations = messageCount / perConversation
+    let path = root + "/alice/store.sqlite"
+    let bulk = try RawSQLite(path: path)
+    try bulk.exec("PRAGMA synchronous = OFF; BEGIN")
+    let addConversation = try bulk.prepare("INSERT OR IGNORE INTO conversations (zone, other) VALUES (?, ?)")
+    let addMessage = try bulk.prepare("""
+        INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, sync_state) VALUES (?, ?, ?, 'alice', ?, ?, 0)
+        """)
+    for c in 0..<conversations {
+        let zone = String(format: "c-%016x-%016x", c, c + 1)
+        bulk.bind(addConversation, 1, zone)
+        bulk.bind(addConversation, 2, "speaker\(c)")
+        try bulk.run(addConversation)
+        for m in 0..<perConversation {
+            bulk.bind(addMessage, 1, zone)
+            bulk.bind(addMessage, 2, String(format: "%08d", m))
+            bulk.bind(addMessage, 3, "speaker\(c)")
+            bulk.bind(addMessage, 4, content)
+            sqlite3_bind_int64(addMessage, 5, 1_700_000_000_000 + Int64(m) * 1000)
+            try bulk.run(addMessage)
+        }
+    }
+    try bulk.exec("COMMIT")
+    sqlite3_finalize(addConversation)
+    sqlite3_finalize(addMessage)
+    let target = String(format: "c-%016x-%016x", conversations / 2, conversations / 2 + 1)
+    let newest = try rate(seconds: seconds) {
+        let page = try alice.messages(in: target, limit: 50)
+        precondition(page.messages.count == 50)
+    }
+    let query = try bulk.prepare("""
+        SELECT zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error
+        FROM messages WHERE zone = ? AND is_deleted = 0 ORDER BY spoken_at DESC, name DESC LIMIT 51
+        """)
+    defer { sqlite3_finalize(query) }
+    let rawNewest = try rate(seconds: seconds) {
+        bulk.bind(query, 1, target)
+        var rows = 0
+        var texts = [String]()
+        while sqlite3_step(query) == SQLITE_ROW {
+            for column in [0, 1, 2, 3, 4] as [Int32] { texts.append(String(cString: sqlite3_column_text(query, column))) }
+            _ = sqlite3_column_int64(query, 5)
+            rows += 1
+        }
+        sqlite3_reset(query)
+        guard rows == 51 else { throw RawError("expected 51 rows, got \(rows)") }
+    }
+    reporter.report(Row(name: "newest 50 of 1 among \(conversations * perConversation)", perSecond: newest,
+                        rawName: "same SQL, raw sqlite3_step", rawPerSecond: rawNewest))
+}
