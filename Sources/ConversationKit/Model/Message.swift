@@ -1,7 +1,8 @@
 import Foundation
 import RecordZone
 
-/// A message's identity: its conversation and its name (a UUID chosen by the sender).
+/// A message's identity: its conversation and its name, chosen by the sender: its version
+/// clock in hex, then random bits, so one sender's messages sort in the order sent.
 public struct MessageID: Sendable, Hashable, Codable, CustomStringConvertible {
     public let conversation: String
     public let name: String

@@ -64,7 +64,9 @@ extension ConversationStore {
         try Self.validate(content: content)
         try ChatRecords.validate(identifier: listener)
         guard listener != local.identifier else { throw ConversationError(.invalidIdentifier, "cannot send a message to yourself") }
-        let name = UUID().uuidString.lowercased()
+        // Time-ordered: the version clock first, so one sender's messages in the same
+        // millisecond keep their order everywhere; random bits after it keep names unique.
+        let name = String(clock.now().rawValue, radix: 16).leftPadded(to: 16) + "-" + Sodium.randomBytes(8).hexString
         let spokenAt = Self.milliseconds(configuration.now())
         let record: Record
         do {
@@ -250,4 +252,10 @@ extension ConversationStore {
 
     static func date(_ milliseconds: Int64) -> Date { Date(timeIntervalSince1970: Double(milliseconds) / 1000) }
     static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
+}
+
+extension String {
+    func leftPadded(to width: Int) -> String {
+        count >= width ? self : String(repeating: "0", count: width - count) + self
+    }
 }

@@ -152,19 +152,33 @@ public final class ConversationStore: Sendable {
     /// ``sync()`` fetches everything again.
     public func clearAllCachedData() throws(ConversationError) {
         let local = try requireIdentity()
-        _ = try write { applier in
-            let db = applier.db
-            try db.execute("""
-                DELETE FROM ck_records WHERE NOT EXISTS (SELECT 1 FROM ck_outbox o WHERE o.zone = ck_records.zone AND o.name = ck_records.name)
-                    AND NOT (zone = ? AND name = ?)
-                """, [ChatRecords.speakersZone.rawValue, local.identifier])
-            try db.execute("DELETE FROM messages WHERE sync_state = ?", [SyncStateColumn.synced.rawValue])
-            try db.execute("DELETE FROM receipts")
-            try db.execute("DELETE FROM speaker_tags WHERE identifier != ?", [local.identifier])
-            try db.execute("DELETE FROM speakers WHERE identifier != ?", [local.identifier])
-            try db.execute("DELETE FROM conversation_members WHERE speaker != ?", [local.identifier])
-            try db.execute("DELETE FROM conversations WHERE zone NOT IN (SELECT zone FROM messages) AND zone NOT IN (SELECT zone FROM conversation_members)")
-            try db.execute("UPDATE ck_zone_state SET token = NULL")
+        try write { applier in try CacheReset.drop(zone: nil, keeping: local.identifier, in: applier.db) }
+    }
+}
+
+/// Drops cached data that can be fetched again, for one zone or for all.
+enum CacheReset {
+    /// Keeps every unsent change (outbox rows and their records), the local speaker's profile
+    /// and its member records; forgets the zone's token so the next pull starts from scratch.
+    static func drop(zone: String?, keeping local: String, in db: Database) throws {
+        let filter = zone == nil ? "1" : "zone = ?"
+        let values: [any DatabaseValueConvertible] = zone.map { [$0] } ?? []
+        try db.execute("""
+            DELETE FROM ck_records WHERE \(filter)
+                AND NOT EXISTS (SELECT 1 FROM ck_outbox o WHERE o.zone = ck_records.zone AND o.name = ck_records.name)
+                AND NOT (zone = ? AND name = ?)
+            """, values + [ChatRecords.speakersZone.rawValue, local])
+        try db.execute("DELETE FROM messages WHERE \(filter) AND sync_state = ?", values + [SyncStateColumn.synced.rawValue])
+        try db.execute("DELETE FROM receipts WHERE \(filter)", values)
+        try db.execute("DELETE FROM conversation_members WHERE \(filter) AND speaker != ?", values + [local])
+        try db.execute("""
+            DELETE FROM conversations WHERE \(filter)
+                AND zone NOT IN (SELECT zone FROM messages) AND zone NOT IN (SELECT zone FROM conversation_members)
+            """, values)
+        try db.execute("UPDATE ck_zone_state SET token = NULL WHERE \(filter)", values)
+        if zone == nil {
+            try db.execute("DELETE FROM speaker_tags WHERE identifier != ?", [local])
+            try db.execute("DELETE FROM speakers WHERE identifier != ?", [local])
             try db.execute("DELETE FROM ck_meta WHERE key = 'database_token'")
             try db.execute("DELETE FROM ck_quarantine")
         }

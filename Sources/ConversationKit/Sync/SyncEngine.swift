@@ -206,9 +206,10 @@ actor SyncEngine {
             do {
                 page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
             } catch where error.code == .changeTokenExpired {
-                // The zone was deleted and recreated: forget its token and fetch it whole again.
+                // The zone was deleted and recreated: drop what came from the old incarnation
+                // (unsent changes stay) and fetch the zone whole again.
                 try write { applier in
-                    try applier.db.execute("UPDATE ck_zone_state SET token = NULL WHERE zone = ?", [zone.rawValue])
+                    try CacheReset.drop(zone: zone.rawValue, keeping: applier.localSpeaker ?? "", in: applier.db)
                 }
                 token = nil
                 report.refetchedZones += 1
