@@ -7,6 +7,7 @@ let package = Package(
         .library(name: "RecordZone", targets: ["RecordZone"]),
         .library(name: "ConversationKit", targets: ["ConversationKit"]),
         .library(name: "ZoneServer", targets: ["ZoneServer"]),
+        .library(name: "SQLiteKit", targets: ["SQLiteKit"]),
         .executable(name: "convkit-bench", targets: ["convkit-bench"]),
     ],
     targets: [
@@ -17,9 +18,16 @@ let package = Package(
             name: "CSodium", path: "Sources/CSodium", pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]),
 
+        .systemLibrary(
+            name: "CLibMicroHTTPD", path: "Sources/CLibMicroHTTPD", pkgConfig: "libmicrohttpd",
+            providers: [.apt(["libmicrohttpd-dev"])]),
+        // MHD_start_daemon is variadic: a small C shim calls it for Swift.
+        .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
+
         .target(name: "RecordZone", dependencies: ["CSodium"]),
-        .target(name: "ConversationKit", dependencies: ["RecordZone", "CSQLite"]),
-        .target(name: "ZoneServer", dependencies: ["RecordZone"]),
+        .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
+        .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
+        .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD"]),
 
         .executableTarget(
             name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "CSodium", "CSQLite"],

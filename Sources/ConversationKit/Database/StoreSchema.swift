@@ -1,3 +1,5 @@
+import SQLiteKit
+
 /// The store's schema, one migration per version (`PRAGMA user_version`).
 ///
 /// Sync bookkeeping tables carry the `ck_` prefix; every table is STRICT.

@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// The store's errors: a code, a message, and what caused it underneath.
 public struct ConversationError: Error, Sendable, CustomStringConvertible {

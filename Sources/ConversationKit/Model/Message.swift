@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// A message's identity: its conversation and its name, chosen by the sender: its version
 /// clock in hex, then random bits, so one sender's messages sort in the order sent.

@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// A person who speaks in conversations: a snapshot of their profile.
 public struct Speaker: Sendable, Hashable, Identifiable {

@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// How the chat model maps onto records: zone names, record types, fields and who owns what.
 ///

@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// How a store reaches its backend. The store hands the backend its own ``RecordPolicy``
 /// (with the keys it has pinned), so every record it pulls is verified by the store's rules.

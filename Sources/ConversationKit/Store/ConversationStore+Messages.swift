@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 extension ConversationStore {
     // MARK: Conversations

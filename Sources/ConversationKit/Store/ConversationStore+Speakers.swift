@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 extension ConversationStore {
     /// Sets up the store's own speaker: creates its key pair on first use (kept in the store

@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 import Synchronization
 
 /// The embedded chat store: speakers, conversations and messages in a local SQLite cache,

@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// The store's database with what every transaction needs: the policy whose pins are saved
 /// with the records that pinned them, and the hub that publishes events after each commit.

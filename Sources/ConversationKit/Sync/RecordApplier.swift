@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// Applies record versions to the cache inside a write transaction: the merge rule against the
 /// version held, the chat model's own checks, then the projection into the chat tables.

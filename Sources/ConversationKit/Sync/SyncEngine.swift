@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import SQLiteKit
 
 /// What one ``ConversationStore/sync()`` did.
 public struct SyncReport: Sendable, Hashable {

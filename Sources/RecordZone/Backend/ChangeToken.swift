@@ -36,17 +36,17 @@ public struct ChangeToken: Hashable, Sendable, Codable, CustomStringConvertible 
 
 /// The inside of a token: format version, kind, backend, zone, incarnation and a
 /// backend-specific position.
-struct TokenContents: Equatable {
-    enum Kind: UInt8 { case zone = 1, database = 2 }
+package struct TokenContents: Equatable {
+    package enum Kind: UInt8 { case zone = 1, database = 2 }
     static let version: UInt8 = 1
 
-    var kind: Kind
-    var backend: String
-    var zone: String
-    var incarnation: String
-    var position: Data
+    package var kind: Kind
+    package var backend: String
+    package var zone: String
+    package var incarnation: String
+    package var position: Data
 
-    var token: ChangeToken {
+    package var token: ChangeToken {
         var w = ByteWriter()
         w.u8(Self.version)
         w.u8(kind.rawValue)
@@ -59,7 +59,7 @@ struct TokenContents: Equatable {
     }
 
     /// Parses a token; any malformed token is ``RecordZoneError/Code/invalidArguments``.
-    init(_ token: ChangeToken, expecting kind: Kind, backend: String) throws(RecordZoneError) {
+    package init(_ token: ChangeToken, expecting kind: Kind, backend: String) throws(RecordZoneError) {
         let parsed: TokenContents? = token.data.withUnsafeBytes { raw in
             var r = ByteReader(raw)
             guard let version = try? r.u8(), version == Self.version,
@@ -77,7 +77,7 @@ struct TokenContents: Equatable {
         self = parsed
     }
 
-    init(kind: Kind, backend: String, zone: String, incarnation: String, position: Data) {
+    package init(kind: Kind, backend: String, zone: String, incarnation: String, position: Data) {
         self.kind = kind
         self.backend = backend
         self.zone = zone
@@ -86,7 +86,7 @@ struct TokenContents: Equatable {
     }
 
     /// Parses a zone token and checks it belongs to this zone and incarnation.
-    static func zonePosition(_ token: ChangeToken?, backend: String, zone: ZoneName, incarnation: String) throws(RecordZoneError) -> Data? {
+    package static func zonePosition(_ token: ChangeToken?, backend: String, zone: ZoneName, incarnation: String) throws(RecordZoneError) -> Data? {
         guard let token else { return nil }
         let contents = try TokenContents(token, expecting: .zone, backend: backend)
         guard contents.zone == zone.rawValue else {
@@ -97,4 +97,10 @@ struct TokenContents: Equatable {
         }
         return contents.position
     }
+}
+
+/// A sequence number as a token position: 8 bytes, big-endian.
+package enum SequencePosition {
+    package static func encode(_ value: UInt64) -> Data { withUnsafeBytes(of: value.bigEndian) { Data($0) } }
+    package static func decode(_ data: Data) -> UInt64 { data.prefix(8).reduce(0) { $0 << 8 | UInt64($1) } }
 }

@@ -36,7 +36,7 @@ public struct RecordQuery: Sendable, Hashable {
         }
     }
 
-    public struct Sort: Sendable, Hashable {
+    public struct Sort: Sendable, Hashable, Codable {
         public var field: String
         public var ascending: Bool
         public init(_ field: String, ascending: Bool = true) {
@@ -80,7 +80,7 @@ public struct QueryResult: Sendable {
 extension RecordQuery {
     /// Runs the query over a zone's winning versions. Shared by every backend that holds its
     /// records in memory, so all sort, filter and page the same way.
-    func run(over winners: some Sequence<Record>, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
+    package func run(over winners: some Sequence<Record>, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
         let limit = BackendLimits.clampPage(limit)
         var matches = winners.filter { r in
             !r.isDeleted && r.recordType == recordType && r.id.zone == zone && predicates.allSatisfy { $0.matches(r) }

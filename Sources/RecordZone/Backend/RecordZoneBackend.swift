@@ -117,11 +117,11 @@ public enum BackendLimits {
     /// The largest page of changes or query results.
     public static let maximumPageSize = 1000
 
-    static func checkBatch(_ count: Int) throws(RecordZoneError) {
+    package static func checkBatch(_ count: Int) throws(RecordZoneError) {
         guard count <= Record.maximumBatchSize else {
             throw RecordZoneError(.limitExceeded, "a batch holds at most \(Record.maximumBatchSize) records, got \(count)")
         }
     }
 
-    static func clampPage(_ limit: Int) -> Int { min(max(limit, 1), maximumPageSize) }
+    package static func clampPage(_ limit: Int) -> Int { min(max(limit, 1), maximumPageSize) }
 }

@@ -2,11 +2,11 @@ import Foundation
 
 /// The checks a backend makes before it stores a version, shared so every backend refuses the
 /// same records with the same codes.
-enum SaveChecks {
+package enum SaveChecks {
     /// Refuses versions that are too large, unsigned, forged or not their author's to write.
     /// Signatures are verified in parallel; ownership in order, as readers would.
     /// - Returns: per record, its canonical encoding ready to store, or why it was refused.
-    static func admit(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
+    package static func admit(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
         let verified = RecordPolicy.parallelMap(records, encodeAndVerify)
         return zip(records, verified).map { record, outcome in
             guard case .success = outcome, let reason = policy.checkOwnership(record) else { return outcome }
@@ -28,7 +28,7 @@ enum SaveChecks {
         return .success(encoded)
     }
 
-    static func error(for reason: RejectionReason, recordID: RecordID?) -> RecordZoneError {
+    package static func error(for reason: RejectionReason, recordID: RecordID?) -> RecordZoneError {
         let code: RecordZoneError.Code
         switch reason {
         case .unsigned, .invalidSignature: code = .invalidSignature
@@ -39,7 +39,7 @@ enum SaveChecks {
     }
 
     /// Applies ``SavePolicy/ifServerRecordUnchanged``: the record's change tag must match the stored one.
-    static func checkUnchanged(_ record: Record, current: Record?, policy: SavePolicy) -> RecordZoneError? {
+    package static func checkUnchanged(_ record: Record, current: Record?, policy: SavePolicy) -> RecordZoneError? {
         guard policy == .ifServerRecordUnchanged else { return nil }
         if current?.serverMetadata?.changeTag == record.serverMetadata?.changeTag { return nil }
         return RecordZoneError(.serverRecordChanged, "the record changed on the server since it was fetched", recordID: record.id, serverRecord: current)

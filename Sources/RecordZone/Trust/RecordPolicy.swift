@@ -139,6 +139,17 @@ public final class RecordPolicy: Sendable {
     /// How many times a pin was added or moved: persist ``pinnedKeys`` when it changes.
     public var pinChangeCount: Int { pinChanges.load(ordering: .acquiring) }
 
+    /// Whether `key` speaks for `identity`: it is the key pinned for it (or one still valid),
+    /// or nothing is pinned yet and `key` is pinned now (trust on first use).
+    public func bind(identity: String, key: Data) -> Bool {
+        pins.withLock { pins in
+            if let chain = pins[identity] { return key == chain.current }
+            pins[identity] = KeyChain(current: key)
+            pinChanges.add(1, ordering: .releasing)
+            return true
+        }
+    }
+
     /// Pins `key` for `identity` if nothing is pinned yet (the local speaker's own key).
     public func pin(_ key: Data, for identity: String) {
         pins.withLock { pins in

@@ -206,23 +206,11 @@ public actor FileSystemBackend: RecordZoneBackend {
 
     public func putAsset(_ data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
         _ = try writingDevice()
-        let reference = try AssetChecks.reference(for: data, expected: expected)
-        let path = layout.assetFile(reference)
-        if FileIO.exists(path), let existing = try? FileIO.read(path), AssetReference(for: existing) == reference {
-            return reference
-        }
-        try FileIO.makeDirectory((path as NSString).deletingLastPathComponent)
-        // Written once under its hash; a damaged copy left by someone else is replaced whole.
-        try FileIO.writeAtomically(data, to: path)
-        return reference
+        return try layout.assets.put(data, expected: expected)
     }
 
     public func asset(_ reference: AssetReference) throws(RecordZoneError) -> Data {
-        let path = layout.assetFile(reference)
-        guard FileIO.exists(path) else { throw RecordZoneError(.unknownItem, "no asset \(reference)") }
-        let data = try FileIO.read(path)
-        try AssetChecks.verify(data, against: reference)
-        return data
+        try layout.assets.get(reference)
     }
 
     // MARK: Reading

@@ -31,10 +31,8 @@ public struct FolderLayout: Sendable {
     func segmentFile(_ zone: ZoneName, _ generation: UInt64, device: String, sequence: UInt64) -> String {
         "\(deviceFolder(zone, generation, device: device))/\(Segment.fileName(sequence))"
     }
-    func assetFile(_ reference: AssetReference) -> String {
-        let hex = reference.hexHash
-        return "\(root)/assets/\(hex.prefix(2))/\(hex)"
-    }
+    var assets: AssetFolder { AssetFolder(root: root + "/assets") }
+    func assetFile(_ reference: AssetReference) -> String { assets.path(for: reference) }
 
     /// Creates the folder skeleton for a writing device.
     func prepare(device: String) throws(RecordZoneError) {

@@ -37,8 +37,7 @@ public actor InMemoryBackend: RecordZoneBackend {
     private var deletedAt: [ZoneName: UInt64] = [:]
     private var databaseSequence: UInt64 = 0
     private var assets: [Data: Data] = [:]
-    private var waiters: [ZoneName: [Int: CheckedContinuation<Bool, Never>]] = [:]
-    private var nextWaiter = 0
+    private let waiters = ChangeWaiters()
     private var injected = 0
 
     /// - Parameter policy: the checks applied to every record saved and read.
@@ -72,11 +71,11 @@ public actor InMemoryBackend: RecordZoneBackend {
             guard contents.incarnation == instance else {
                 throw RecordZoneError(.changeTokenExpired, "database token is from another store")
             }
-            since = Self.u64(contents.position)
+            since = SequencePosition.decode(contents.position)
         }
         let changed = zoneTable.filter { $0.value.databaseSequence > since }.keys.sorted()
         let deleted = deletedAt.filter { $0.value > since && zoneTable[$0.key] == nil && token != nil }.keys.sorted()
-        let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: Self.bytes(databaseSequence))
+        let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: SequencePosition.encode(databaseSequence))
         return DatabaseChanges(changedZones: changed, deletedZones: deleted, token: next.token)
     }
 
@@ -87,7 +86,7 @@ public actor InMemoryBackend: RecordZoneBackend {
     /// Fetches changes verified with a reader's own policy (see ``connection(policy:)``).
     func fetchChanges(in zoneName: ZoneName, since token: ChangeToken?, limit: Int, reader: RecordPolicy) throws(RecordZoneError) -> ZoneChanges {
         let zone = try existing(zoneName)
-        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(Self.u64) ?? 0
+        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(SequencePosition.decode) ?? 0
         let limit = BackendLimits.clampPage(limit)
         var records = [Record](), rejected = [RejectedRecord]()
         var position = since
@@ -203,22 +202,9 @@ public actor InMemoryBackend: RecordZoneBackend {
     }
 
     public func waitForChanges(in zoneName: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
+        let generation = waiters.generation(of: zoneName)
         if try hasChanges(zoneName, since: token) { return true }
-        let id = nextWaiter
-        nextWaiter += 1
-        let timer = Task { [weak self] in
-            try? await Task.sleep(for: timeout)
-            await self?.resume(zoneName, id, false)
-        }
-        let woke = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                waiters[zoneName, default: [:]][id] = continuation
-            }
-        } onCancel: {
-            Task { await self.resume(zoneName, id, false) }
-        }
-        timer.cancel()
-        return woke
+        return await waiters.wait(for: zoneName, after: generation, timeout: timeout)
     }
 
     // MARK: - Test support
@@ -241,22 +227,15 @@ public actor InMemoryBackend: RecordZoneBackend {
 
     private func hasChanges(_ zoneName: ZoneName, since token: ChangeToken?) throws(RecordZoneError) -> Bool {
         let zone = try existing(zoneName)
-        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(Self.u64) ?? 0
+        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zoneName, incarnation: zone.incarnation).map(SequencePosition.decode) ?? 0
         return zone.sequence > since
     }
 
     private func makeToken(_ name: ZoneName, _ zone: Zone, _ position: UInt64) -> ChangeToken {
-        TokenContents(kind: .zone, backend: Self.kind, zone: name.rawValue, incarnation: zone.incarnation, position: Self.bytes(position)).token
+        TokenContents(kind: .zone, backend: Self.kind, zone: name.rawValue, incarnation: zone.incarnation, position: SequencePosition.encode(position)).token
     }
 
-    private func wake(_ zone: ZoneName) {
-        guard let waiting = waiters.removeValue(forKey: zone) else { return }
-        for continuation in waiting.values { continuation.resume(returning: true) }
-    }
-
-    private func resume(_ zone: ZoneName, _ id: Int, _ value: Bool) {
-        waiters[zone]?.removeValue(forKey: id)?.resume(returning: value)
-    }
+    private func wake(_ zone: ZoneName) { waiters.wake(zone) }
 
     private static func firstIndex(in log: [Entry], after sequence: UInt64) -> Int {
         var low = 0, high = log.count
@@ -267,13 +246,11 @@ public actor InMemoryBackend: RecordZoneBackend {
         return low
     }
 
-    static func bytes(_ value: UInt64) -> Data { withUnsafeBytes(of: value.bigEndian) { Data($0) } }
-    static func u64(_ data: Data) -> UInt64 { data.reduce(0) { $0 << 8 | UInt64($1) } }
 }
 
 /// Asset hashing and verification, the same for every backend.
-enum AssetChecks {
-    static func reference(for data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
+package enum AssetChecks {
+    package static func reference(for data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
         guard data.count <= BackendLimits.maximumAssetSize else {
             throw RecordZoneError(.limitExceeded, "asset is \(data.count) bytes; the limit is \(BackendLimits.maximumAssetSize)")
         }
@@ -284,7 +261,7 @@ enum AssetChecks {
         return reference
     }
 
-    static func verify(_ data: Data, against reference: AssetReference) throws(RecordZoneError) {
+    package static func verify(_ data: Data, against reference: AssetReference) throws(RecordZoneError) {
         guard AssetReference(for: data) == reference else {
             throw RecordZoneError(.assetCorrupt, "stored asset does not match its hash \(reference.hexHash)")
         }

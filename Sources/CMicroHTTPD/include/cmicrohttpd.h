@@ -1,0 +1,19 @@
+#ifndef CMICROHTTPD_H
+#define CMICROHTTPD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <microhttpd.h>
+
+/* MHD_start_daemon is variadic, which Swift cannot call: this shim passes the options the zone
+ * server uses. Returns NULL on failure. */
+struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
+                              MHD_AccessHandlerCallback handler, void *handler_cls,
+                              MHD_RequestCompletedCallback completed, void *completed_cls,
+                              unsigned int connection_limit, unsigned int connection_timeout_seconds,
+                              size_t connection_memory_limit);
+
+/* The port the daemon listens on (after binding port 0). */
+uint16_t cmhd_bound_port(struct MHD_Daemon *daemon);
+
+#endif

@@ -1,0 +1,32 @@
+#include "cmicrohttpd.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+
+struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
+                              MHD_AccessHandlerCallback handler, void *handler_cls,
+                              MHD_RequestCompletedCallback completed, void *completed_cls,
+                              unsigned int connection_limit, unsigned int connection_timeout_seconds,
+                              size_t connection_memory_limit) {
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof(address));
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    if (inet_pton(AF_INET, bind_address, &address.sin_addr) != 1) return NULL;
+    return MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+        port, NULL, NULL, handler, handler_cls,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, completed_cls,
+        MHD_OPTION_CONNECTION_LIMIT, connection_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory_limit,
+        MHD_OPTION_END);
+}
+
+uint16_t cmhd_bound_port(struct MHD_Daemon *daemon) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
+    return info == NULL ? 0 : info->port;
+}

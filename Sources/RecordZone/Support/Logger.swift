@@ -1,0 +1,53 @@
+import Foundation
+
+/// A small logger: a label, levels from trace to critical, messages built only when they will
+/// be written, one line per entry to stderr. Libraries take one as a parameter and are silent
+/// by default (``Logger/silent``).
+public struct Logger: Sendable {
+    public enum Level: Int, Sendable, Comparable, CaseIterable, CustomStringConvertible {
+        case trace, debug, info, notice, warning, error, critical
+
+        public static func < (lhs: Level, rhs: Level) -> Bool { lhs.rawValue < rhs.rawValue }
+        public var description: String {
+            switch self {
+            case .trace: "trace"
+            case .debug: "debug"
+            case .info: "info"
+            case .notice: "notice"
+            case .warning: "warning"
+            case .error: "error"
+            case .critical: "critical"
+            }
+        }
+        public init?(name: String) {
+            guard let level = Level.allCases.first(where: { $0.description == name.lowercased() }) else { return nil }
+            self = level
+        }
+    }
+
+    public let label: String
+    /// Entries below this level are dropped; nil drops everything.
+    public let minimumLevel: Level?
+
+    public init(label: String, level: Level?) {
+        self.label = label
+        self.minimumLevel = level
+    }
+
+    /// A logger that writes nothing: the default for libraries.
+    public static let silent = Logger(label: "silent", level: nil)
+
+    public func isEnabled(_ level: Level) -> Bool { minimumLevel.map { level >= $0 } ?? false }
+
+    public func log(_ level: Level, _ message: @autoclosure () -> String) {
+        guard isEnabled(level) else { return }
+        let stamp = Date().formatted(.iso8601)
+        FileHandle.standardError.write(Data("\(stamp) \(level) \(label): \(message())\n".utf8))
+    }
+
+    public func trace(_ message: @autoclosure () -> String) { log(.trace, message()) }
+    public func debug(_ message: @autoclosure () -> String) { log(.debug, message()) }
+    public func info(_ message: @autoclosure () -> String) { log(.info, message()) }
+    public func warning(_ message: @autoclosure () -> String) { log(.warning, message()) }
+    public func error(_ message: @autoclosure () -> String) { log(.error, message()) }
+}

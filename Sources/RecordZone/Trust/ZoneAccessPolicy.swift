@@ -1,0 +1,18 @@
+/// Who may read and write which zones on a server, by authenticated identity. Record
+/// ownership (who may sign what) is the ``RecordPolicy``'s; this decides access to zones.
+public protocol ZoneAccessPolicy: Sendable {
+    /// Whether `identity` may fetch changes, records and queries of `zone`.
+    func canRead(zone: ZoneName, as identity: String) -> Bool
+    /// Whether `identity` may save this record (its signature and owner are checked apart).
+    func canWrite(_ record: Record, as identity: String) -> Bool
+    /// Whether `identity` may create or delete `zone`.
+    func canManage(zone: ZoneName, as identity: String) -> Bool
+}
+
+/// Any authenticated identity may read and write any zone; only record ownership limits writes.
+public struct OpenZoneAccess: ZoneAccessPolicy {
+    public init() {}
+    public func canRead(zone: ZoneName, as identity: String) -> Bool { true }
+    public func canWrite(_ record: Record, as identity: String) -> Bool { true }
+    public func canManage(zone: ZoneName, as identity: String) -> Bool { true }
+}

@@ -1,0 +1,295 @@
+import Foundation
+import RecordZone
+import SQLiteKit
+
+/// The zone server's storage: a record-zone backend on one SQLite database (WAL,
+/// `synchronous=FULL`: a save is on disk before it is acknowledged), one sequence per zone, and
+/// assets as files named by their hash. Tokens carry the server's instance ID and the zone's
+/// incarnation, both kept in the database, so tokens survive a restart and expire when a zone
+/// is recreated.
+///
+/// Every record is checked on write (signature, ownership) and verified again on read.
+public final class SQLiteBackend: RecordZoneBackend, Sendable {
+    static let kind = "server"
+
+    public let policy: RecordPolicy
+    let queue: DatabaseQueue
+    let assets: AssetFolder
+    let instance: String
+    let waiters = ChangeWaiters()
+
+    static let migrations = [
+        Migration(version: 1, sql: """
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value ANY) STRICT;
+            CREATE TABLE zones (
+                name TEXT PRIMARY KEY, incarnation TEXT NOT NULL, sequence INTEGER NOT NULL DEFAULT 0,
+                changed_at INTEGER NOT NULL) STRICT;
+            CREATE TABLE deleted_zones (name TEXT PRIMARY KEY, deleted_at INTEGER NOT NULL) STRICT;
+            CREATE TABLE records (
+                zone TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, sequence INTEGER NOT NULL,
+                clock INTEGER NOT NULL, author BLOB NOT NULL, signature BLOB NOT NULL, record BLOB NOT NULL,
+                received_at INTEGER NOT NULL,
+                PRIMARY KEY (zone, name)) STRICT;
+            CREATE INDEX records_by_sequence ON records (zone, sequence);
+            CREATE INDEX records_by_type ON records (zone, type);
+            CREATE TABLE pins (identity TEXT PRIMARY KEY, chain BLOB NOT NULL) STRICT;
+            """),
+    ]
+
+    /// Opens (creating if needed) the storage in `directory`.
+    /// - Throws: ``RecordZoneError`` with ``RecordZoneError/Code/ioError`` when the directory or
+    ///   database cannot be opened.
+    public init(directory: String, policy: RecordPolicy) throws(RecordZoneError) {
+        self.policy = policy
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            queue = try DatabaseQueue(path: directory + "/zones.sqlite", migrations: Self.migrations)
+            instance = try queue.write { db in
+                if let existing = try db.first("SELECT value FROM meta WHERE key = 'instance'", [], { $0.text(0) }) { return existing }
+                let fresh = UUID().uuidString
+                try db.execute("INSERT INTO meta (key, value) VALUES ('instance', ?)", [fresh])
+                return fresh
+            }
+        } catch {
+            throw RecordZoneError(.ioError, "cannot open the server storage in \(directory): \(error)")
+        }
+        assets = AssetFolder(root: directory + "/assets")
+    }
+
+    // MARK: Zones
+
+    public func createZone(_ zone: ZoneName) throws(RecordZoneError) {
+        try write { db in
+            guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) == nil else { return }
+            let sequence = try Self.nextDatabaseSequence(db)
+            try db.execute("INSERT INTO zones (name, incarnation, changed_at) VALUES (?, ?, ?)", [zone.rawValue, UUID().uuidString, sequence])
+            try db.execute("DELETE FROM deleted_zones WHERE name = ?", [zone.rawValue])
+        }
+    }
+
+    public func zones() throws(RecordZoneError) -> [ZoneName] {
+        try read { db in try db.rows("SELECT name FROM zones ORDER BY name") { $0.text(0) } }.compactMap { try? ZoneName($0) }
+    }
+
+    public func deleteZone(_ zone: ZoneName) throws(RecordZoneError) {
+        try write { db in
+            guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) != nil else {
+                throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
+            }
+            let sequence = try Self.nextDatabaseSequence(db)
+            try db.execute("DELETE FROM records WHERE zone = ?", [zone.rawValue])
+            try db.execute("DELETE FROM zones WHERE name = ?", [zone.rawValue])
+            try db.execute("INSERT INTO deleted_zones (name, deleted_at) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET deleted_at = excluded.deleted_at",
+                           [zone.rawValue, sequence])
+        }
+        waiters.wake(zone)
+    }
+
+    public func fetchDatabaseChanges(since token: ChangeToken?) throws(RecordZoneError) -> DatabaseChanges {
+        try fetchDatabaseChanges(since: token, visibleTo: { _ in true })
+    }
+
+    /// The database change feed, limited to the zones `isVisible` lets through.
+    public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: (ZoneName) -> Bool) throws(RecordZoneError) -> DatabaseChanges {
+        var since: Int64 = 0
+        if let token {
+            let contents = try TokenContents(token, expecting: .database, backend: Self.kind)
+            guard contents.incarnation == instance else { throw RecordZoneError(.changeTokenExpired, "database token is from another server") }
+            since = Int64(bitPattern: SequencePosition.decode(contents.position))
+        }
+        let (changed, deleted, current) = try read { db in
+            (try db.rows("SELECT name FROM zones WHERE changed_at > ? ORDER BY name", [since]) { $0.text(0) },
+             try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [since]) { $0.text(0) },
+             try Self.databaseSequence(db))
+        }
+        let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: SequencePosition.encode(UInt64(current)))
+        return DatabaseChanges(changedZones: changed.compactMap { try? ZoneName($0) }.filter(isVisible),
+                               deletedZones: token == nil ? [] : deleted.compactMap { try? ZoneName($0) }.filter(isVisible), token: next.token)
+    }
+
+    // MARK: Changes
+
+    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
+        let limit = BackendLimits.clampPage(limit)
+        let (incarnation, zoneSequence, rows) = try read { db in
+            guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
+                throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
+            }
+            let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation).map { Int64(bitPattern: SequencePosition.decode($0)) } ?? 0
+            let rows = try db.rows("SELECT record, sequence FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?", [zone.rawValue, since, limit + 1]) {
+                ($0.blob(0), $0.int(1))
+            }
+            return (incarnation, sequence, rows)
+        }
+        let moreComing = rows.count > limit
+        let page = Array(rows.prefix(limit))
+        var records = [Record](), rejected = [RejectedRecord]()
+        for (row, outcome) in zip(page, policy.admit(batch: page.map(\.0), source: { "server #\(page[$0].1)" })) {
+            switch outcome {
+            case .success(var record):
+                record.serverMetadata = ServerMetadata(changeTag: String(row.1))
+                records.append(record)
+            case .failure(let rejection): rejected.append(rejection)
+            }
+        }
+        let position = moreComing ? (page.last?.1 ?? 0) : zoneSequence
+        let next = TokenContents(kind: .zone, backend: Self.kind, zone: zone.rawValue, incarnation: incarnation, position: SequencePosition.encode(UInt64(position)))
+        return ZoneChanges(records: records, rejected: rejected, token: next.token, moreComing: moreComing)
+    }
+
+    public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
+        let generation = waiters.generation(of: zone)
+        let moved = try read { db in
+            guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
+                throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
+            }
+            let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation).map { Int64(bitPattern: SequencePosition.decode($0)) } ?? 0
+            return sequence > since
+        }
+        if moved { return true }
+        return await waiters.wait(for: zone, after: generation, timeout: timeout)
+    }
+
+    /// How many callers wait in ``waitForChanges(in:since:timeout:)`` now.
+    public var waitingCount: Int { waiters.count }
+
+    /// Releases every waiting caller (the server is stopping).
+    public func releaseWaiters() { waiters.releaseAll() }
+
+    // MARK: Records
+
+    public func save(_ records: [Record], policy savePolicy: SavePolicy) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(records.count)
+        let admitted = SaveChecks.admit(records, policy: policy)
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let (results, touched) = try write { db in
+            var results = [Result<Record, RecordZoneError>]()
+            var touched = Set<ZoneName>()
+            for (record, outcome) in zip(records, admitted) {
+                let zone = record.id.zone.rawValue
+                guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone], { _ in true }) != nil else {
+                    results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)))
+                    continue
+                }
+                let encoded: Data
+                switch outcome {
+                case .success(let bytes): encoded = bytes
+                case .failure(let error): results.append(.failure(error)); continue
+                }
+                let current = try Self.current(record.id, in: db)
+                if let error = SaveChecks.checkUnchanged(record, current: current, policy: savePolicy) {
+                    results.append(.failure(error))
+                    continue
+                }
+                if let current, !MergeRule.wins(record, over: current) {
+                    results.append(.success(current))
+                    continue
+                }
+                try db.execute("UPDATE zones SET sequence = sequence + 1, changed_at = ? WHERE name = ?", [try Self.nextDatabaseSequence(db), zone])
+                let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone]) { $0.int(0) } ?? 0
+                try db.execute("""
+                    INSERT INTO records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
+                        author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
+                    """, [zone, record.id.name, record.recordType, sequence, record.clock.rawValue, record.authorKey, record.signature, encoded, now])
+                var stored = record
+                stored.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
+                results.append(.success(stored))
+                touched.insert(record.id.zone)
+            }
+            return (results, touched)
+        }
+        touched.forEach(waiters.wake)
+        return results
+    }
+
+    public func fetch(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(ids.count)
+        return try read { db in
+            try ids.map { id in
+                guard try db.first("SELECT 1 FROM zones WHERE name = ?", [id.zone.rawValue], { _ in true }) != nil else {
+                    return .failure(RecordZoneError(.zoneNotFound, "zone '\(id.zone)' does not exist", recordID: id))
+                }
+                guard let record = try Self.current(id, in: db) else {
+                    return .failure(RecordZoneError(.unknownItem, "no record \(id)", recordID: id))
+                }
+                if let reason = policy.check(record) { return .failure(SaveChecks.error(for: reason, recordID: id)) }
+                return .success(record)
+            }
+        }
+    }
+
+    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
+        let rows = try read { db in
+            guard try db.first("SELECT 1 FROM zones WHERE name = ?", [query.zone.rawValue], { _ in true }) != nil else {
+                throw RecordZoneError(.zoneNotFound, "zone '\(query.zone)' does not exist")
+            }
+            return try db.rows("SELECT record, sequence FROM records WHERE zone = ? AND type = ?", [query.zone.rawValue, query.recordType]) { ($0.blob(0), $0.int(1)) }
+        }
+        let records = zip(rows, policy.admit(batch: rows.map(\.0), source: { "server #\(rows[$0].1)" })).compactMap { row, outcome -> Record? in
+            guard case .success(var record) = outcome else { return nil }
+            record.serverMetadata = ServerMetadata(changeTag: String(row.1))
+            return record
+        }
+        return try query.run(over: records, cursor: cursor, limit: limit)
+    }
+
+    public func putAsset(_ data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
+        try assets.put(data, expected: expected)
+    }
+
+    public func asset(_ reference: AssetReference) throws(RecordZoneError) -> Data {
+        try assets.get(reference)
+    }
+
+    /// How many records the server holds.
+    public func recordCount() throws(RecordZoneError) -> Int {
+        try read { db in Int(try db.first("SELECT count(*) FROM records") { $0.int(0) } ?? 0) }
+    }
+
+    // MARK: Test support
+
+    /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
+    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) throws(RecordZoneError) {
+        try write { db in
+            try db.execute("UPDATE zones SET sequence = sequence + 1, changed_at = ? WHERE name = ?", [try Self.nextDatabaseSequence(db), zone.rawValue])
+            let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue]) { $0.int(0) } ?? 0
+            try db.execute("INSERT OR REPLACE INTO records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES (?, ?, 'Injected', ?, 0, x'', x'', ?, 0)",
+                           [zone.rawValue, name, sequence, data])
+        }
+        waiters.wake(zone)
+    }
+
+    // MARK: Helpers
+
+    private static func current(_ id: RecordID, in db: Database) throws -> Record? {
+        guard let (bytes, sequence) = try db.first("SELECT record, sequence FROM records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name], { ($0.blob(0), $0.int(1)) }),
+            var record = try? Record(canonical: bytes)
+        else { return nil }
+        record.serverMetadata = ServerMetadata(changeTag: String(sequence))
+        return record
+    }
+
+    private static func databaseSequence(_ db: Database) throws -> Int64 {
+        try db.first("SELECT value FROM meta WHERE key = 'database_sequence'") { $0.int(0) } ?? 0
+    }
+
+    private static func nextDatabaseSequence(_ db: Database) throws -> Int64 {
+        let next = try databaseSequence(db) + 1
+        try db.execute("INSERT INTO meta (key, value) VALUES ('database_sequence', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [next])
+        return next
+    }
+
+    private func read<T: Sendable>(_ body: (Database) throws -> T) throws(RecordZoneError) -> T {
+        do { return try queue.read(body) } catch { throw Self.storageError(error) }
+    }
+
+    private func write<T: Sendable>(_ body: (Database) throws -> T) throws(RecordZoneError) -> T {
+        do { return try queue.write(body) } catch { throw Self.storageError(error) }
+    }
+
+    static func storageError(_ error: any Error) -> RecordZoneError {
+        if let error = error as? RecordZoneError { return error }
+        return RecordZoneError(.internalError, "server storage: \(error)")
+    }
+}
