@@ -27,7 +27,7 @@ let package = Package(
         .target(name: "RecordZone", dependencies: ["CSodium"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
-        .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD"]),
+        .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"]),
 
         .executableTarget(
             name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "CSodium", "CSQLite"],

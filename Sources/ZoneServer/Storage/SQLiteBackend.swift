@@ -1,6 +1,7 @@
 import Foundation
 import RecordZone
 import SQLiteKit
+import Synchronization
 
 /// The zone server's storage: a record-zone backend on one SQLite database (WAL,
 /// `synchronous=FULL`: a save is on disk before it is acknowledged), one sequence per zone, and
@@ -17,6 +18,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     let assets: AssetFolder
     let instance: String
     let waiters = ChangeWaiters()
+    private let savedPinChanges = Atomic<Int>(-1)
 
     static let migrations = [
         Migration(version: 1, sql: """
@@ -54,6 +56,26 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
             throw RecordZoneError(.ioError, "cannot open the server storage in \(directory): \(error)")
         }
         assets = AssetFolder(root: directory + "/assets")
+        // Keys bound before a restart stay bound: nobody can claim an identity by being first after it.
+        let saved = (try? queue.read { db in try db.rows("SELECT identity, chain FROM pins") { ($0.text(0), $0.blob(1)) } }) ?? []
+        for (identity, chain) in saved {
+            if let decoded = try? JSONDecoder().decode(KeyChain.self, from: chain) { policy.pin(decoded.current, for: identity) }
+        }
+        savedPinChanges.store(policy.pinChangeCount, ordering: .releasing)
+    }
+
+    /// Saves the policy's pinned keys when they changed since the last save.
+    public func persistPins() {
+        let changes = policy.pinChangeCount
+        guard savedPinChanges.exchange(changes, ordering: .acquiringAndReleasing) != changes else { return }
+        let pins = policy.pinnedKeys
+        let encoder = JSONEncoder()
+        _ = try? queue.write { db in
+            for (identity, chain) in pins {
+                try db.execute("INSERT INTO pins (identity, chain) VALUES (?, ?) ON CONFLICT (identity) DO UPDATE SET chain = excluded.chain",
+                               [identity, try encoder.encode(chain)])
+            }
+        }
     }
 
     // MARK: Zones

@@ -1,0 +1,79 @@
+import Foundation
+import RecordZone
+import Synchronization
+
+/// Checks request signatures: well-formed, fresh (within the clock skew), never replayed, made
+/// by the key bound to the claimed identity (trust on first use, as record ownership), and
+/// within the per-key rate limit.
+final class Authenticator: Sendable {
+    enum Failure: Error {
+        case unauthenticated(String)
+        case rateLimited(retryAfter: Double)
+    }
+
+    private let policy: RecordPolicy
+    private let now: @Sendable () -> Date
+    private let maximumSkew: Double
+    private let rate: Double
+    private let burst: Double
+
+    private struct Bucket {
+        var tokens: Double
+        var updated: Date
+    }
+    private struct State {
+        var seen: [Data: Date] = [:]
+        var buckets: [Data: Bucket] = [:]
+        var insertsSincePrune = 0
+    }
+    private let state = Mutex(State())
+
+    init(policy: RecordPolicy, now: @escaping @Sendable () -> Date, maximumSkew: Double, requestsPerSecond: Double, burst: Double) {
+        self.policy = policy
+        self.now = now
+        self.maximumSkew = maximumSkew
+        self.rate = requestsPerSecond
+        self.burst = burst
+    }
+
+    /// The authenticated identity of a request.
+    func authenticate(_ request: HTTPRequest) throws(Failure) -> String {
+        guard let header = request.headers["authorization"] else { throw .unauthenticated("missing Authorization header") }
+        guard let credentials = RequestSignature.parse(header) else { throw .unauthenticated("malformed Authorization header") }
+        let clock = now()
+        let age = clock.timeIntervalSince1970 - Double(credentials.timestamp) / 1000
+        guard abs(age) <= maximumSkew else {
+            throw .unauthenticated("request timestamp is \(Int(age)) s away from the server's clock (at most \(Int(maximumSkew)) s)")
+        }
+        guard RequestSignature.verify(credentials, method: request.method, path: request.path, query: request.query, body: request.body) else {
+            throw .unauthenticated("request signature does not verify")
+        }
+        guard policy.bind(identity: credentials.identity, key: credentials.publicKey) else {
+            throw .unauthenticated("'\(credentials.identity)' is bound to another key")
+        }
+        let replayKey = credentials.publicKey + credentials.nonce
+        let outcome: Failure? = state.withLock { state in
+            if state.seen[replayKey] != nil { return .unauthenticated("replayed request (nonce seen before)") }
+            var bucket = state.buckets[credentials.publicKey] ?? Bucket(tokens: burst, updated: clock)
+            bucket.tokens = min(burst, bucket.tokens + max(0, clock.timeIntervalSince(bucket.updated)) * rate)
+            bucket.updated = clock
+            guard bucket.tokens >= 1 else {
+                state.buckets[credentials.publicKey] = bucket
+                return .rateLimited(retryAfter: max(0.001, (1 - bucket.tokens) / rate))
+            }
+            bucket.tokens -= 1
+            state.buckets[credentials.publicKey] = bucket
+            state.seen[replayKey] = clock
+            state.insertsSincePrune += 1
+            if state.insertsSincePrune >= 1024 {
+                // A nonce older than twice the skew can never pass the freshness check again.
+                let horizon = clock.addingTimeInterval(-2 * maximumSkew)
+                state.seen = state.seen.filter { $0.value > horizon }
+                state.insertsSincePrune = 0
+            }
+            return nil
+        }
+        if let outcome { throw outcome }
+        return credentials.identity
+    }
+}

@@ -1,0 +1,64 @@
+import Foundation
+import Synchronization
+
+/// Counters and a latency histogram, written in the Prometheus text format.
+/// See <https://prometheus.io/docs/instrumenting/exposition_formats/>.
+final class Metrics: Sendable {
+    static let buckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+
+    private struct State {
+        var requests: [String: Int] = [:]  // "method,status"
+        var errors = 0
+        var bucketCounts = [Int](repeating: 0, count: Metrics.buckets.count)
+        var latencyCount = 0
+        var latencySum = 0.0
+    }
+    private let state = Mutex(State())
+
+    func record(method: String, status: Int, seconds: Double) {
+        state.withLock { state in
+            state.requests["\(method),\(status)", default: 0] += 1
+            if status >= 400 { state.errors += 1 }
+            for (index, bound) in Self.buckets.enumerated() where seconds <= bound { state.bucketCounts[index] += 1 }
+            state.latencyCount += 1
+            state.latencySum += seconds
+        }
+    }
+
+    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int) -> String {
+        let snapshot = state.withLock { $0 }
+        var out = """
+            # HELP convkitd_requests_total HTTP requests answered, by method and status.
+            # TYPE convkitd_requests_total counter
+
+            """
+        for (key, count) in snapshot.requests.sorted(by: { $0.key < $1.key }) {
+            let parts = key.split(separator: ",")
+            out += "convkitd_requests_total{method=\"\(parts[0])\",status=\"\(parts[1])\"} \(count)\n"
+        }
+        out += """
+            # HELP convkitd_errors_total Requests answered with a 4xx or 5xx status.
+            # TYPE convkitd_errors_total counter
+            convkitd_errors_total \(snapshot.errors)
+            # HELP convkitd_records_stored Records held by the server.
+            # TYPE convkitd_records_stored gauge
+            convkitd_records_stored \(recordsStored)
+            # HELP convkitd_long_polls_waiting Long polls waiting for a change.
+            # TYPE convkitd_long_polls_waiting gauge
+            convkitd_long_polls_waiting \(longPollsWaiting)
+            # HELP convkitd_requests_in_flight Requests being handled.
+            # TYPE convkitd_requests_in_flight gauge
+            convkitd_requests_in_flight \(inFlight)
+            # HELP convkitd_request_duration_seconds Time to answer a request.
+            # TYPE convkitd_request_duration_seconds histogram
+
+            """
+        for (index, bound) in Self.buckets.enumerated() {
+            out += "convkitd_request_duration_seconds_bucket{le=\"\(bound)\"} \(snapshot.bucketCounts[index])\n"
+        }
+        out += "convkitd_request_duration_seconds_bucket{le=\"+Inf\"} \(snapshot.latencyCount)\n"
+        out += "convkitd_request_duration_seconds_sum \(snapshot.latencySum)\n"
+        out += "convkitd_request_duration_seconds_count \(snapshot.latencyCount)\n"
+        return out
+    }
+}

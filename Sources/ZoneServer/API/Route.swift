@@ -1,0 +1,73 @@
+import Foundation
+import RecordZone
+
+/// The API's routes: every method and path the server answers. The OpenAPI document in the
+/// repository (`openapi.json`) lists exactly these; a test keeps the two equal.
+enum Route: CaseIterable {
+    case health, metrics
+    case listZones, createZone, deleteZone
+    case databaseChanges, zoneChanges, waitForChanges
+    case modify, fetch, query
+    case putAsset, getAsset
+
+    var method: String {
+        switch self {
+        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .getAsset: "GET"
+        case .createZone, .putAsset: "PUT"
+        case .deleteZone: "DELETE"
+        case .modify, .fetch, .query: "POST"
+        }
+    }
+
+    /// The path template, OpenAPI style.
+    var template: String {
+        switch self {
+        case .health: "/healthz"
+        case .metrics: "/metrics"
+        case .listZones: "/v1/zones"
+        case .createZone, .deleteZone: "/v1/zones/{zone}"
+        case .databaseChanges: "/v1/changes"
+        case .zoneChanges: "/v1/zones/{zone}/changes"
+        case .waitForChanges: "/v1/zones/{zone}/wait"
+        case .modify: "/v1/records/modify"
+        case .fetch: "/v1/records/fetch"
+        case .query: "/v1/zones/{zone}/query"
+        case .putAsset, .getAsset: "/v1/assets/{sha256}"
+        }
+    }
+
+    var isAuthenticated: Bool { self != .health && self != .metrics }
+
+    struct Matched {
+        var route: Route
+        var parameters: [String: String]
+        var isAuthenticated: Bool { route.isAuthenticated }
+    }
+
+    /// Finds the route for a request: 404 for an unknown path, 405 for a known path with
+    /// another method.
+    static func match(method: String, path: String) throws(APIError) -> Matched {
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        var pathMatched = false
+        for route in allCases {
+            let template = route.template.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+            guard template.count == parts.count else { continue }
+            var parameters = [String: String]()
+            var matches = true
+            for (expected, actual) in zip(template, parts) {
+                if expected.hasPrefix("{") {
+                    guard !actual.isEmpty else { matches = false; break }
+                    parameters[String(expected.dropFirst().dropLast())] = actual
+                } else if expected != actual {
+                    matches = false
+                    break
+                }
+            }
+            guard matches else { continue }
+            pathMatched = true
+            if route.method == method { return Matched(route: route, parameters: parameters) }
+        }
+        if pathMatched { throw APIError(405, "methodNotAllowed", "\(method) is not allowed on \(path)") }
+        throw APIError(404, "routeNotFound", "no route \(method) \(path)")
+    }
+}

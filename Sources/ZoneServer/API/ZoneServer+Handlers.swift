@@ -1,0 +1,146 @@
+import Foundation
+import RecordZone
+
+extension ZoneServer {
+    func handle(_ matched: Route.Matched, _ request: HTTPRequest, identity: String) async throws -> HTTPResponse {
+        switch matched.route {
+        case .health:
+            return .json(["status": "ok"])
+        case .metrics:
+            let body = metrics.render(recordsStored: (try? storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: 0)
+            return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
+        case .listZones:
+            let zones = try storage.zones().filter { access.canRead(zone: $0, as: identity) }
+            return .json(Wire.Zones(zones: zones.map(\.rawValue)))
+        case .createZone, .deleteZone:
+            let zone = try zoneParameter(matched)
+            guard access.canManage(zone: zone, as: identity) else { throw forbidden(identity, zone) }
+            if matched.route == .createZone {
+                try storage.createZone(zone)
+            } else {
+                try storage.deleteZone(zone)
+            }
+            return HTTPResponse(status: 204)
+        case .databaseChanges:
+            let token = try tokenParameter(request)
+            let changes = try storage.fetchDatabaseChanges(since: token) { access.canRead(zone: $0, as: identity) }
+            return .json(Wire.DatabaseChanges(changedZones: changes.changedZones.map(\.rawValue), deletedZones: changes.deletedZones.map(\.rawValue),
+                                              token: changes.token.base64))
+        case .zoneChanges:
+            let zone = try readableZone(matched, identity)
+            let limit = try intParameter(request, "limit") ?? 200
+            let changes = try storage.fetchChanges(in: zone, since: try tokenParameter(request), limit: limit)
+            return .json(Wire.ZoneChanges(
+                records: changes.records,
+                rejected: changes.rejected.map { Wire.Rejection(zone: $0.recordID?.zone.rawValue, name: $0.recordID?.name, reason: $0.reason.description, source: $0.source) },
+                token: changes.token.base64, moreComing: changes.moreComing))
+        case .waitForChanges:
+            let zone = try readableZone(matched, identity)
+            let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))
+            let changed = try await storage.waitForChanges(in: zone, since: try tokenParameter(request), timeout: .milliseconds(Int(max(0, seconds) * 1000)))
+            return .json(Wire.Wait(changed: changed))
+        case .modify:
+            let body = try decode(Wire.Modify.self, request)
+            guard body.records.count <= Record.maximumBatchSize else {
+                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")
+            }
+            var results = [Result<Record, RecordZoneError>?](repeating: nil, count: body.records.count)
+            var allowed = [(Int, Record)]()
+            for (index, record) in body.records.enumerated() {
+                if access.canWrite(record, as: identity) {
+                    allowed.append((index, record))
+                } else {
+                    results[index] = .failure(RecordZoneError(.notAuthorized, "'\(identity)' may not write \(record.id)", recordID: record.id))
+                }
+            }
+            let saved = try storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
+            for ((index, _), result) in zip(allowed, saved) { results[index] = result }
+            storage.persistPins()
+            return .json(Wire.Outcomes(results: results.map { Wire.Outcome($0 ?? .failure(RecordZoneError(.internalError, "no result"))) }))
+        case .fetch:
+            let body = try decode(Wire.Fetch.self, request)
+            guard body.ids.count <= Record.maximumBatchSize else {
+                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) IDs")
+            }
+            var outcomes = [Wire.Outcome]()
+            for id in body.ids {
+                guard let recordID = try? RecordID(zone: id.zone, name: id.name) else {
+                    outcomes.append(Wire.Outcome(.failure(RecordZoneError(.invalidArguments, "invalid record ID \(id.zone)/\(id.name)"))))
+                    continue
+                }
+                guard access.canRead(zone: recordID.zone, as: identity) else {
+                    outcomes.append(Wire.Outcome(.failure(RecordZoneError(.notAuthorized, "'\(identity)' may not read \(recordID.zone)", recordID: recordID))))
+                    continue
+                }
+                outcomes.append(Wire.Outcome(try storage.fetch([recordID])[0]))
+            }
+            return .json(Wire.Outcomes(results: outcomes))
+        case .query:
+            let zone = try readableZone(matched, identity)
+            let body = try decode(Wire.Query.self, request)
+            let cursor = try body.cursor.map { text throws(APIError) -> QueryCursor in
+                guard let data = Data(base64Encoded: text) else { throw APIError(400, "invalidArguments", "cursor is not base64") }
+                return QueryCursor(data: data)
+            }
+            let result = try storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
+                                                 cursor: cursor, limit: body.limit ?? 100)
+            return .json(Wire.QueryResults(records: result.records, cursor: result.cursor?.data.base64EncodedString()))
+        case .putAsset:
+            let expected = try assetParameter(matched, size: UInt64(request.body.count))
+            let reference = try storage.putAsset(request.body, expected: expected)
+            return .json(Wire.Asset(reference), status: 201)
+        case .getAsset:
+            guard let size = try intParameter(request, "size"), size >= 0 else {
+                throw APIError(400, "invalidArguments", "size is required")
+            }
+            let data = try storage.asset(try assetParameter(matched, size: UInt64(size)))
+            return HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: data)
+        }
+    }
+
+    // MARK: Parameters
+
+    private func zoneParameter(_ matched: Route.Matched) throws(APIError) -> ZoneName {
+        guard let text = matched.parameters["zone"], let zone = try? ZoneName(text) else {
+            throw APIError(400, "invalidArguments", "invalid zone name")
+        }
+        return zone
+    }
+
+    private func readableZone(_ matched: Route.Matched, _ identity: String) throws(APIError) -> ZoneName {
+        let zone = try zoneParameter(matched)
+        guard access.canRead(zone: zone, as: identity) else { throw forbidden(identity, zone) }
+        return zone
+    }
+
+    private func forbidden(_ identity: String, _ zone: ZoneName) -> APIError {
+        APIError(403, RecordZoneError.Code.notAuthorized.rawValue, "'\(identity)' may not use zone '\(zone)'")
+    }
+
+    private func tokenParameter(_ request: HTTPRequest) throws(APIError) -> ChangeToken? {
+        guard let text = request.queryValue("token"), !text.isEmpty else { return nil }
+        guard let token = ChangeToken(base64: text) else { throw APIError(400, "invalidArguments", "token is not base64") }
+        return token
+    }
+
+    private func intParameter(_ request: HTTPRequest, _ name: String) throws(APIError) -> Int? {
+        guard let text = request.queryValue(name) else { return nil }
+        guard let value = Int(text) else { throw APIError(400, "invalidArguments", "\(name) must be an integer") }
+        return value
+    }
+
+    private func assetParameter(_ matched: Route.Matched, size: UInt64) throws(APIError) -> AssetReference {
+        guard let hex = matched.parameters["sha256"], hex.count == 64, let hash = Data(hexString: hex), let reference = try? AssetReference(hash: hash, size: size) else {
+            throw APIError(400, "invalidArguments", "the asset path needs a SHA-256 in hex")
+        }
+        return reference
+    }
+
+    private func decode<T: Decodable>(_ type: T.Type, _ request: HTTPRequest) throws(APIError) -> T {
+        do {
+            return try JSONDecoder().decode(type, from: request.body)
+        } catch {
+            throw APIError(400, RecordZoneError.Code.malformed.rawValue, "malformed JSON body: \(Record.describe(error))")
+        }
+    }
+}

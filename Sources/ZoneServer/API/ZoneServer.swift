@@ -1,0 +1,142 @@
+import Foundation
+import RecordZone
+
+/// Tunables of a zone server.
+public struct ZoneServerConfiguration: Sendable {
+    public var limits = HTTPLimits()
+    /// Requests per second each key may make, sustained, and in a burst.
+    public var requestsPerSecond = 200.0
+    public var burst = 400.0
+    /// How far a request's timestamp may be from the server's clock.
+    public var maximumClockSkew = RequestSignature.maximumClockSkew
+    /// The longest long poll a client may ask for.
+    public var maximumWait: Duration = .seconds(60)
+    public var now: @Sendable () -> Date = { Date() }
+    public var logger = Logger.silent
+
+    public init() {}
+}
+
+/// The HTTP zone server: the record-zone API (version 1) over ``SQLiteBackend`` storage,
+/// with signed requests, zone access control, limits and metrics. `convkitd serve` runs one;
+/// tests start one in-process on 127.0.0.1, port 0.
+///
+/// ```swift
+/// let storage = try SQLiteBackend(directory: "/var/lib/convkitd", policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+/// let server = ZoneServer(storage: storage, access: ChatZoneAccess())
+/// let port = try server.start(host: "127.0.0.1", port: 8080)
+/// ```
+public final class ZoneServer: Sendable {
+    public let storage: SQLiteBackend
+    let access: any ZoneAccessPolicy
+    let configuration: ZoneServerConfiguration
+    let authenticator: Authenticator
+    let metrics = Metrics()
+    private let http: HTTPServer
+
+    public init(storage: SQLiteBackend, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration()) {
+        self.storage = storage
+        self.access = access
+        self.configuration = configuration
+        authenticator = Authenticator(policy: storage.policy, now: configuration.now, maximumSkew: configuration.maximumClockSkew,
+                                      requestsPerSecond: configuration.requestsPerSecond, burst: configuration.burst)
+        let router = Router()
+        http = HTTPServer(limits: configuration.limits, logger: configuration.logger) { [router] request in
+            await router.server?.respond(to: request) ?? HTTPResponse(status: 503)
+        }
+        router.server = self
+    }
+
+    /// Starts listening. - Returns: the port bound (useful with port 0).
+    @discardableResult
+    public func start(host: String, port: Int) throws(RecordZoneError) -> Int {
+        let bound = try http.start(host: host, port: port)
+        configuration.logger.info("listening on \(host):\(bound)")
+        return bound
+    }
+
+    public var port: Int { http.port }
+
+    /// Stops accepting, releases long polls, waits for requests in flight, and stops.
+    public func stop() async {
+        storage.releaseWaiters()
+        await http.stop()
+        configuration.logger.info("stopped")
+    }
+
+    /// Handles one request: the whole API, as a function (tests may call it directly too).
+    public func respond(to request: HTTPRequest) async -> HTTPResponse {
+        let start = ContinuousClock.now
+        var identity = "-"
+        let response: HTTPResponse
+        do {
+            let route = try Route.match(method: request.method, path: request.path)
+            if route.isAuthenticated {
+                do {
+                    identity = try authenticator.authenticate(request)
+                    storage.persistPins()
+                } catch {
+                    switch error {
+                    case .unauthenticated(let why): throw APIError(401, "notAuthenticated", why)
+                    case .rateLimited(let after):
+                        throw APIError(429, RecordZoneError.Code.requestRateLimited.rawValue, "too many requests; retry after \(String(format: "%.3f", after)) s",
+                                       retryAfter: after)
+                    }
+                }
+            }
+            response = try await handle(route, request, identity: identity)
+        } catch let error as APIError {
+            response = error.response
+        } catch let error as RecordZoneError {
+            response = APIError(error).response
+        } catch {
+            response = APIError(500, "internalError", "\(error)").response
+        }
+        let seconds = Double((ContinuousClock.now - start).components.attoseconds) / 1e18 + Double((ContinuousClock.now - start).components.seconds)
+        metrics.record(method: request.method, status: response.status, seconds: seconds)
+        configuration.logger.debug("\(request.method) \(request.path) \(response.status) \(String(format: "%.1f", seconds * 1000)) ms \(identity)")
+        if response.status >= 500 { configuration.logger.info("\(request.method) \(request.path) failed: \(response.status)") }
+        return response
+    }
+}
+
+/// Breaks the reference cycle between the server and its HTTP handler.
+final class Router: @unchecked Sendable {
+    weak var server: ZoneServer?
+}
+
+/// An error answered as a JSON body with an HTTP status.
+struct APIError: Error {
+    var status: Int
+    var failure: Wire.Failure
+
+    init(_ status: Int, _ code: String, _ message: String, retryAfter: Double? = nil) {
+        self.status = status
+        failure = Wire.Failure(code: code, message: message, retryAfter: retryAfter)
+    }
+
+    init(_ error: RecordZoneError) {
+        status = Self.status(for: error.code)
+        failure = Wire.Failure(error)
+    }
+
+    var response: HTTPResponse {
+        var headers = [(String, String)]()
+        if let after = failure.retryAfter { headers.append(("Retry-After", String(Int(after.rounded(.up))))) }
+        return .json(Wire.ErrorBody(failure), status: status, headers: headers)
+    }
+
+    static func status(for code: RecordZoneError.Code) -> Int {
+        switch code {
+        case .invalidArguments, .malformed, .invalidSignature: 400
+        case .notAuthorized: 403
+        case .zoneNotFound, .unknownItem: 404
+        case .serverRecordChanged: 409
+        case .changeTokenExpired: 410
+        case .limitExceeded: 413
+        case .requestRateLimited: 429
+        case .serviceUnavailable, .networkUnavailable, .deviceInUse: 503
+        case .assetCorrupt, .ioError, .internalError: 500
+        }
+    }
+}

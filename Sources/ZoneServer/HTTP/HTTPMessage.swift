@@ -1,0 +1,58 @@
+import Foundation
+
+/// A request as the handler sees it: fully received, headers with lowercased names, query
+/// arguments decoded.
+public struct HTTPRequest: Sendable {
+    public var method: String
+    public var path: String
+    public var query: [(String, String)]
+    public var headers: [String: String]
+    public var body: Data
+
+    public init(method: String, path: String, query: [(String, String)] = [], headers: [String: String] = [:], body: Data = Data()) {
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+    }
+
+    public func queryValue(_ name: String) -> String? { query.first { $0.0 == name }?.1 }
+}
+
+/// A response: status, headers, body.
+public struct HTTPResponse: Sendable {
+    public var status: Int
+    public var headers: [(String, String)]
+    public var body: Data
+
+    public init(status: Int, headers: [(String, String)] = [], body: Data = Data()) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
+    /// A JSON response.
+    public static func json<T: Encodable>(_ value: T, status: Int = 200, headers: [(String, String)] = []) -> HTTPResponse {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        guard let body = try? encoder.encode(value) else {
+            return HTTPResponse(status: 500, headers: [("Content-Type", "application/json")], body: Data(#"{"error":{"code":"internalError","message":"cannot encode the response"}}"#.utf8))
+        }
+        return HTTPResponse(status: status, headers: [("Content-Type", "application/json")] + headers, body: body)
+    }
+}
+
+/// Limits the HTTP layer enforces before a handler runs.
+public struct HTTPLimits: Sendable {
+    /// The largest request body; larger ones get 413 without being read whole.
+    public var maximumBodyBytes = 48 << 20
+    /// The most connections at once; more are refused.
+    public var maximumConnections: UInt32 = 512
+    /// Seconds a connection may stay idle (a slow client) before it is closed.
+    public var connectionTimeoutSeconds: UInt32 = 15
+    /// Bytes of memory each connection may use for headers and buffers.
+    public var connectionMemoryBytes = 64 << 10
+
+    public init() {}
+}

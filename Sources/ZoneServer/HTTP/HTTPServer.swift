@@ -1,0 +1,179 @@
+import CLibMicroHTTPD
+import CMicroHTTPD
+import Foundation
+import RecordZone
+import Synchronization
+
+/// An HTTP/1.1 server on libmicrohttpd: one internal polling thread (epoll) accepts, parses and
+/// writes; each complete request is handed to an async handler while its connection is
+/// suspended, so a slow handler (a long poll) never holds the polling thread, and a slow client
+/// never holds anyone but itself.
+/// See <https://www.gnu.org/software/libmicrohttpd/manual/libmicrohttpd.html>.
+public final class HTTPServer: Sendable {
+    public typealias Handler = @Sendable (HTTPRequest) async -> HTTPResponse
+
+    let handler: Handler
+    let limits: HTTPLimits
+    let logger: Logger
+    /// The running daemon; only start and stop touch it.
+    private struct Daemon: @unchecked Sendable { let pointer: OpaquePointer }
+    private let daemon = Mutex<Daemon?>(nil)
+    private let inFlight = Atomic<Int>(0)
+    private let boundPort = Atomic<Int>(0)
+
+    public init(limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, handler: @escaping Handler) {
+        self.handler = handler
+        self.limits = limits
+        self.logger = logger
+    }
+
+    /// Starts listening on `host` (an IPv4 address) and `port` (0: any free port).
+    /// - Returns: the port bound.
+    /// - Throws: ``RecordZoneError/Code/ioError`` when the address cannot be bound.
+    @discardableResult
+    public func start(host: String, port: Int) throws(RecordZoneError) -> Int {
+        guard (0...65535).contains(port) else { throw RecordZoneError(.invalidArguments, "port \(port) is out of range") }
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
+                                       limits.maximumConnections, limits.connectionTimeoutSeconds, limits.connectionMemoryBytes)
+        else {
+            throw RecordZoneError(.ioError, "cannot listen on \(host):\(port) (address in use or not an IPv4 address)")
+        }
+        daemon.withLock { $0 = Daemon(pointer: started) }
+        let bound = Int(cmhd_bound_port(started))
+        boundPort.store(bound, ordering: .releasing)
+        return bound
+    }
+
+    /// The port bound by ``start(host:port:)``.
+    public var port: Int { boundPort.load(ordering: .acquiring) }
+
+    /// Requests being handled now.
+    public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
+
+    /// Stops accepting, waits up to `grace` for the requests in flight, then stops.
+    public func stop(grace: Duration = .seconds(10)) async {
+        guard let running = daemon.withLock({ $0 })?.pointer else { return }
+        _ = MHD_quiesce_daemon(running)
+        let deadline = ContinuousClock.now.advanced(by: grace)
+        while inFlightCount > 0, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        daemon.withLock { $0 = nil }
+        MHD_stop_daemon(running)
+    }
+
+    deinit {
+        if let running = daemon.withLock({ $0 }) { MHD_stop_daemon(running.pointer) }
+    }
+
+    // MARK: Per-request state
+
+    /// One request on one connection, from its headers to its response.
+    final class Exchange: @unchecked Sendable {
+        let method: String
+        let path: String
+        var body = Data()
+        var isTooLarge = false
+        var started = false
+        var response: HTTPResponse?
+
+        init(method: String, path: String) {
+            self.method = method
+            self.path = path
+        }
+    }
+
+    fileprivate func access(_ connection: OpaquePointer, url: String, method: String,
+                            upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
+                            state: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> MHD_Result {
+        guard let pointer = state.pointee else {
+            let exchange = Exchange(method: method, path: url)
+            state.pointee = Unmanaged.passRetained(exchange).toOpaque()
+            if let length = header(connection, "Content-Length").flatMap(Int.init), length > limits.maximumBodyBytes {
+                return queue(Self.error(413, "limitExceeded", "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)"), on: connection)
+            }
+            return .YES
+        }
+        let exchange = Unmanaged<Exchange>.fromOpaque(pointer).takeUnretainedValue()
+        if uploadSize.pointee > 0 {
+            if !exchange.isTooLarge, let upload {
+                if exchange.body.count + uploadSize.pointee > limits.maximumBodyBytes {
+                    exchange.isTooLarge = true
+                    exchange.body = Data()
+                } else {
+                    upload.withMemoryRebound(to: UInt8.self, capacity: uploadSize.pointee) { exchange.body.append($0, count: uploadSize.pointee) }
+                }
+            }
+            uploadSize.pointee = 0
+            return .YES
+        }
+        if exchange.isTooLarge {
+            return queue(Self.error(413, "limitExceeded", "the body is over \(limits.maximumBodyBytes) bytes"), on: connection)
+        }
+        if let response = exchange.response { return queue(response, on: connection) }
+        guard !exchange.started else { return .YES }
+        exchange.started = true
+        let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
+                                  headers: Dictionary(values(connection, .HEADER_KIND).map { ($0.0.lowercased(), $0.1) }, uniquingKeysWith: { first, _ in first }),
+                                  body: exchange.body)
+        inFlight.add(1, ordering: .relaxed)
+        MHD_suspend_connection(connection)
+        let handler = self.handler
+        nonisolated(unsafe) let suspended = connection
+        Task {
+            exchange.response = await handler(request)
+            MHD_resume_connection(suspended)
+            self.inFlight.subtract(1, ordering: .relaxed)
+        }
+        return .YES
+    }
+
+    private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
+        let made = response.body.withUnsafeBytes { raw in
+            MHD_create_response_from_buffer(raw.count, UnsafeMutableRawPointer(mutating: raw.baseAddress), .RESPMEM_MUST_COPY)
+        }
+        guard let made else { return .NO }
+        defer { MHD_destroy_response(made) }
+        for (name, value) in response.headers { _ = MHD_add_response_header(made, name, value) }
+        return MHD_queue_response(connection, UInt32(response.status), made)
+    }
+
+    private func header(_ connection: OpaquePointer, _ name: String) -> String? {
+        MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) }
+    }
+
+    private func values(_ connection: OpaquePointer, _ kind: MHD_ValueKind) -> [(String, String)] {
+        let box = PairBox()
+        let unmanaged = Unmanaged.passRetained(box)
+        defer { unmanaged.release() }
+        _ = MHD_get_connection_values(connection, kind, { cls, _, key, value in
+            guard let cls, let key else { return .YES }
+            let box = Unmanaged<PairBox>.fromOpaque(cls).takeUnretainedValue()
+            box.pairs.append((String(cString: key), value.map { String(cString: $0) } ?? ""))
+            return .YES
+        }, unmanaged.toOpaque())
+        return box.pairs
+    }
+
+    final class PairBox {
+        var pairs: [(String, String)] = []
+    }
+
+    static func error(_ status: Int, _ code: String, _ message: String, headers: [(String, String)] = []) -> HTTPResponse {
+        .json(Wire.ErrorBody(Wire.Failure(code: code, message: message)), status: status, headers: headers)
+    }
+}
+
+private let accessHandler: MHD_AccessHandlerCallback = { cls, connection, url, method, _, upload, uploadSize, state in
+    guard let cls, let connection, let url, let method, let uploadSize, let state else { return .NO }
+    let server = Unmanaged<HTTPServer>.fromOpaque(cls).takeUnretainedValue()
+    return server.access(connection, url: String(cString: url), method: String(cString: method),
+                         upload: upload, uploadSize: uploadSize, state: state)
+}
+
+private let completedHandler: MHD_RequestCompletedCallback = { _, _, state, _ in
+    guard let state, let pointer = state.pointee else { return }
+    Unmanaged<HTTPServer.Exchange>.fromOpaque(pointer).release()
+    state.pointee = nil
+}
