@@ -41,7 +41,7 @@ let package = Package(
             path: "Tools/convkit-store-sync"),
 
         .target(name: "TestSupport", path: "Tests/TestSupport"),
-        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "TestSupport", "convkit-zone-writer"]),
+        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
         .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit", "RecordZone", "TestSupport", "convkit-store-sync"]),
     ],
     swiftLanguageModes: [.v6]

@@ -33,7 +33,7 @@ package enum SaveChecks {
         switch reason {
         case .unsigned, .invalidSignature: code = .invalidSignature
         case .ownerFieldMissing, .ownerKeyMismatch, .ownerNotMember: code = .notAuthorized
-        case .malformed, .corruptSegment: code = .malformed
+        case .malformed, .corruptSegment, .refusedByBackend: code = .malformed
         }
         return RecordZoneError(code, reason.description, recordID: recordID)
     }

@@ -14,6 +14,8 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     case ownerNotMember(identity: String, listField: String)
     /// A segment file that is incomplete or damaged; nothing in it was applied.
     case corruptSegment(String)
+    /// Refused by the backend (a server), which gave this reason.
+    case refusedByBackend(String)
 
     public var description: String {
         switch self {
@@ -24,6 +26,44 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .ownerKeyMismatch(let identity): "signed by a key that is not the one pinned for '\(identity)'"
         case .ownerNotMember(let identity, let list): "owner '\(identity)' is not in '\(list)'"
         case .corruptSegment(let why): "corrupt segment: \(why)"
+        case .refusedByBackend(let why): "refused by the backend: \(why)"
+        }
+    }
+}
+
+extension RejectionReason: Codable {
+    private enum Keys: String, CodingKey { case kind, detail, identity, field, list }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        let detail = try c.decodeIfPresent(String.self, forKey: .detail) ?? ""
+        switch try c.decode(String.self, forKey: .kind) {
+        case "malformed": self = .malformed(detail)
+        case "unsigned": self = .unsigned
+        case "invalidSignature": self = .invalidSignature
+        case "ownerFieldMissing": self = .ownerFieldMissing(field: try c.decode(String.self, forKey: .field))
+        case "ownerKeyMismatch": self = .ownerKeyMismatch(identity: try c.decode(String.self, forKey: .identity))
+        case "ownerNotMember":
+            self = .ownerNotMember(identity: try c.decode(String.self, forKey: .identity), listField: try c.decode(String.self, forKey: .list))
+        case "corruptSegment": self = .corruptSegment(detail)
+        default: self = .refusedByBackend(detail)
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        switch self {
+        case .malformed(let detail): try c.encode("malformed", forKey: .kind); try c.encode(detail, forKey: .detail)
+        case .unsigned: try c.encode("unsigned", forKey: .kind)
+        case .invalidSignature: try c.encode("invalidSignature", forKey: .kind)
+        case .ownerFieldMissing(let field): try c.encode("ownerFieldMissing", forKey: .kind); try c.encode(field, forKey: .field)
+        case .ownerKeyMismatch(let identity): try c.encode("ownerKeyMismatch", forKey: .kind); try c.encode(identity, forKey: .identity)
+        case .ownerNotMember(let identity, let list):
+            try c.encode("ownerNotMember", forKey: .kind)
+            try c.encode(identity, forKey: .identity)
+            try c.encode(list, forKey: .list)
+        case .corruptSegment(let detail): try c.encode("corruptSegment", forKey: .kind); try c.encode(detail, forKey: .detail)
+        case .refusedByBackend(let detail): try c.encode("refusedByBackend", forKey: .kind); try c.encode(detail, forKey: .detail)
         }
     }
 }

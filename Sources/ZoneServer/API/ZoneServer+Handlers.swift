@@ -32,7 +32,7 @@ extension ZoneServer {
             let changes = try storage.fetchChanges(in: zone, since: try tokenParameter(request), limit: limit)
             return .json(Wire.ZoneChanges(
                 records: changes.records,
-                rejected: changes.rejected.map { Wire.Rejection(zone: $0.recordID?.zone.rawValue, name: $0.recordID?.name, reason: $0.reason.description, source: $0.source) },
+                rejected: changes.rejected.map { Wire.Rejection(zone: $0.recordID?.zone.rawValue, name: $0.recordID?.name, reason: $0.reason, source: $0.source) },
                 token: changes.token.base64, moreComing: changes.moreComing))
         case .waitForChanges:
             let zone = try readableZone(matched, identity)

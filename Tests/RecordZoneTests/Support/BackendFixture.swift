@@ -2,11 +2,12 @@ import Foundation
 import Testing
 import TestSupport
 @testable import RecordZone
+@testable import ZoneServer
 
 /// The backends the conformance suite runs against. Each test takes a kind as its argument,
 /// so the same test definition runs against every backend.
 enum BackendKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
-    case memory, filesystem
+    case memory, filesystem, http
     var testDescription: String { rawValue }
 }
 
@@ -16,6 +17,7 @@ final class BackendFixture: @unchecked Sendable {
     let policy: RecordPolicy
     private let directory: TemporaryDirectory?
     private let memory: InMemoryBackend?
+    private let server: ZoneServer?
     private var opened: [String: any RecordZoneBackend] = [:]
     private var forgerSequence: UInt64 = 0
 
@@ -26,9 +28,21 @@ final class BackendFixture: @unchecked Sendable {
         case .memory:
             memory = InMemoryBackend(policy: policy)
             directory = nil
+            server = nil
         case .filesystem:
             memory = nil
             directory = try TemporaryDirectory("fszone")
+            server = nil
+        case .http:
+            memory = nil
+            let directory = try TemporaryDirectory("httpzone")
+            self.directory = directory
+            var configuration = ZoneServerConfiguration()
+            configuration.requestsPerSecond = 100_000
+            configuration.burst = 100_000
+            let server = ZoneServer(storage: try SQLiteBackend(directory: directory.path, policy: makePolicy()), configuration: configuration)
+            try server.start(host: "127.0.0.1", port: 0)
+            self.server = server
         }
     }
 
@@ -42,6 +56,10 @@ final class BackendFixture: @unchecked Sendable {
         switch kind {
         case .memory: made = try #require(memory)
         case .filesystem: made = try FileSystemBackend(root: root, device: writer, policy: makePolicy(pinnedKeys: pinnedKeys), pollInterval: .milliseconds(5))
+        case .http:
+            let port = try #require(server?.port)
+            made = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: writer,
+                               key: Keys.key(UInt8(truncatingIfNeeded: writer.hashValue) | 0x80), policy: makePolicy(pinnedKeys: pinnedKeys))
         }
         opened[writer] = made
         return made
@@ -57,6 +75,9 @@ final class BackendFixture: @unchecked Sendable {
             let generation = try layout.zoneState(zone).generation
             forgerSequence += 1
             try layout.writeSegment(Segment.encode([data]), zone: zone, generation: generation, device: "forger", sequence: forgerSequence)
+        case .http:
+            forgerSequence += 1
+            try #require(server).storage.injectUnchecked(data, into: zone, name: "planted-\(forgerSequence)")
         }
     }
 }

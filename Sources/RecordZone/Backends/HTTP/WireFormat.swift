@@ -51,9 +51,9 @@ public enum Wire {
     public struct Rejection: Codable, Sendable {
         public var zone: String?
         public var name: String?
-        public var reason: String
+        public var reason: RejectionReason
         public var source: String
-        public init(zone: String?, name: String?, reason: String, source: String) {
+        public init(zone: String?, name: String?, reason: RejectionReason, source: String) {
             self.zone = zone
             self.name = name
             self.reason = reason

@@ -1,0 +1,250 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A backend that talks to a zone server (`convkitd serve`) over HTTP.
+///
+/// Every request is signed with the speaker's key (``RequestSignature``). Everything read is
+/// verified again here with the client's own ``RecordPolicy``: the server is not trusted.
+/// Errors map onto ``RecordZoneError``: a network failure is ``RecordZoneError/Code/networkUnavailable``
+/// (transient); 4xx answers are not transient; 429 and 503 are retried after the server's
+/// `Retry-After` (a few times, briefly) and then surface with ``RecordZoneError/retryAfter`` set.
+///
+/// ```swift
+/// let backend = HTTPBackend(url: URL(string: "http://127.0.0.1:8080")!, identity: "alice", key: key, policy: policy)
+/// ```
+public final class HTTPBackend: RecordZoneBackend, Sendable {
+    public let baseURL: URL
+    public let identity: String
+    public let policy: RecordPolicy
+    let key: SigningKey
+    let session: URLSession
+    let now: @Sendable () -> Date
+    /// How many times a 429 or 503 is retried before it surfaces.
+    let maximumRetries: Int
+    /// The longest wait before such a retry.
+    let maximumRetryDelay: Double
+
+    public init(url: URL, identity: String, key: SigningKey, policy: RecordPolicy = RecordPolicy(),
+                maximumRetries: Int = 2, maximumRetryDelay: Double = 2, now: @escaping @Sendable () -> Date = { Date() }) {
+        baseURL = url
+        self.identity = identity
+        self.key = key
+        self.policy = policy
+        self.maximumRetries = maximumRetries
+        self.maximumRetryDelay = maximumRetryDelay
+        self.now = now
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.httpMaximumConnectionsPerHost = 8
+        session = URLSession(configuration: configuration)
+    }
+
+    deinit { session.finishTasksAndInvalidate() }
+
+    // MARK: Zones
+
+    public func createZone(_ zone: ZoneName) async throws(RecordZoneError) {
+        _ = try await send("PUT", "/v1/zones/\(zone.rawValue)")
+    }
+
+    public func zones() async throws(RecordZoneError) -> [ZoneName] {
+        try await get(Wire.Zones.self, "/v1/zones").zones.compactMap { try? ZoneName($0) }
+    }
+
+    public func deleteZone(_ zone: ZoneName) async throws(RecordZoneError) {
+        _ = try await send("DELETE", "/v1/zones/\(zone.rawValue)")
+    }
+
+    public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
+        let body = try await get(Wire.DatabaseChanges.self, "/v1/changes", query: token.map { [("token", $0.base64)] } ?? [])
+        guard let next = ChangeToken(base64: body.token) else { throw RecordZoneError(.malformed, "the server sent a malformed token") }
+        return DatabaseChanges(changedZones: body.changedZones.compactMap { try? ZoneName($0) },
+                               deletedZones: body.deletedZones.compactMap { try? ZoneName($0) }, token: next)
+    }
+
+    // MARK: Changes
+
+    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
+        var query = [("limit", String(limit))]
+        if let token { query.append(("token", token.base64)) }
+        let body = try await get(Wire.ZoneChanges.self, "/v1/zones/\(zone.rawValue)/changes", query: query)
+        guard let next = ChangeToken(base64: body.token) else { throw RecordZoneError(.malformed, "the server sent a malformed token") }
+        let (records, rejected) = verify(body.records)
+        let reported = body.rejected.map { rejection in
+            let id: RecordID? = if let zone = rejection.zone, let name = rejection.name { try? RecordID(zone: zone, name: name) } else { nil }
+            return RejectedRecord(recordID: id, reason: rejection.reason, source: "server: \(rejection.source)")
+        }
+        return ZoneChanges(records: records, rejected: reported + rejected, token: next, moreComing: body.moreComing)
+    }
+
+    public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
+        let seconds = max(0, Int(timeout.components.seconds))
+        var query = [("timeout", String(seconds))]
+        if let token { query.append(("token", token.base64)) }
+        return try await get(Wire.Wait.self, "/v1/zones/\(zone.rawValue)/wait", query: query, timeout: Double(seconds) + 15).changed
+    }
+
+    // MARK: Records
+
+    public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(records.count)
+        let body = try await post(Wire.Outcomes.self, "/v1/records/modify", Wire.Modify(records: records, policy: savePolicy))
+        guard body.results.count == records.count else {
+            throw RecordZoneError(.malformed, "the server answered \(body.results.count) results for \(records.count) records")
+        }
+        return zip(records, body.results).map { record, outcome in checked(outcome.result(for: record.id)) }
+    }
+
+    public func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(ids.count)
+        let body = try await post(Wire.Outcomes.self, "/v1/records/fetch", Wire.Fetch(ids: ids.map(Wire.ID.init)))
+        guard body.results.count == ids.count else {
+            throw RecordZoneError(.malformed, "the server answered \(body.results.count) results for \(ids.count) IDs")
+        }
+        return zip(ids, body.results).map { id, outcome in checked(outcome.result(for: id)) }
+    }
+
+    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
+        let request = Wire.Query(recordType: query.recordType, predicates: query.predicates, sort: query.sort,
+                                 cursor: cursor?.data.base64EncodedString(), limit: limit)
+        let body = try await post(Wire.QueryResults.self, "/v1/zones/\(query.zone.rawValue)/query", request)
+        let next = try body.cursor.map { text throws(RecordZoneError) -> QueryCursor in
+            guard let data = Data(base64Encoded: text) else { throw RecordZoneError(.malformed, "the server sent a malformed cursor") }
+            return QueryCursor(data: data)
+        }
+        return QueryResult(records: verify(body.records).records, cursor: next)
+    }
+
+    // MARK: Assets
+
+    public func putAsset(_ data: Data, expected: AssetReference?) async throws(RecordZoneError) -> AssetReference {
+        let reference = try AssetChecks.reference(for: data, expected: expected)
+        _ = try await send("PUT", "/v1/assets/\(reference.hexHash)", body: data, contentType: "application/octet-stream")
+        return reference
+    }
+
+    public func asset(_ reference: AssetReference) async throws(RecordZoneError) -> Data {
+        let data = try await send("GET", "/v1/assets/\(reference.hexHash)", query: [("size", String(reference.size))])
+        try AssetChecks.verify(data, against: reference)
+        return data
+    }
+
+    // MARK: Verification
+
+    /// Splits records read from the server into those that pass the client's policy and those that do not.
+    private func verify(_ records: [Record]) -> (records: [Record], rejected: [RejectedRecord]) {
+        var encoded = [Data](), kept = [Record]()
+        var rejected = [RejectedRecord]()
+        for record in records {
+            do {
+                encoded.append(try record.encoded())
+                kept.append(record)
+            } catch {
+                rejected.append(RejectedRecord(recordID: record.id, reason: .malformed(error.message), source: "http"))
+            }
+        }
+        var valid = [Record]()
+        for (record, outcome) in zip(kept, policy.admit(batch: encoded, source: { _ in "http" })) {
+            switch outcome {
+            case .success(var verified):
+                verified.serverMetadata = record.serverMetadata
+                valid.append(verified)
+            case .failure(let rejection): rejected.append(rejection)
+            }
+        }
+        return (valid, rejected)
+    }
+
+    private func checked(_ result: Result<Record, RecordZoneError>) -> Result<Record, RecordZoneError> {
+        switch result {
+        case .success(let record):
+            if let reason = policy.check(record) { return .failure(SaveChecks.error(for: reason, recordID: record.id)) }
+            return .success(record)
+        case .failure(var error):
+            if let server = error.serverRecord, policy.check(server) != nil { error.serverRecord = nil }
+            return .failure(error)
+        }
+    }
+
+    // MARK: Transport
+
+    private func get<T: Decodable>(_ type: T.Type, _ path: String, query: [(String, String)] = [], timeout: Double = 60) async throws(RecordZoneError) -> T {
+        try decode(type, try await send("GET", path, query: query, timeout: timeout))
+    }
+
+    private func post<T: Decodable, B: Encodable>(_ type: T.Type, _ path: String, _ body: B) async throws(RecordZoneError) -> T {
+        let data: Data
+        do { data = try JSONEncoder().encode(body) } catch {
+            throw RecordZoneError(.invalidArguments, "cannot encode the request: \(error)")
+        }
+        return try decode(type, try await send("POST", path, body: data))
+    }
+
+    private func decode<T: Decodable>(_ type: T.Type, _ data: Data) throws(RecordZoneError) -> T {
+        do { return try JSONDecoder().decode(type, from: data) } catch {
+            throw RecordZoneError(.malformed, "the server sent a malformed answer: \(Record.describe(error))")
+        }
+    }
+
+    /// Sends a signed request; retries 429 and 503 after the server's delay.
+    func send(_ method: String, _ path: String, query: [(String, String)] = [], body: Data = Data(),
+              contentType: String = "application/json", timeout: Double = 60) async throws(RecordZoneError) -> Data {
+        var attempt = 0
+        while true {
+            let (status, data, retryAfterHeader) = try await exchange(method, path, query: query, body: body, contentType: contentType, timeout: timeout)
+            if (200..<300).contains(status) { return data }
+            let failure = try? JSONDecoder().decode(Wire.ErrorBody.self, from: data).error
+            var error = failure?.error() ?? RecordZoneError(.internalError, "HTTP \(status)")
+            switch status {
+            case 401: error = RecordZoneError(.notAuthorized, "not authenticated: \(error.message)")
+            case 403: error.code = .notAuthorized
+            case 413: error.code = .limitExceeded
+            case 429: error.code = .requestRateLimited
+            case 503: error.code = .serviceUnavailable
+            case 500...: if failure == nil { error.code = .serviceUnavailable }
+            default: break
+            }
+            if status == 429 || status == 503 {
+                let delay = failure?.retryAfter ?? retryAfterHeader ?? 1
+                error.retryAfter = delay
+                if attempt < maximumRetries {
+                    attempt += 1
+                    try? await Task.sleep(for: .milliseconds(Int(min(delay, maximumRetryDelay) * 1000)))
+                    continue
+                }
+            }
+            throw error
+        }
+    }
+
+    private func exchange(_ method: String, _ path: String, query: [(String, String)], body: Data, contentType: String,
+                          timeout: Double) async throws(RecordZoneError) -> (Int, Data, Double?) {
+        let queryString = RequestSignature.canonicalQuery(query)
+        guard let url = URL(string: baseURL.absoluteString.trimmingSuffix("/") + path + (queryString.isEmpty ? "" : "?" + queryString)) else {
+            throw RecordZoneError(.invalidArguments, "cannot build a URL for \(path)")
+        }
+        var request = URLRequest(url: url, timeoutInterval: timeout)
+        request.httpMethod = method
+        if !body.isEmpty || method == "POST" || method == "PUT" { request.httpBody = body }
+        request.setValue(contentType, forHTTPHeaderField: "Content-Type")
+        request.setValue(RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: identity, key: key, now: now()),
+                         forHTTPHeaderField: "Authorization")
+        do {
+            let (data, response) = try await session.data(for: request)
+            guard let http = response as? HTTPURLResponse else { throw RecordZoneError(.networkUnavailable, "not an HTTP answer") }
+            let retryAfter = http.value(forHTTPHeaderField: "Retry-After").flatMap(Double.init)
+            return (http.statusCode, data, retryAfter)
+        } catch let error as RecordZoneError {
+            throw error
+        } catch {
+            throw RecordZoneError(.networkUnavailable, "\(method) \(path): \(error.localizedDescription)")
+        }
+    }
+}
+
+extension String {
+    func trimmingSuffix(_ suffix: String) -> String {
+        hasSuffix(suffix) ? String(dropLast(suffix.count)) : self
+    }
+}
