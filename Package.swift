@@ -42,7 +42,7 @@ let package = Package(
 
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
-        .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit", "RecordZone", "TestSupport", "convkit-store-sync"]),
+        .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -3,6 +3,7 @@ import Foundation
 import RecordZone
 import Testing
 import TestSupport
+import ZoneServer
 
 @Suite struct ConversationStoreTests {
     @Test(arguments: ChatBackend.allCases)
@@ -177,8 +178,8 @@ import TestSupport
         var configuration = StoreConfiguration()
         configuration.now = { clock.now }
         configuration.random = { 0.5 }  // no jitter: exactly the base delay
-        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { policy in
-            flaky.connect(policy)
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { context in
+            flaky.connect(context.policy)
         }, configuration: configuration)
         try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
         let bob = try fixture.store("bob")
@@ -204,7 +205,7 @@ import TestSupport
     @Test func aPermanentRejectionMarksTheMessageFailedWithTheReason() async throws {
         let fixture = try ChatFixture(.memory)
         let flaky = FlakyBackend(fixture.server)
-        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { flaky.connect($0) })
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { flaky.connect($0.policy) })
         try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
         try await alice.sync()
         let message = try alice.send("refused", to: "bob")
@@ -227,7 +228,11 @@ import TestSupport
         try await syncAll([bob, alice])
         let zone = try ZoneName(try #require(try alice.conversations().first?.id))
         // Someone deletes and recreates the zone; bob writes into the new incarnation.
-        let admin: any RecordZoneBackend = kind == .memory ? fixture.server : try FileSystemBackend(root: fixture.folder, device: "admin")
+        let admin: any RecordZoneBackend = switch kind {
+        case .memory: fixture.server
+        case .filesystem: try FileSystemBackend(root: fixture.folder, device: "admin")
+        case .http: try #require(fixture.zoneServer).storage
+        }
         try await admin.deleteZone(zone)
         try await admin.createZone(zone)
         try bob.send("after", to: "alice")

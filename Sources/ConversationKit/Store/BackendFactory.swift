@@ -2,24 +2,38 @@ import Foundation
 import RecordZone
 import SQLiteKit
 
-/// How a store reaches its backend. The store hands the backend its own ``RecordPolicy``
-/// (with the keys it has pinned), so every record it pulls is verified by the store's rules.
-public struct BackendFactory: Sendable {
-    let make: @Sendable (RecordPolicy) throws(RecordZoneError) -> any RecordZoneBackend
+/// What a store hands its backend when it connects: its own ``RecordPolicy`` (with the keys it
+/// has pinned, so every record it pulls is verified by the store's rules) and the local
+/// speaker's identity and key (a server authenticates requests with them).
+public struct BackendContext: Sendable {
+    public let policy: RecordPolicy
+    public let identity: String
+    public let key: SigningKey
+}
 
-    /// Any backend, built with the store's policy.
-    public static func custom(_ make: @escaping @Sendable (RecordPolicy) throws(RecordZoneError) -> any RecordZoneBackend) -> BackendFactory {
+/// How a store reaches its backend. The store connects on first use, once its local speaker
+/// is set up.
+public struct BackendFactory: Sendable {
+    let make: @Sendable (BackendContext) throws(RecordZoneError) -> any RecordZoneBackend
+
+    /// Any backend, built from the store's context.
+    public static func custom(_ make: @escaping @Sendable (BackendContext) throws(RecordZoneError) -> any RecordZoneBackend) -> BackendFactory {
         BackendFactory(make: make)
     }
 
     /// A shared folder (``FileSystemBackend``), written as `device`.
     public static func folder(_ root: String, device: String) -> BackendFactory {
-        BackendFactory { policy throws(RecordZoneError) in try FileSystemBackend(root: root, device: device, policy: policy) }
+        BackendFactory { context throws(RecordZoneError) in try FileSystemBackend(root: root, device: device, policy: context.policy) }
+    }
+
+    /// A zone server (`convkitd serve`) at `url`, e.g. `http://127.0.0.1:8080`.
+    public static func server(_ url: URL) -> BackendFactory {
+        BackendFactory { context in HTTPBackend(url: url, identity: context.identity, key: context.key, policy: context.policy) }
     }
 
     /// A connection to an in-memory backend shared with other stores (tests, previews).
     public static func memory(_ backend: InMemoryBackend) -> BackendFactory {
-        BackendFactory { policy in backend.connection(policy: policy) }
+        BackendFactory { context in backend.connection(policy: context.policy) }
     }
 }
 

@@ -66,6 +66,7 @@ extension ConversationStore {
         let local = localSpeakerIdentifier
         var found = [Record]()
         var cursor: QueryCursor? = nil
+        let backend = try backend()
         do {
             repeat {
                 let page = try await backend.query(

@@ -19,7 +19,8 @@ import Synchronization
 public final class ConversationStore: Sendable {
     public let directory: String
     let database: StoreDatabase
-    let backend: any RecordZoneBackend
+    let backendFactory: BackendFactory
+    private let connectedBackend = Mutex<(any RecordZoneBackend)?>(nil)
     let configuration: StoreConfiguration
     let clock: HybridLogicalClock
     let engine: SyncEngine
@@ -36,8 +37,7 @@ public final class ConversationStore: Sendable {
     /// Opens (creating if needed) the store in `directory`.
     /// - Throws: ``ConversationError`` — ``ConversationError/Code/storeNotWritable`` when the
     ///   directory cannot be created or written, ``ConversationError/Code/databaseCorrupt``
-    ///   when the database file is damaged, ``ConversationError/Code/backend`` when the
-    ///   backend cannot be opened.
+    ///   when the database file is damaged. The backend is connected on first use.
     public init(directory: String, backend: BackendFactory, configuration: StoreConfiguration = StoreConfiguration()) throws(ConversationError) {
         self.directory = directory
         self.configuration = configuration
@@ -66,12 +66,8 @@ public final class ConversationStore: Sendable {
             throw ConversationError.wrap(error)
         }
         database = StoreDatabase(queue: queue, policy: policy, hub: EventHub())
-        do {
-            self.backend = try backend.make(policy)
-        } catch {
-            throw ConversationError(.backend, "cannot open the backend: \(error)", backendError: error)
-        }
-        engine = SyncEngine(database: database, backend: self.backend, configuration: configuration)
+        backendFactory = backend
+        engine = SyncEngine(database: database, configuration: configuration)
     }
 
     deinit { database.hub.finish() }
@@ -123,6 +119,24 @@ public final class ConversationStore: Sendable {
             """, [record.id.zone.rawValue, record.id.name, try record.encoded()])
     }
 
+    /// The backend, connected on first use with the local speaker's identity and key.
+    /// - Throws: ``ConversationError/Code/noLocalSpeaker``; ``ConversationError/Code/backend``
+    ///   when it cannot be opened (a folder locked by another process, say).
+    func backend() throws(ConversationError) -> any RecordZoneBackend {
+        let local = try requireIdentity()
+        return try connectedBackend.withLock { (connected: inout (any RecordZoneBackend)?) throws(ConversationError) -> any RecordZoneBackend in
+            if let connected { return connected }
+            let made: any RecordZoneBackend
+            do throws(RecordZoneError) {
+                made = try backendFactory.make(BackendContext(policy: policy, identity: local.identifier, key: local.key))
+            } catch {
+                throw ConversationError(.backend, "cannot open the backend: \(error)", backendError: error)
+            }
+            connected = made
+            return made
+        }
+    }
+
     // MARK: Sync
 
     /// Pushes the outbox and pulls every changed zone the local speaker takes part in.
@@ -130,7 +144,7 @@ public final class ConversationStore: Sendable {
     ///   cannot be reached; whatever was pushed or pulled before that stays committed.
     @discardableResult
     public func sync() async throws(ConversationError) -> SyncReport {
-        try await engine.sync(localSpeaker: try requireIdentity().identifier)
+        try await engine.sync(localSpeaker: try requireIdentity().identifier, backend: try backend())
     }
 
     /// How many local changes wait in the outbox.

@@ -33,16 +33,21 @@ public struct SyncReport: Sendable, Hashable {
 /// never skips or repeats a change.
 actor SyncEngine {
     let database: StoreDatabase
-    let backend: any RecordZoneBackend
     let configuration: StoreConfiguration
+    /// The backend of the sync in progress.
+    private var connected: (any RecordZoneBackend)?
+    private var backend: any RecordZoneBackend {
+        guard let connected else { preconditionFailure("the backend is set at the start of every sync") }
+        return connected
+    }
 
-    init(database: StoreDatabase, backend: any RecordZoneBackend, configuration: StoreConfiguration) {
+    init(database: StoreDatabase, configuration: StoreConfiguration) {
         self.database = database
-        self.backend = backend
         self.configuration = configuration
     }
 
-    func sync(localSpeaker: String) async throws(ConversationError) -> SyncReport {
+    func sync(localSpeaker: String, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
+        connected = backend
         var report = SyncReport()
         try await push(&report, localSpeaker: localSpeaker)
         try await pull(&report, localSpeaker: localSpeaker)

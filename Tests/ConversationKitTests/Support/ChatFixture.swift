@@ -3,10 +3,11 @@ import Foundation
 import RecordZone
 import Testing
 import TestSupport
+import ZoneServer
 
 /// The backends the chat-store tests run through; each test takes one as its argument.
 enum ChatBackend: String, CaseIterable, Sendable, CustomTestStringConvertible {
-    case memory, filesystem
+    case memory, filesystem, http
     var testDescription: String { rawValue }
 }
 
@@ -15,13 +16,25 @@ final class ChatFixture: @unchecked Sendable {
     let kind: ChatBackend
     let directory: TemporaryDirectory
     let server: InMemoryBackend
+    /// For ``ChatBackend/http``: a real zone server on 127.0.0.1, with chat access rules.
+    let zoneServer: ZoneServer?
     var folder: String { directory.path + "/shared" }
 
     init(_ kind: ChatBackend) throws {
         self.kind = kind
         directory = try TemporaryDirectory("chat")
         server = InMemoryBackend(policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        if kind == .http {
+            let storage = try SQLiteBackend(directory: directory.path + "/server", policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+            let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
+            try zoneServer.start(host: "127.0.0.1", port: 0)
+            self.zoneServer = zoneServer
+        } else {
+            zoneServer = nil
+        }
     }
+
+    var serverURL: URL? { zoneServer.flatMap { URL(string: "http://127.0.0.1:\($0.port)") } }
 
     func storePath(_ identifier: String) -> String { "\(directory.path)/stores/\(identifier)" }
 
@@ -29,6 +42,7 @@ final class ChatFixture: @unchecked Sendable {
         switch kind {
         case .memory: .memory(server)
         case .filesystem: .folder(folder, device: device)
+        case .http: serverURL.map { .server($0) } ?? .memory(server)
         }
     }
 

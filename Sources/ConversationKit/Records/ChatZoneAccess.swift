@@ -1,0 +1,23 @@
+import RecordZone
+
+/// Zone access for a chat server: the `speakers` directory is readable by every authenticated
+/// speaker and each speaker writes only its own profile; a conversation zone is readable and
+/// writable only by its two participants (its name says who they are). Anything else is closed.
+public struct ChatZoneAccess: ZoneAccessPolicy {
+    public init() {}
+
+    public func canRead(zone: ZoneName, as identity: String) -> Bool {
+        zone == ChatRecords.speakersZone || ChatRecords.isParticipant(identity, in: zone)
+    }
+
+    public func canWrite(_ record: Record, as identity: String) -> Bool {
+        if record.id.zone == ChatRecords.speakersZone {
+            return record.recordType == ChatRecords.speakerType && record.id.name == identity
+        }
+        return ChatRecords.isParticipant(identity, in: record.id.zone)
+    }
+
+    public func canManage(zone: ZoneName, as identity: String) -> Bool {
+        zone == ChatRecords.speakersZone || ChatRecords.isParticipant(identity, in: zone)
+    }
+}
