@@ -9,6 +9,7 @@ let package = Package(
         .library(name: "ZoneServer", targets: ["ZoneServer"]),
         .library(name: "SQLiteKit", targets: ["SQLiteKit"]),
         .executable(name: "convkit-bench", targets: ["convkit-bench"]),
+        .executable(name: "convkitd", targets: ["convkitd"]),
     ],
     targets: [
         .systemLibrary(
@@ -36,6 +37,9 @@ let package = Package(
             name: "convkit-zone-writer", dependencies: ["RecordZone"],
             path: "Tools/convkit-zone-writer"),
 
+        .executableTarget(
+            name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone"],
+            path: "Tools/convkitd"),
         .executableTarget(
             name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone"],
             path: "Tools/convkit-store-sync"),
