@@ -28,7 +28,7 @@ let package = Package(
         .target(name: "RecordZone", dependencies: ["CSodium"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
-        .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"]),
+        .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"], exclude: ["openapi.json"]),
 
         .executableTarget(
             name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "CSodium", "CSQLite"],
@@ -46,6 +46,7 @@ let package = Package(
 
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
         .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync"]),
     ],
     swiftLanguageModes: [.v6]

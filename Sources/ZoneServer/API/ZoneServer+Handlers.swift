@@ -7,7 +7,7 @@ extension ZoneServer {
         case .health:
             return .json(["status": "ok"])
         case .metrics:
-            let body = metrics.render(recordsStored: (try? storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: 0)
+            let body = metrics.render(recordsStored: (try? storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: http.inFlightCount)
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:
             let zones = try storage.zones().filter { access.canRead(zone: $0, as: identity) }
@@ -87,7 +87,11 @@ extension ZoneServer {
             return .json(Wire.QueryResults(records: result.records, cursor: result.cursor?.data.base64EncodedString()))
         case .putAsset:
             let expected = try assetParameter(matched, size: UInt64(request.body.count))
-            let reference = try storage.putAsset(request.body, expected: expected)
+            let stored = Result { () throws(RecordZoneError) in try storage.putAsset(request.body, expected: expected) }
+            if case .failure(let error) = stored, error.code == .assetCorrupt {
+                throw APIError(400, error.code.rawValue, error.message)  // the client's bytes, not the server's
+            }
+            let reference = try stored.get()
             return .json(Wire.Asset(reference), status: 201)
         case .getAsset:
             guard let size = try intParameter(request, "size"), size >= 0 else {

@@ -32,7 +32,7 @@ public final class ZoneServer: Sendable {
     let configuration: ZoneServerConfiguration
     let authenticator: Authenticator
     let metrics = Metrics()
-    private let http: HTTPServer
+    let http: HTTPServer
 
     public init(storage: SQLiteBackend, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration()) {
         self.storage = storage

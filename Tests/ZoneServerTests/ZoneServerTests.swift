@@ -1,0 +1,239 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+@testable import ZoneServer
+
+@Suite struct ZoneServerTests {
+    @Test func everyAuthenticationFailureIs401() async throws {
+        let fixture = try ServerFixture()
+        let ok = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice)
+        #expect(ok.status == 200)
+        let missing = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/v1/zones")
+        let malformed = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/v1/zones", headers: ["Authorization": "ConvKit-Ed25519 id=nope"])
+        let badSignature = try await fixture.signed("POST", "/v1/records/fetch", body: Data(#"{"ids":[]}"#.utf8), identity: "alice", key: Keys.alice,
+                                              signedBody: Data(#"{"ids":[{"zone":"x","name":"y"}]}"#.utf8))
+        let stale = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice, now: Date().addingTimeInterval(-600))
+        let future = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice, now: Date().addingTimeInterval(600))
+        let nonce = Sodium.randomBytes(16), now = Date()
+        let first = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice, now: now, nonce: nonce)
+        let replayed = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice, now: now, nonce: nonce)
+        let impostor = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.mallory)
+        #expect(first.status == 200)
+        for (name, response) in [("missing", missing), ("malformed", malformed), ("bad signature", badSignature), ("stale", stale),
+                                 ("future", future), ("replayed", replayed), ("impostor", impostor)] {
+            #expect(response.status == 401, "\(name): \(response.status) \(response.text)")
+            #expect(response.errorCode == "notAuthenticated", "\(name)")
+        }
+        // The query is signed too: changing it breaks the signature.
+        let authorization = RequestSignature.authorization(method: "GET", path: "/v1/changes", query: [("token", "a")], body: Data(),
+                                                           identity: "alice", key: Keys.alice, now: Date())
+        let tampered = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/v1/changes?token=b", headers: ["Authorization": authorization])
+        #expect(tampered.status == 401)
+    }
+
+    @Test func anOutsiderGets403OnAConversationZone() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice)
+        try await alice.createZone(zone)
+        try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice)]).forEach { _ = try $0.get() }
+        let carol = fixture.client("carol", key: Keys.carol)
+        let read = try await fixture.signed("GET", "/v1/zones/\(zone)/changes", identity: "carol", key: Keys.carol)
+        #expect(read.status == 403 && read.errorCode == "notAuthorized")
+        await #expect { try await carol.fetchChanges(in: zone, since: nil, limit: 10) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        let written = try await carol.save([try message(zone, "m2", from: "carol", to: "bob", key: Keys.carol)])
+        guard case .failure(let error) = written[0] else { Issue.record("an outsider wrote into the conversation"); return }
+        #expect(error.code == .notAuthorized)
+        // The change feed does not even name the zone to an outsider; the participants see it.
+        #expect(try await carol.fetchDatabaseChanges(since: nil).changedZones.isEmpty)
+        #expect(try await fixture.client("bob", key: Keys.bob).fetchDatabaseChanges(since: nil).changedZones == [zone])
+        #expect(try await fixture.client("bob", key: Keys.bob).fetchChanges(in: zone, since: nil, limit: 10).records.count == 1)
+        // Everyone reads the speakers zone; each writes only their own profile.
+        let speakers = try ZoneName("speakers")
+        try await carol.createZone(speakers)
+        var profile = Record(id: try RecordID(zone: speakers, name: "alice"), type: "Speaker", fields: ["name": .string("Not Alice")])
+        try profile.sign(with: Keys.carol, clock: HybridLogicalClock().now())
+        guard case .failure(let profileError) = try await carol.save([profile])[0] else { Issue.record("carol wrote alice's profile"); return }
+        #expect(profileError.code == .notAuthorized)
+        #expect(try await carol.fetchChanges(in: speakers, since: nil, limit: 10).records.isEmpty)
+    }
+
+    @Test func aForgedRecordIsRefusedWithItsReason() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice)
+        try await alice.createZone(zone)
+        var altered = try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice)
+        altered["content"] = .string("altered after signing")
+        let wrongOwner = try message(zone, "m2", from: "bob", to: "alice", key: Keys.alice)  // alice signs as bob
+        _ = try await fixture.client("bob", key: Keys.bob).save([try message(zone, "m0", from: "bob", to: "alice", key: Keys.bob)])
+        let body = try JSONEncoder().encode(Wire.Modify(records: [altered, wrongOwner], policy: .merge))
+        let response = try await fixture.signed("POST", "/v1/records/modify", body: body, identity: "alice", key: Keys.alice)
+        #expect(response.status == 200)
+        let outcomes = try JSONDecoder().decode(Wire.Outcomes.self, from: response.body)
+        #expect(outcomes.results.map { $0.error?.code } == ["invalidSignature", "notAuthorized"])
+        #expect(outcomes.results[1].error?.message.contains("bob") == true)
+        #expect(try await alice.fetch([altered.id, wrongOwner.id]).allSatisfy { (try? $0.get()) == nil })
+    }
+
+    @Test func anOversizedBodyIs413AndTheServerKeepsServing() async throws {
+        let fixture = try ServerFixture { $0.limits.maximumBodyBytes = 64 * 1024 }
+        let big = Data(repeating: UInt8(ascii: "x"), count: 200 * 1024)
+        let response = try await fixture.signed("POST", "/v1/records/modify", body: big, identity: "alice", key: Keys.alice)
+        #expect(response.status == 413 && response.errorCode == "limitExceeded")
+        // Without a Content-Length (chunked), the limit holds too.
+        let connection = try RawConnection(port: fixture.port)
+        connection.write("POST /v1/records/modify HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in 0..<5 { connection.write(String(format: "%x\r\n", 20000) + String(repeating: "y", count: 20000) + "\r\n") }
+        connection.write("0\r\n\r\n")
+        let chunked = RawResponse(await connection.readUntilClosedOffPool().data)
+        #expect(chunked.status == 413)
+        let id = try RecordID(zone: "z", name: "n")
+        let tooMany = try JSONEncoder().encode(Wire.Fetch(ids: (0...400).map { _ in Wire.ID(id) }))
+        let batch = try await ServerFixture().signed("POST", "/v1/records/fetch", body: tooMany, identity: "alice", key: Keys.alice)
+        #expect(batch.status == 413)
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+
+    @Test func garbageGetsA4xxWithAJSONErrorAndTheServerKeepsServing() async throws {
+        let fixture = try ServerFixture()
+        let bodies: [(String, Data)] = [
+            ("malformed JSON", Data("{\"records\": [".utf8)),
+            ("wrong types", Data(#"{"records": "many"}"#.utf8)),
+            ("huge number", Data(#"{"records":[{"zone":"z","name":"n","type":"T","clock":1e400}]}"#.utf8)),
+            ("integer overflow", Data(#"{"records":[{"zone":"z","name":"n","type":"T","clock":99999999999999999999999}]}"#.utf8)),
+            ("bad UTF-8", Data([0x7B, 0x22, 0xFF, 0xFE, 0x22, 0x3A, 0x31, 0x7D])),
+            ("not JSON at all", Data((0..<512).map { UInt8(truncatingIfNeeded: $0 &* 7) })),
+            ("empty", Data()),
+        ]
+        for (name, body) in bodies {
+            let response = try await fixture.signed("POST", "/v1/records/modify", body: body, identity: "alice", key: Keys.alice)
+            #expect(response.status == 400, "\(name): \(response.status)")
+            #expect(response.errorCode == "malformed", "\(name): \(response.text)")
+        }
+        let unknown = try await fixture.signed("GET", "/v1/nothing/here", identity: "alice", key: Keys.alice)
+        #expect(unknown.status == 404 && unknown.errorCode == "routeNotFound")
+        let wrongMethod = try await fixture.signed("PATCH", "/v1/zones", identity: "alice", key: Keys.alice)
+        #expect(wrongMethod.status == 405 && wrongMethod.errorCode == "methodNotAllowed")
+        let badZone = try await fixture.signed("GET", "/v1/zones/..%2F..%2Fetc/changes", identity: "alice", key: Keys.alice)
+        #expect((400..<500).contains(badZone.status))
+        let badToken = try await fixture.signed("GET", "/v1/changes", query: [("token", "!!!")], identity: "alice", key: Keys.alice)
+        #expect(badToken.status == 400)
+        // Not HTTP at all.
+        let noise = try await RawConnection.exchange(port: fixture.port, Data("\u{1}\u{2}garbage\r\n\r\n".utf8))
+        #expect(noise.status == 0 || (400..<500).contains(noise.status))
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+
+    @Test func aSlowClientTimesOutWhileOthersAreServed() async throws {
+        let fixture = try ServerFixture { $0.limits.connectionTimeoutSeconds = 1 }
+        let slow = try RawConnection(port: fixture.port)
+        slow.write("GET /healthz HTTP/1.1\r\nHost: x\r\n")  // and then nothing more
+        // Others are answered while the slow one holds its connection open.
+        for _ in 0..<20 {
+            #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+        }
+        // The server, not our 30 s receive timeout, closes the idle connection, without an answer.
+        let (answer, closedByPeer) = await slow.readUntilClosedOffPool()
+        #expect(closedByPeer)
+        #expect(RawResponse(answer).status != 200)
+    }
+
+    @Test func fiftyConcurrentClientsWritingAndLongPollingAllSeeEveryChange() async throws {
+        let fixture = try ServerFixture(access: OpenZoneAccess())
+        let zone = try ZoneName("busy")
+        let admin = fixture.client("admin", key: Keys.key(200))
+        try await admin.createZone(zone)
+        let clients = 50, perClient = 4
+        let seen = try await withThrowingTaskGroup(of: Set<String>.self) { group in
+            for index in 0..<clients {
+                let client = HTTPBackend(url: fixture.url, identity: "client\(index)", key: Keys.key(UInt8(100 + index)), policy: RecordPolicy())
+                group.addTask {
+                    // Write this client's records, then long-poll until everyone's are in.
+                    let records = try (0..<perClient).map { n -> Record in
+                        var record = Record(id: try RecordID(zone: zone, name: "c\(index)-\(n)"), type: "Item", fields: ["n": .int(Int64(n))])
+                        try record.sign(with: Keys.key(UInt8(100 + index)), clock: HybridLogicalClock().now())
+                        return record
+                    }
+                    _ = try await client.save(records).map { try $0.get() }
+                    var names = Set<String>(), token: ChangeToken? = nil
+                    let deadline = ContinuousClock.now.advanced(by: .seconds(60))
+                    while names.count < clients * perClient, ContinuousClock.now < deadline {
+                        let page = try await client.fetchChanges(in: zone, since: token, limit: 100)
+                        names.formUnion(page.records.map(\.id.name))
+                        token = page.token
+                        if !page.moreComing, names.count < clients * perClient {
+                            _ = try await client.waitForChanges(in: zone, since: token, timeout: .seconds(10))
+                        }
+                    }
+                    return names
+                }
+            }
+            var all = [Set<String>]()
+            for try await names in group { all.append(names) }
+            return all
+        }
+        #expect(seen.count == clients)
+        let expected = Set((0..<clients).flatMap { c in (0..<perClient).map { "c\(c)-\($0)" } })
+        #expect(seen.allSatisfy { $0 == expected })
+    }
+
+    @Test func rateLimitedRequestsGet429WithRetryAfter() async throws {
+        let fixture = try ServerFixture {
+            $0.requestsPerSecond = 0.5
+            $0.burst = 2
+        }
+        var statuses = [RawResponse]()
+        for _ in 0..<4 { statuses.append(try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice)) }
+        #expect(statuses.prefix(2).allSatisfy { $0.status == 200 })
+        let limited = try #require(statuses.last)
+        #expect(limited.status == 429 && limited.errorCode == "requestRateLimited")
+        #expect(Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
+        // Another key has its own budget.
+        #expect(try await fixture.signed("GET", "/v1/zones", identity: "bob", key: Keys.bob).status == 200)
+    }
+
+    @Test func healthAndMetricsDescribeTheServer() async throws {
+        let fixture = try ServerFixture(access: OpenZoneAccess())
+        let client = fixture.client("alice", key: Keys.alice)
+        let zone = try ZoneName("metered")
+        try await client.createZone(zone)
+        var record = Record(id: try RecordID(zone: zone, name: "r"), type: "Item")
+        try record.sign(with: Keys.alice, clock: HybridLogicalClock().now())
+        _ = try await client.save([record])
+        async let waiting = client.waitForChanges(in: zone, since: try await client.fetchChanges(in: zone, since: nil, limit: 10).token, timeout: .seconds(5))
+        for _ in 0..<500 where fixture.server.storage.waitingCount == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        let metrics = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/metrics")
+        #expect(metrics.status == 200 && metrics.headers["content-type"]?.hasPrefix("text/plain") == true)
+        #expect(metrics.text.contains("convkitd_records_stored 1"))
+        #expect(metrics.text.contains("convkitd_long_polls_waiting 1"))
+        #expect(metrics.text.contains(#"convkitd_requests_total{method="POST",status="200"} 1"#))
+        #expect(metrics.text.contains("convkitd_request_duration_seconds_bucket{le=\"+Inf\"}"))
+        #expect(metrics.text.contains("convkitd_errors_total 0"))
+        #expect(try await waiting == false)
+        let health = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz")
+        #expect(health.status == 200 && health.text == #"{"status":"ok"}"#)
+    }
+
+    @Test func theOpenAPIDocumentListsExactlyTheRoutesTheServerAnswers() async throws {
+        let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("Sources/ZoneServer/openapi.json")
+        let document = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
+        #expect((document["openapi"] as? String)?.hasPrefix("3.") == true)
+        let paths = try #require(document["paths"] as? [String: [String: Any]])
+        let methods: Set<String> = ["get", "put", "post", "delete", "patch", "head", "options"]
+        let documented = Set(paths.flatMap { path, operations in operations.keys.filter(methods.contains).map { "\($0.uppercased()) \(path)" } })
+        let served = Set(Route.allCases.map { "\($0.method) \($0.template)" })
+        #expect(documented == served, "only documented: \(documented.subtracting(served)); only served: \(served.subtracting(documented))")
+        // And every documented route really answers (not 404 routeNotFound).
+        let fixture = try ServerFixture()
+        for route in Route.allCases {
+            let path = route.template.replacingOccurrences(of: "{zone}", with: "speakers")
+                .replacingOccurrences(of: "{sha256}", with: String(repeating: "0", count: 64))
+            let response = try await fixture.signed(route.method, path, identity: "alice", key: Keys.alice)
+            #expect(response.errorCode != "routeNotFound" && response.errorCode != "methodNotAllowed", "\(route.method) \(path)")
+        }
+    }
+}
