@@ -1,0 +1,101 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+import ZoneServer
+
+/// The real `convkitd` binary, run as a process.
+@Suite struct ConvkitdProcessTests {
+    /// Starts `convkitd serve` on port 0 and returns it with the port it printed.
+    func start(data: String, extra: [String] = []) async throws -> (ChildProcess, Int) {
+        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", data, "--listen", "127.0.0.1:0"] + extra)
+        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
+        try #require(started, "convkitd did not start: \(child.standardError)")
+        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
+        let port = try #require(line.split(separator: ":").last.flatMap { Int($0) })
+        return (child, port)
+    }
+
+    func item(_ zone: ZoneName, _ name: String) throws -> Record {
+        var record = Record(id: try RecordID(zone: zone, name: name), type: "Message", fields: [
+            "speaker": .string("alice"), "listener": .string("bob"), "content": .string(name), "spokenAt": .date(milliseconds: 1_800_000_000_000),
+        ])
+        try record.sign(with: Keys.alice, clock: HybridLogicalClock().now())
+        return record
+    }
+
+    @Test func anAcknowledgedBatchSurvivesSIGKILLAndTokensResume() async throws {
+        let data = try TemporaryDirectory("convkitd")
+        let (first, port) = try await start(data: data.path)
+        let zone = try conversationZone("alice", "bob")
+        let url = try #require(URL(string: "http://127.0.0.1:\(port)"))
+        let alice = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        try await alice.createZone(zone)
+        _ = try await alice.save([try item(zone, "before")]).map { try $0.get() }
+        let token = try await alice.fetchChanges(in: zone, since: nil, limit: 100).token
+        let batch = try (0..<50).map { try item(zone, "acked-\($0)") }
+        let acknowledged = try await alice.save(batch).map { try $0.get() }
+        #expect(acknowledged.count == 50)
+        first.kill(SIGKILL)
+        #expect(await first.wait() == SIGKILL || first.process.terminationReason == .uncaughtSignal)
+
+        let (second, newPort) = try await start(data: data.path)
+        defer { second.kill(SIGTERM) }
+        let again = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(newPort)")), identity: "alice", key: Keys.alice,
+                                policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        let resumed = try await again.fetchChanges(in: zone, since: token, limit: 100)
+        #expect(Set(resumed.records.map(\.id.name)) == Set(batch.map(\.id.name)), "the token resumed exactly after 'before'")
+        #expect(try await again.fetch(batch.map(\.id)).allSatisfy { (try? $0.get()) != nil })
+        // The identity binding survived too: another key cannot claim alice after the restart.
+        let impostor = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(newPort)")), identity: "alice", key: Keys.mallory)
+        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+    }
+
+    @Test func SIGTERMFinishesInFlightRequestsAndExitsCleanly() async throws {
+        let data = try TemporaryDirectory("convkitd")
+        let (child, port) = try await start(data: data.path, extra: ["--log-level", "debug"])
+        let zone = try conversationZone("alice", "bob")
+        let alice = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "alice", key: Keys.alice,
+                                policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        try await alice.createZone(zone)
+        let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
+        async let poll = alice.waitForChanges(in: zone, since: token, timeout: .seconds(30))
+        var waiting = false
+        for _ in 0..<1000 where !waiting {
+            waiting = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text.contains("convkitd_long_polls_waiting 1")
+        }
+        #expect(waiting, "the long poll never arrived")
+        child.kill(SIGTERM)
+        #expect(try await poll == false, "the long poll is answered, not cut")
+        #expect(await child.wait() == 0)
+        #expect(child.standardError.contains("received SIGTERM, stopping"))
+        #expect(child.standardError.contains("stopped"))
+        #expect(child.standardError.contains("GET /v1/zones/\(zone)/changes 200"), "debug logs one line per request")
+    }
+
+    @Test func theCommandLineFollowsTheHouseConventions() async throws {
+        let tool = try builtProduct("convkitd")
+        for arguments in [["--help"], ["-h"], ["help"], ["help", "serve"], ["serve", "--help"]] {
+            let child = try ChildProcess(tool, arguments)
+            #expect(await child.wait() == 0, "\(arguments)")
+            #expect(child.standardOutput.contains("OVERVIEW:") && child.standardOutput.contains("USAGE:") && child.standardOutput.contains("OPTIONS:"))
+        }
+        let help = try ChildProcess(tool, ["--help"])
+        _ = await help.wait()
+        #expect(help.standardOutput.contains("SUBCOMMANDS:"))
+        for arguments in [[], ["bogus"], ["serve"], ["serve", "--data"], ["serve", "--data", "/tmp/x", "--listen", "nowhere"], ["serve", "--data", "/tmp/x", "--frobnicate"],
+                          ["serve", "--data", "/tmp/x", "--log-level", "loud"]] {
+            let child = try ChildProcess(tool, arguments)
+            #expect(await child.wait() == 64, "\(arguments)")
+            #expect(child.standardError.hasPrefix("Error: "), "\(arguments)")
+            #expect(child.standardOutput.isEmpty)
+        }
+        // A failure that is not a usage error exits 1.
+        let blocker = try TemporaryDirectory("convkitd")
+        try Data("x".utf8).write(to: URL(fileURLWithPath: blocker.path + "/file"))
+        let failing = try ChildProcess(tool, ["serve", "--data", blocker.path + "/file", "--listen", "127.0.0.1:0"])
+        #expect(await failing.wait() == 1)
+        #expect(failing.standardError.contains("Error: "))
+    }
+}
