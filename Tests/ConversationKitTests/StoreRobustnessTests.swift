@@ -91,12 +91,12 @@ import TestSupport
     @Test func aSyncKilledMidPullAndRunAgainEndsWithEveryMessageExactlyOnce() async throws {
         let fixture = try ChatFixture(.filesystem)
         let bob = try fixture.store("bob")
-        let count = 400
+        let count = 1500
         for i in 0..<count { try bob.send("message \(i)", to: "alice") }
         try await bob.sync()
 
         let tool = try builtProduct("convkit-store-sync")
-        let arguments = ["--store", fixture.storePath("alice"), "--folder", fixture.folder, "--device", "alice", "--identifier", "alice", "--page-size", "2"]
+        let arguments = ["--store", fixture.storePath("alice"), "--folder", fixture.folder, "--device", "alice", "--identifier", "alice", "--page-size", "1"]
         let first = try ChildProcess(tool, arguments)
         let midway = await first.waitUntil { $0.lines.filter { $0.hasPrefix("added") }.count >= 40 }
         #expect(midway, "\(first.standardError)")
@@ -108,7 +108,7 @@ import TestSupport
         let second = try ChildProcess(tool, arguments)
         #expect(await second.wait() == 0, "\(second.standardError)")
         // The second run resumed from the stored token: it pulled less than everything (a run
-        // from scratch pulls all 400 messages plus the member and speaker records).
+        // from scratch pulls every message plus the member and speaker records).
         let done = try #require(second.lines.first { $0.hasPrefix("done ") })
         let pulled = try #require(done.split(separator: " ").first { $0.hasPrefix("pulled=") }.flatMap { Int($0.dropFirst(7)) })
         #expect(pulled > 0 && pulled <= count + 3 - beforeKill)
