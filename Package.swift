@@ -31,7 +31,7 @@ let package = Package(
         .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"], exclude: ["openapi.json"]),
 
         .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "CSodium", "CSQLite"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite"],
             path: "Tools/convkit-bench"),
         .executableTarget(
             name: "convkit-zone-writer", dependencies: ["RecordZone"],

@@ -7,7 +7,7 @@ import Foundation
 struct Options {
     var seconds = 1.0
     var json = false
-    var sections: Set<String> = ["records", "store"]
+    var sections: Set<String> = ["records", "store", "server"]
     var messages = 1_000_000
 }
 
@@ -21,7 +21,7 @@ func parseOptions() -> Options {
             options.seconds = value
         case "--json": options.json = true
         case "--only":
-            guard let section = args.popFirst(), ["records", "store"].contains(section) else { usageError("--only takes records or store") }
+            guard let section = args.popFirst(), ["records", "store", "server"].contains(section) else { usageError("--only takes records, store or server") }
             options.sections = [section]
         case "--messages":
             guard let value = args.popFirst().flatMap(Int.init), value >= 1000 else { usageError("--messages takes a number of at least 1000") }
@@ -30,11 +30,11 @@ func parseOptions() -> Options {
             print("""
                 OVERVIEW: Measure ConversationKit against raw libsodium and disk limits on this machine.
 
-                USAGE: convkit-bench [--seconds <s>] [--only records|store] [--messages <n>] [--json]
+                USAGE: convkit-bench [--seconds <s>] [--only records|store|server] [--messages <n>] [--json]
 
                 OPTIONS:
                   --seconds <s>     Time spent on each measurement (default 1.0).
-                  --only <section>  Run one section: records, or store.
+                  --only <section>  Run one section: records, store or server.
                   --messages <n>    Messages in the store for the newest-50 query (default 1000000).
                   --json            Print the results as JSON.
                   -h, --help        Show help information.
@@ -47,7 +47,7 @@ func parseOptions() -> Options {
 }
 
 func usageError(_ message: String) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store] [--messages <n>] [--json]\n".utf8))
+    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store|server] [--messages <n>] [--json]\n".utf8))
     exit(64)
 }
 
@@ -57,6 +57,7 @@ reporter.note("convkit-bench: \(String(format: "%.1f", options.seconds)) s per m
 do {
     if options.sections.contains("records") { try await recordBench(reporter, seconds: options.seconds) }
     if options.sections.contains("store") { try await storeBench(reporter, seconds: options.seconds, messageCount: options.messages) }
+    if options.sections.contains("server") { try await serverBench(reporter, seconds: options.seconds) }
     try reporter.finish()
 } catch {
     FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
