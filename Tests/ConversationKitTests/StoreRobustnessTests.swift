@@ -97,12 +97,12 @@ import TestSupport
 
         let tool = try builtProduct("convkit-store-sync")
         let arguments = ["--store", fixture.storePath("alice"), "--folder", fixture.folder, "--device", "alice", "--identifier", "alice", "--page-size", "1"]
-        let first = try ChildProcess(tool, arguments)
-        let midway = await first.waitUntil { $0.lines.filter { $0.hasPrefix("added") }.count >= 40 }
-        #expect(midway, "\(first.standardError)")
-        first.kill(SIGKILL)
-        _ = await first.wait()
+        // The child sends itself SIGKILL once 40 messages are applied, while its sync goes on.
+        let first = try ChildProcess(tool, arguments + ["--kill-self-after", "40"])
+        let status = await first.wait()
+        #expect(first.process.terminationReason == .uncaughtSignal && status == SIGKILL, "\(first.standardError)")
         let beforeKill = first.lines.filter { $0.hasPrefix("added") }.count
+        #expect(beforeKill >= 40)
         #expect(!first.standardOutput.contains("done"), "the sync finished before it was killed")
 
         let second = try ChildProcess(tool, arguments)

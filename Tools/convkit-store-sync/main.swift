@@ -15,6 +15,8 @@ let usage = """
       --device <name>      The device to write to the folder as.
       --identifier <id>    The local speaker (set up on first use).
       --page-size <n>      Records per pulled page (default 200).
+      --kill-self-after <n>
+                           Send itself SIGKILL once n messages were applied (crash tests).
       -h, --help           Show help information.
 
     """
@@ -39,6 +41,7 @@ guard let storePath = options["store"], let folder = options["folder"], let devi
     fail("--store, --folder, --device and --identifier are required", code: 64)
 }
 var configuration = StoreConfiguration()
+let killAfter = options["kill-self-after"].flatMap(Int.init)
 if let pageSize = options["page-size"] {
     guard let value = Int(pageSize), value > 0 else { fail("--page-size must be a positive number", code: 64) }
     configuration.pageSize = value
@@ -51,8 +54,13 @@ do {
     }
     let events = store.events()
     let printer = Task {
+        var added = 0
         for await event in events {
-            if case .messageAdded(let id) = event { FileHandle.standardOutput.write(Data("added \(id.name)\n".utf8)) }
+            guard case .messageAdded(let id) = event else { continue }
+            FileHandle.standardOutput.write(Data("added \(id.name)\n".utf8))
+            added += 1
+            // A crash while the sync goes on pulling and applying the next pages.
+            if let killAfter, added >= killAfter { kill(getpid(), SIGKILL) }
         }
     }
     let report = try await store.sync()
