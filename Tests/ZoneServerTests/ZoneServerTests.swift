@@ -181,9 +181,11 @@ import TestSupport
     }
 
     @Test func rateLimitedRequestsGet429WithRetryAfter() async throws {
+        let frozen = Date()  // the server's clock stands still: no tokens come back between requests
         let fixture = try ServerFixture {
             $0.requestsPerSecond = 0.5
             $0.burst = 2
+            $0.now = { frozen }
         }
         var statuses = [RawResponse]()
         for _ in 0..<4 { statuses.append(try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice)) }
