@@ -48,8 +48,13 @@ public final class HTTPServer: Sendable {
     /// The port bound by ``start(host:port:)``.
     public var port: Int { boundPort.load(ordering: .acquiring) }
 
-    /// Requests being handled now.
+    /// Requests being handled or answered now (counted until their answer has been sent).
     public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
+
+    /// Called by libmicrohttpd when a request is over, its answer sent or its connection gone.
+    fileprivate func completed(_ exchange: Exchange) {
+        if exchange.started { inFlight.subtract(1, ordering: .relaxed) }
+    }
 
     /// Stops accepting, waits up to `grace` for the requests in flight, then stops.
     public func stop(grace: Duration = .seconds(10)) async {
@@ -124,7 +129,6 @@ public final class HTTPServer: Sendable {
         Task {
             exchange.response = await handler(request)
             MHD_resume_connection(suspended)
-            self.inFlight.subtract(1, ordering: .relaxed)
         }
         return .YES
     }
@@ -172,8 +176,10 @@ private let accessHandler: MHD_AccessHandlerCallback = { cls, connection, url, m
                          upload: upload, uploadSize: uploadSize, state: state)
 }
 
-private let completedHandler: MHD_RequestCompletedCallback = { _, _, state, _ in
+private let completedHandler: MHD_RequestCompletedCallback = { cls, _, state, _ in
     guard let state, let pointer = state.pointee else { return }
-    Unmanaged<HTTPServer.Exchange>.fromOpaque(pointer).release()
+    let exchange = Unmanaged<HTTPServer.Exchange>.fromOpaque(pointer)
+    if let cls { Unmanaged<HTTPServer>.fromOpaque(cls).takeUnretainedValue().completed(exchange.takeUnretainedValue()) }
+    exchange.release()
     state.pointee = nil
 }
