@@ -30,18 +30,19 @@ let package = Package(
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
         .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"], exclude: ["openapi.json"]),
 
+        .target(name: "ToolSupport", path: "Tools/ToolSupport"),
         .executableTarget(
             name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite"],
             path: "Tools/convkit-bench"),
         .executableTarget(
-            name: "convkit-zone-writer", dependencies: ["RecordZone"],
+            name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],
             path: "Tools/convkit-zone-writer"),
 
         .executableTarget(
-            name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone"],
+            name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),
         .executableTarget(
-            name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone"],
+            name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone", "ToolSupport"],
             path: "Tools/convkit-store-sync"),
 
         .target(name: "TestSupport", path: "Tests/TestSupport"),

@@ -3,6 +3,7 @@
 // process and kill it with SIGKILL mid-pull.
 import ConversationKit
 import Foundation
+import ToolSupport
 
 let usage = """
     OVERVIEW: Sync one ConversationKit store with a folder backend, once.
@@ -22,21 +23,10 @@ let usage = """
     """
 
 func fail(_ message: String, code: Int32) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\n".utf8))
-    if code == 64 { FileHandle.standardError.write(Data(usage.utf8)) }
-    exit(code)
+    exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-store-sync")
 }
 
-var options = [String: String]()
-var arguments = CommandLine.arguments.dropFirst()
-while let flag = arguments.popFirst() {
-    if flag == "-h" || flag == "--help" {
-        print(usage, terminator: "")
-        exit(0)
-    }
-    guard flag.hasPrefix("--"), let value = arguments.popFirst() else { fail("unexpected argument '\(flag)'", code: 64) }
-    options[String(flag.dropFirst(2))] = value
-}
+let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["store", "folder", "device", "identifier", "page-size", "kill-self-after"], help: usage, tool: "convkit-store-sync").values
 guard let storePath = options["store"], let folder = options["folder"], let device = options["device"], let identifier = options["identifier"] else {
     fail("--store, --folder, --device and --identifier are required", code: 64)
 }

@@ -3,6 +3,7 @@
 // a real process: two at once as two devices, a second one as the same device, and one killed
 // with SIGKILL mid-write.
 import Foundation
+import ToolSupport
 import RecordZone
 
 let usage = """
@@ -22,21 +23,10 @@ let usage = """
     """
 
 func fail(_ message: String, code: Int32) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\n".utf8))
-    if code == 64 { FileHandle.standardError.write(Data(usage.utf8)) }
-    exit(code)
+    exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-zone-writer")
 }
 
-var options = [String: String]()
-var arguments = CommandLine.arguments.dropFirst()
-while let flag = arguments.popFirst() {
-    if flag == "-h" || flag == "--help" {
-        print(usage, terminator: "")
-        exit(0)
-    }
-    guard flag.hasPrefix("--"), let value = arguments.popFirst() else { fail("unexpected argument '\(flag)'", code: 64) }
-    options[String(flag.dropFirst(2))] = value
-}
+let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["root", "device", "zone", "count", "batch", "prefix"], help: usage, tool: "convkit-zone-writer").values
 guard let root = options["root"], let device = options["device"], let zoneText = options["zone"],
     let count = options["count"].flatMap(Int.init), count >= 0
 else { fail("--root, --device, --zone and --count are required", code: 64) }

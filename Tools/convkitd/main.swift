@@ -2,6 +2,7 @@
 import ConversationKit
 import Foundation
 import RecordZone
+import ToolSupport
 import ZoneServer
 
 let version = "0.1.0"
@@ -47,14 +48,8 @@ let serveHelp = """
 
     """
 
-/// Prints `Error: …` to stderr; with a usage text, also its USAGE line, and exits 64; else exits 1.
 func fail(_ message: String, usage: String?) -> Never {
-    var text = "Error: \(message)\n"
-    if let usage, let line = usage.split(separator: "\n").first(where: { $0.hasPrefix("USAGE") }) {
-        text += "\(line)\n  See 'convkitd help' for more.\n"
-    }
-    FileHandle.standardError.write(Data(text.utf8))
-    exit(usage == nil ? 1 : 64)
+    exitWithError(message, help: usage, tool: "convkitd")
 }
 
 func serve(_ rawArguments: [String]) async {

@@ -38,8 +38,30 @@ package enum SaveChecks {
         return RecordZoneError(code, reason.description, recordID: recordID)
     }
 
+    /// What a backend does with one version of a save.
+    package enum Decision {
+        /// Refused: the save check or the save policy failed.
+        case refused(RecordZoneError)
+        /// The version held wins the merge: it stays, and is the answer.
+        case superseded(by: Record)
+        /// Store these canonical bytes.
+        case store(Data)
+    }
+
+    /// Decides one version's fate from its admission (``admit(_:policy:)``), the version held
+    /// now, and the save policy: the one rule every backend applies.
+    package static func decide(_ record: Record, admitted: Result<Data, RecordZoneError>, current: Record?, policy: SavePolicy) -> Decision {
+        switch admitted {
+        case .failure(let error): return .refused(error)
+        case .success(let encoded):
+            if let error = checkUnchanged(record, current: current, policy: policy) { return .refused(error) }
+            if let current, !MergeRule.wins(record, over: current) { return .superseded(by: current) }
+            return .store(encoded)
+        }
+    }
+
     /// Applies ``SavePolicy/ifServerRecordUnchanged``: the record's change tag must match the stored one.
-    package static func checkUnchanged(_ record: Record, current: Record?, policy: SavePolicy) -> RecordZoneError? {
+    static func checkUnchanged(_ record: Record, current: Record?, policy: SavePolicy) -> RecordZoneError? {
         guard policy == .ifServerRecordUnchanged else { return nil }
         if current?.serverMetadata?.changeTag == record.serverMetadata?.changeTag { return nil }
         return RecordZoneError(.serverRecordChanged, "the record changed on the server since it was fetched", recordID: record.id, serverRecord: current)

@@ -194,18 +194,10 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                     continue
                 }
                 let encoded: Data
-                switch outcome {
-                case .success(let bytes): encoded = bytes
-                case .failure(let error): results.append(.failure(error)); continue
-                }
-                let current = try Self.current(record.id, in: db)
-                if let error = SaveChecks.checkUnchanged(record, current: current, policy: savePolicy) {
-                    results.append(.failure(error))
-                    continue
-                }
-                if let current, !MergeRule.wins(record, over: current) {
-                    results.append(.success(current))
-                    continue
+                switch SaveChecks.decide(record, admitted: outcome, current: try Self.current(record.id, in: db), policy: savePolicy) {
+                case .refused(let error): results.append(.failure(error)); continue
+                case .superseded(let winner): results.append(.success(winner)); continue
+                case .store(let bytes): encoded = bytes
                 }
                 try db.execute("UPDATE zones SET sequence = sequence + 1, changed_at = ? WHERE name = ?", [try Self.nextDatabaseSequence(db), zone])
                 let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone]) { $0.int(0) } ?? 0

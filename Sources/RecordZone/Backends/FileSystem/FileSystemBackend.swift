@@ -138,18 +138,12 @@ public actor FileSystemBackend: RecordZoneBackend {
             let admitted = SaveChecks.admit(indices.map { records[$0] }, policy: policy)
             for (i, outcome) in zip(indices, admitted) {
                 let record = records[i]
-                let encoded: Data
-                switch outcome {
-                case .success(let bytes): encoded = bytes
-                case .failure(let error): results[i] = .failure(error); continue
-                }
-                if let error = SaveChecks.checkUnchanged(record, current: state.winners[record.id], policy: savePolicy) {
-                    results[i] = .failure(error)
-                } else if let current = state.winners[record.id], !MergeRule.wins(record, over: current) {
-                    results[i] = .success(current)
-                } else if let pending = pendingIndex[record.id], !MergeRule.wins(record, over: accepted[pending].record) {
-                    results[i] = .success(accepted[pending].record)
-                } else {
+                // A version earlier in this batch counts as held.
+                let current = pendingIndex[record.id].map { accepted[$0].record } ?? state.winners[record.id]
+                switch SaveChecks.decide(record, admitted: outcome, current: current, policy: savePolicy) {
+                case .refused(let error): results[i] = .failure(error)
+                case .superseded(let winner): results[i] = .success(winner)
+                case .store(let encoded):
                     pendingIndex[record.id] = accepted.count
                     accepted.append((i, record, encoded))
                 }

@@ -124,17 +124,10 @@ public actor InMemoryBackend: RecordZoneBackend {
                 continue
             }
             let data: Data
-            switch outcome {
-            case .success(let encoded): data = encoded
-            case .failure(let error): results.append(.failure(error)); continue
-            }
-            if let error = SaveChecks.checkUnchanged(record, current: current, policy: savePolicy) {
-                results.append(.failure(error))
-                continue
-            }
-            if let current, !MergeRule.wins(record, over: current) {
-                results.append(.success(current))
-                continue
+            switch SaveChecks.decide(record, admitted: outcome, current: current, policy: savePolicy) {
+            case .refused(let error): results.append(.failure(error)); continue
+            case .superseded(let winner): results.append(.success(winner)); continue
+            case .store(let encoded): data = encoded
             }
             databaseSequence += 1
             // Mutated in place (the default subscript), never copied out: zones can be large.
