@@ -58,6 +58,11 @@ import TestSupport
         guard case .failure(let profileError) = try await carol.save([profile])[0] else { Issue.record("carol wrote alice's profile"); return }
         #expect(profileError.code == .notAuthorized)
         #expect(try await carol.fetchChanges(in: speakers, since: nil, limit: 10).records.isEmpty)
+        // Nobody deletes the directory; only participants delete a conversation.
+        await #expect { try await carol.deleteZone(speakers) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await carol.deleteZone(zone) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await carol.createZone(try conversationZone("alice", "dave")) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        #expect(try await alice.zones().contains(zone))
     }
 
     @Test func aForgedRecordIsRefusedWithItsReason() async throws {

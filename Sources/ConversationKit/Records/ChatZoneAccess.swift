@@ -2,7 +2,8 @@ import RecordZone
 
 /// Zone access for a chat server: the `speakers` directory is readable by every authenticated
 /// speaker and each speaker writes only its own profile; a conversation zone is readable and
-/// writable only by its two participants (its name says who they are). Anything else is closed.
+/// writable only by its two participants (its name says who they are), who alone may delete it.
+/// Nobody deletes the `speakers` zone. Anything else is closed.
 public struct ChatZoneAccess: ZoneAccessPolicy {
     public init() {}
 
@@ -17,7 +18,11 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
         return ChatRecords.isParticipant(identity, in: record.id.zone)
     }
 
-    public func canManage(zone: ZoneName, as identity: String) -> Bool {
+    public func canCreate(zone: ZoneName, as identity: String) -> Bool {
         zone == ChatRecords.speakersZone || ChatRecords.isParticipant(identity, in: zone)
+    }
+
+    public func canDelete(zone: ZoneName, as identity: String) -> Bool {
+        ChatRecords.isParticipant(identity, in: zone)
     }
 }

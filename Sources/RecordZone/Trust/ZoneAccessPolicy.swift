@@ -5,8 +5,10 @@ public protocol ZoneAccessPolicy: Sendable {
     func canRead(zone: ZoneName, as identity: String) -> Bool
     /// Whether `identity` may save this record (its signature and owner are checked apart).
     func canWrite(_ record: Record, as identity: String) -> Bool
-    /// Whether `identity` may create or delete `zone`.
-    func canManage(zone: ZoneName, as identity: String) -> Bool
+    /// Whether `identity` may create `zone` (creating one that exists does nothing).
+    func canCreate(zone: ZoneName, as identity: String) -> Bool
+    /// Whether `identity` may delete `zone` and everything in it.
+    func canDelete(zone: ZoneName, as identity: String) -> Bool
 }
 
 /// Any authenticated identity may read and write any zone; only record ownership limits writes.
@@ -14,5 +16,6 @@ public struct OpenZoneAccess: ZoneAccessPolicy {
     public init() {}
     public func canRead(zone: ZoneName, as identity: String) -> Bool { true }
     public func canWrite(_ record: Record, as identity: String) -> Bool { true }
-    public func canManage(zone: ZoneName, as identity: String) -> Bool { true }
+    public func canCreate(zone: ZoneName, as identity: String) -> Bool { true }
+    public func canDelete(zone: ZoneName, as identity: String) -> Bool { true }
 }

@@ -14,7 +14,8 @@ extension ZoneServer {
             return .json(Wire.Zones(zones: zones.map(\.rawValue)))
         case .createZone, .deleteZone:
             let zone = try zoneParameter(matched)
-            guard access.canManage(zone: zone, as: identity) else { throw forbidden(identity, zone) }
+            let allowed = matched.route == .createZone ? access.canCreate(zone: zone, as: identity) : access.canDelete(zone: zone, as: identity)
+            guard allowed else { throw forbidden(identity, zone) }
             if matched.route == .createZone {
                 try storage.createZone(zone)
             } else {
