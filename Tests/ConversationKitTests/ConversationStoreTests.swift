@@ -102,7 +102,9 @@ import ZoneServer
         let carol = try fixture.store("carol", tags: ["rust"])
         try await syncAll([bob, carol])  // they publish their profiles
         #expect(try alice.allKnownSpeakers().isEmpty)
+        let events = alice.events()
         let found = try await alice.speakers(matching: SpeakerQuery(tag: "swift"))
+        #expect(await awaitEvents(events) { $0 == .speakerFound("bob") })
         #expect(found.map(\.identifier) == ["bob"])
         #expect(found.first?.name == "Bob" && found.first?.tags == ["linux", "swift"])
         #expect(try alice.allKnownSpeakers().map(\.identifier) == ["bob"])
@@ -149,25 +151,20 @@ import ZoneServer
         let fixture = try ChatFixture(kind)
         let alice = try fixture.store("alice"), bob = try fixture.store("bob")
         let conversation = try alice.conversation(with: "bob")
-        var observed = alice.observeMessages(in: conversation.id).makeAsyncIterator()
-        #expect(await observed.next() == [])
+        #expect(await firstElement(of: alice.observeMessages(in: conversation.id)) { _ in true } == [], "a new observer starts with the current page")
+        let observed = alice.observeMessages(in: conversation.id)
         let events = alice.events()
         let sent = try alice.send("hello", to: "bob")
-        #expect(await observed.next()?.map(\.content) == ["hello"])
         try bob.send("hi alice", to: "alice")
         try await syncAll([bob, alice])
-        var sawAdd = false, sawSynced = false
-        for await event in events {
-            if case .messageAdded(let id) = event, id == sent.id { sawAdd = true }
-            if case .syncStateChanged(let id) = event, id == sent.id { sawSynced = true }
-            if sawAdd && sawSynced { break }
-        }
-        #expect(sawAdd && sawSynced)
-        var latest: [Message] = []
-        while let next = await observed.next() {
-            latest = next
-            if latest.count == 2 && latest.allSatisfy({ $0.syncState == .synced }) { break }
-        }
+        let seen = Seen()
+        #expect(await awaitEvents(events) { event in
+            if case .messageAdded(let id) = event, id == sent.id { seen.add = true }
+            if case .syncStateChanged(let id) = event, id == sent.id { seen.synced = true }
+            return seen.add && seen.synced
+        })
+        // The observed conversation went from empty, through alice's message, to both, synced.
+        let latest = await firstElement(of: observed) { $0.count == 2 && $0.allSatisfy { $0.syncState == .synced } } ?? []
         #expect(latest.map(\.content).sorted() == ["hello", "hi alice"])
     }
 
@@ -262,6 +259,11 @@ import ZoneServer
         #expect(restored.firstIndex(of: "one")! < restored.firstIndex(of: "two")!, "one sender's messages keep their order")
         #expect(try alice.pendingChangeCount() == 0)
     }
+}
+
+final class Seen: @unchecked Sendable {
+    var add = false
+    var synced = false
 }
 
 /// A backend in front of a real in-memory backend that can lose answers or refuse messages:

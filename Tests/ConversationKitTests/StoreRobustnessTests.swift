@@ -73,6 +73,14 @@ import TestSupport
         // Bob opens his own store beside it.
         let bob = try fixture.store("bob")
         #expect(try bob.conversations().isEmpty)
+        // Or per speaker under one root: each identity gets its own store.
+        let root = fixture.directory.path + "/by-speaker"
+        let first = try ConversationStore.open(speaker: "alice", in: root, backend: fixture.factory(device: "a"))
+        try first.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try first.send("from alice's store", to: "bob")
+        let second = try ConversationStore.open(speaker: "bob", in: root, backend: fixture.factory(device: "b"))
+        #expect(second.localSpeakerIdentifier == nil && second.directory != first.directory)
+        #expect(try ConversationStore.open(speaker: "alice", in: root, backend: fixture.factory(device: "a")).pendingChangeCount() == first.pendingChangeCount())
     }
 
     @Test func theKeyAndPinsSurviveAReopen() async throws {

@@ -46,6 +46,8 @@ public enum StoreEvent: Sendable, Hashable {
     case messageAdded(MessageID)
     case messageChanged(MessageID)
     case speakerUpdated(String)
+    /// A speaker joined ``ConversationStore/allKnownSpeakers()`` through a ``SpeakerQuery``.
+    case speakerFound(String)
     case conversationChanged(String)
     case syncStateChanged(MessageID)
 }

@@ -83,8 +83,14 @@ extension ConversationStore {
         let results = found
         return try write { applier in
             for record in results { try applier.apply(record, origin: .remote) }
-            try applier.db.execute("UPDATE speakers SET is_known = 1 WHERE identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND identifier != ?",
-                                   [query.tag, local ?? ""])
+            let found = try applier.db.rows("""
+                SELECT identifier FROM speakers WHERE is_known = 0 AND identifier != ?
+                    AND identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?)
+                """, [local ?? "", query.tag]) { $0.text(0) }
+            for identifier in found {
+                try applier.db.execute("UPDATE speakers SET is_known = 1 WHERE identifier = ?", [identifier])
+                applier.note(.speakerFound(identifier))
+            }
             return try Self.speakers(applier.db, where: "s.identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND s.identifier != ?",
                                      [query.tag, local ?? ""], local: local)
         }

@@ -72,6 +72,20 @@ public final class ConversationStore: Sendable {
 
     deinit { database.hub.finish() }
 
+    /// Opens the store of one speaker under `root`: `<root>/<first 8 bytes of SHA-256 of the
+    /// identifier, hex>`. Each speaker has a store of their own; switching identity is opening
+    /// another one, and nobody's unsent messages are touched. Set the speaker up with
+    /// ``setupLocalSpeaker(identifier:name:tags:)`` on first use.
+    public static func open(speaker identifier: String, in root: String, backend: BackendFactory,
+                            configuration: StoreConfiguration = StoreConfiguration()) throws(ConversationError) -> ConversationStore {
+        try ChatRecords.validate(identifier: identifier)
+        let store = try ConversationStore(directory: root + "/" + ChatRecords.identityHash(identifier), backend: backend, configuration: configuration)
+        if let owner = store.localSpeakerIdentifier, owner != identifier {
+            throw ConversationError(.storeBelongsToAnotherSpeaker, "the store for '\(identifier)' belongs to '\(owner)'")
+        }
+        return store
+    }
+
     /// The ownership rules of chat records (who may sign what), for a backend or server that
     /// checks records on write: `RecordPolicy(rules: ConversationStore.ownershipRules)`.
     public static var ownershipRules: [OwnershipRule] { ChatRecords.rules }

@@ -81,3 +81,26 @@ final class ManualClock: @unchecked Sendable {
     var now: Date { lock.withLock { current } }
     func advance(_ seconds: Double) { lock.withLock { current = current.addingTimeInterval(seconds) } }
 }
+
+/// The first element of `stream` that `matches`, or nil if the stream ends or `seconds` pass
+/// first: a missing element fails the test instead of hanging it.
+func firstElement<T: Sendable>(of stream: AsyncStream<T>, seconds: Double = 30, where matches: @escaping @Sendable (T) -> Bool) async -> T? {
+    await withTaskGroup(of: T?.self) { group in
+        group.addTask {
+            for await element in stream where matches(element) { return element }
+            return nil
+        }
+        group.addTask {
+            try? await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}
+
+/// Whether events arrive until `isDone` says so, within `seconds`.
+func awaitEvents(_ events: AsyncStream<StoreEvent>, seconds: Double = 30, until isDone: @escaping @Sendable (StoreEvent) -> Bool) async -> Bool {
+    await firstElement(of: events, seconds: seconds, where: isDone) != nil
+}
