@@ -239,7 +239,8 @@ import TestSupport
         for route in Route.allCases {
             let path = route.template.replacingOccurrences(of: "{zone}", with: "speakers")
                 .replacingOccurrences(of: "{sha256}", with: String(repeating: "0", count: 64))
-            let response = try await fixture.signed(route.method, path, identity: "alice", key: Keys.alice)
+            let query = route == .waitForChanges ? [("timeout", "0")] : []
+            let response = try await fixture.signed(route.method, path, query: query, identity: "alice", key: Keys.alice)
             #expect(response.errorCode != "routeNotFound" && response.errorCode != "methodNotAllowed", "\(route.method) \(path)")
         }
     }
