@@ -85,6 +85,7 @@ func serve(_ rawArguments: [String]) async {
     }
 
     let logger = configuration.logger
+    signal(SIGPIPE, SIG_IGN)  // a client that goes away mid-answer must not stop the server
     let server: ZoneServer
     do {
         let storage = try SQLiteBackend(directory: data, policy: RecordPolicy(rules: ConversationStore.ownershipRules))

@@ -186,10 +186,18 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let (results, touched) = try write { db in
             var results = [Result<Record, RecordZoneError>]()
-            var touched = Set<ZoneName>()
+            // Each zone's sequence is read once and written back once, after the batch.
+            var sequences = [ZoneName: Int64](), missing = Set<ZoneName>(), touched = Set<ZoneName>()
             for (record, outcome) in zip(records, admitted) {
-                let zone = record.id.zone.rawValue
-                guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone], { _ in true }) != nil else {
+                let zone = record.id.zone
+                if sequences[zone] == nil, !missing.contains(zone) {
+                    if let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue], { $0.int(0) }) {
+                        sequences[zone] = sequence
+                    } else {
+                        missing.insert(zone)
+                    }
+                }
+                guard let current = sequences[zone] else {
                     results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)))
                     continue
                 }
@@ -199,17 +207,23 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                 case .superseded(let winner): results.append(.success(winner)); continue
                 case .store(let bytes): encoded = bytes
                 }
-                try db.execute("UPDATE zones SET sequence = sequence + 1, changed_at = ? WHERE name = ?", [try Self.nextDatabaseSequence(db), zone])
-                let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone]) { $0.int(0) } ?? 0
+                let sequence = current + 1
+                sequences[zone] = sequence
+                touched.insert(zone)
                 try db.execute("""
                     INSERT INTO records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
                         author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
-                    """, [zone, record.id.name, record.recordType, sequence, record.clock.rawValue, record.authorKey, record.signature, encoded, now])
+                    """, [zone.rawValue, record.id.name, record.recordType, sequence, record.clock.rawValue, record.authorKey, record.signature, encoded, now])
                 var stored = record
                 stored.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
                 results.append(.success(stored))
-                touched.insert(record.id.zone)
+            }
+            if !touched.isEmpty {
+                let changedAt = try Self.nextDatabaseSequence(db)
+                for zone in touched {
+                    try db.execute("UPDATE zones SET sequence = ?, changed_at = ? WHERE name = ?", [sequences[zone] ?? 0, changedAt, zone.rawValue])
+                }
             }
             return (results, touched)
         }
