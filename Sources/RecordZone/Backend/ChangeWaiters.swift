@@ -12,6 +12,8 @@ public final class ChangeWaiters: Sendable {
     private struct State {
         var waiting: [ZoneName: [UUID: CheckedContinuation<Bool, Never>]] = [:]
         var generations: [ZoneName: UInt64] = [:]
+        /// Each waiter's timeout, cancelled when it is answered first.
+        var timers: [UUID: Task<Void, Never>] = [:]
     }
     private let state = Mutex(State())
 
@@ -37,10 +39,17 @@ public final class ChangeWaiters: Sendable {
                     continuation.resume(returning: true)
                     return
                 }
-                Task { [weak self] in
-                    try? await Task.sleep(for: timeout)
+                let timer = Task { [weak self] in
+                    guard (try? await Task.sleep(for: timeout)) != nil else { return }
                     self?.resume(zone, id, false)
                 }
+                // If the waiter was answered meanwhile, its timer is not needed.
+                let answered = state.withLock { state in
+                    guard state.waiting[zone]?[id] != nil else { return true }
+                    state.timers[id] = timer
+                    return false
+                }
+                if answered { timer.cancel() }
             }
         } onCancel: {
             resume(zone, id, false)
@@ -49,24 +58,31 @@ public final class ChangeWaiters: Sendable {
 
     /// Wakes everyone waiting for `zone` and moves its generation on.
     public func wake(_ zone: ZoneName) {
-        let woken = state.withLock { state in
+        let (woken, timers) = state.withLock { state in
             state.generations[zone, default: 0] &+= 1
-            return state.waiting.removeValue(forKey: zone) ?? [:]
+            let woken = state.waiting.removeValue(forKey: zone) ?? [:]
+            return (woken, woken.keys.compactMap { state.timers.removeValue(forKey: $0) })
         }
+        timers.forEach { $0.cancel() }
         for continuation in woken.values { continuation.resume(returning: true) }
     }
 
     /// Releases every waiter with false (a server stopping).
     public func releaseAll() {
-        let woken = state.withLock { state in
-            defer { state.waiting.removeAll() }
-            return state.waiting.values.flatMap(\.values)
+        let (woken, timers) = state.withLock { state in
+            defer {
+                state.waiting.removeAll()
+                state.timers.removeAll()
+            }
+            return (state.waiting.values.flatMap(\.values), Array(state.timers.values))
         }
+        timers.forEach { $0.cancel() }
         for continuation in woken { continuation.resume(returning: false) }
     }
 
     private func resume(_ zone: ZoneName, _ id: UUID, _ value: Bool) {
-        let continuation = state.withLock { $0.waiting[zone]?.removeValue(forKey: id) }
+        let (continuation, timer) = state.withLock { ($0.waiting[zone]?.removeValue(forKey: id), $0.timers.removeValue(forKey: id)) }
+        timer?.cancel()
         continuation?.resume(returning: value)
     }
 }
