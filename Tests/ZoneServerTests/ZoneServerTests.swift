@@ -132,6 +132,48 @@ import TestSupport
         #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
     }
 
+    /// Random bodies, mutated valid bodies and raw noise at every route: each gets an answer
+    /// below 500, and the server serves normally afterwards.
+    @Test func randomGarbageAtEveryRouteNeverBreaksTheServer() async throws {
+        let fixture = try ServerFixture(access: OpenZoneAccess()) { $0.limits.connectionTimeoutSeconds = 1 }
+        let client = fixture.client("alice", key: Keys.alice)
+        let zone = try ZoneName("fuzz")
+        try await client.createZone(zone)
+        var valid = Record(id: try RecordID(zone: zone, name: "r"), type: "Item", fields: ["n": .int(1)])
+        try valid.sign(with: Keys.alice, clock: HybridLogicalClock().now())
+        let seeds = [try JSONEncoder().encode(Wire.Modify(records: [valid], policy: .merge)),
+                     try JSONEncoder().encode(Wire.Fetch(ids: [Wire.ID(valid.id)])),
+                     Data(#"{"recordType":"Item","predicates":[{"range":{"field":"n","lower":{"int":0}}}],"sort":[{"field":"n","ascending":true}],"limit":5}"#.utf8)]
+        var rng = SeededRandom(seed: 42)
+        let routes = ["/v1/records/modify", "/v1/records/fetch", "/v1/zones/fuzz/query"]
+        for round in 0..<90 {
+            let path = routes[round % routes.count]
+            var body = seeds[round % seeds.count]
+            switch round % 3 {
+            case 0:  // flip, drop or insert a few bytes
+                for _ in 0..<Int.random(in: 1...4, using: &rng) where !body.isEmpty {
+                    let at = Int.random(in: 0..<body.count, using: &rng)
+                    switch Int.random(in: 0..<3, using: &rng) {
+                    case 0: body[at] ^= UInt8.random(in: 1...255, using: &rng)
+                    case 1: body.remove(at: at)
+                    default: body.insert(UInt8.random(in: 0...255, using: &rng), at: at)
+                    }
+                }
+            case 1: body = Data((0..<Int.random(in: 0...300, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) })
+            default: body = body.prefix(Int.random(in: 0...body.count, using: &rng))
+            }
+            let response = try await fixture.signed("POST", path, body: body, identity: "alice", key: Keys.alice)
+            #expect((200..<500).contains(response.status), "round \(round) \(path): \(response.status)")
+            #expect(response.status == 200 || response.errorCode != nil, "round \(round): an error without a JSON error body")
+        }
+        for _ in 0..<20 {
+            let noise = Data((0..<Int.random(in: 1...200, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) })
+            _ = try await RawConnection.exchange(port: fixture.port, noise + Data("\r\n\r\n".utf8))
+        }
+        #expect(try await client.fetch([valid.id]).count == 1)
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+
     @Test func aSlowClientTimesOutWhileOthersAreServed() async throws {
         let fixture = try ServerFixture { $0.limits.connectionTimeoutSeconds = 1 }
         let slow = try RawConnection(port: fixture.port)
