@@ -40,12 +40,6 @@ public final class DatabaseQueue: Sendable {
         try writer.with { db in try db.transaction { try body(db) } }
     }
 
-    /// Runs `body` on the writer connection outside a transaction (pragmas, bulk jobs that
-    /// manage their own transactions).
-    public func writerConnection<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
-        try writer.with { db in try body(db) }
-    }
-
     /// Runs `body` in a read transaction on the reader connection: one consistent snapshot.
     public func read<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
         try reader.with { db in

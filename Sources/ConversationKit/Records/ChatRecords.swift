@@ -69,11 +69,6 @@ enum ChatRecords {
         return parts[1] == hash || parts[2] == hash
     }
 
-    static func isConversationZone(_ zone: ZoneName) -> Bool {
-        let parts = zone.rawValue.split(separator: "-")
-        return parts.count == 3 && parts[0] == "c" && parts[1].count == 16 && parts[2].count == 16
-    }
-
     // MARK: Building records
 
     static func speaker(identifier: String, name: String, tags: [String]) throws(RecordZoneError) -> Record {

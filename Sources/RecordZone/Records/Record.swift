@@ -81,11 +81,6 @@ public struct Record: Hashable, Sendable {
         return Sodium.verify(signature: signature, message: body, publicKey: authorKey)
     }
 
-    /// Equality of the signed content: ID, type, fields (dates by millisecond), system fields.
-    public func isSameVersion(as other: Record) -> Bool {
-        (try? encoded()) == (try? other.encoded())
-    }
-
     public static func == (lhs: Record, rhs: Record) -> Bool {
         lhs.id == rhs.id && lhs.recordType == rhs.recordType && lhs.authorKey == rhs.authorKey
             && lhs.clock == rhs.clock && lhs.isDeleted == rhs.isDeleted && lhs.signature == rhs.signature
