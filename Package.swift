@@ -8,47 +8,54 @@ let package = Package(
         .library(name: "ConversationKit", targets: ["ConversationKit"]),
         .library(name: "ZoneServer", targets: ["ZoneServer"]),
         .library(name: "SQLiteKit", targets: ["SQLiteKit"]),
-        .executable(name: "convkit-bench", targets: ["convkit-bench"]),
         .executable(name: "convkitd", targets: ["convkitd"]),
+        .executable(name: "convkit-bench", targets: ["convkit-bench"]),
     ],
     targets: [
+        // C libraries from Debian.
         .systemLibrary(
             name: "CSQLite", path: "Sources/CSQLite", pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(
             name: "CSodium", path: "Sources/CSodium", pkgConfig: "libsodium",
             providers: [.apt(["libsodium-dev"])]),
-
         .systemLibrary(
             name: "CLibMicroHTTPD", path: "Sources/CLibMicroHTTPD", pkgConfig: "libmicrohttpd",
             providers: [.apt(["libmicrohttpd-dev"])]),
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
+        // The modules: tools → ConversationKit / ZoneServer → RecordZone, SQLiteKit → C.
         .target(name: "RecordZone", dependencies: ["CSodium"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
-        .target(name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"], exclude: ["openapi.json"]),
+        .target(
+            name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"],
+            exclude: ["openapi.json"]),
 
+        // Tools.
         .target(name: "ToolSupport", path: "Tools/ToolSupport"),
-        .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite"],
-            path: "Tools/convkit-bench"),
-        .executableTarget(
-            name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],
-            path: "Tools/convkit-zone-writer"),
-
         .executableTarget(
             name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),
         .executableTarget(
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite"],
+            path: "Tools/convkit-bench"),
+        // Helpers the tests run as real processes.
+        .executableTarget(
+            name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],
+            path: "Tools/convkit-zone-writer"),
+        .executableTarget(
             name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone", "ToolSupport"],
             path: "Tools/convkit-store-sync"),
 
+        // Tests.
         .target(name: "TestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
+        .testTarget(
+            name: "ConversationKitTests",
+            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync"]),
         .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
-        .testTarget(name: "ConversationKitTests", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync"]),
     ],
     swiftLanguageModes: [.v6]
 )
