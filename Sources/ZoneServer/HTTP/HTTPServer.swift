@@ -140,7 +140,9 @@ public final class HTTPServer: Sendable {
         guard let made else { return .NO }
         defer { MHD_destroy_response(made) }
         for (name, value) in response.headers { _ = MHD_add_response_header(made, name, value) }
-        return MHD_queue_response(connection, UInt32(response.status), made)
+        let queued = MHD_queue_response(connection, UInt32(response.status), made)
+        if queued == .NO { logger.debug("could not queue a \(response.status) answer (connection closing)") }
+        return queued
     }
 
     private func header(_ connection: OpaquePointer, _ name: String) -> String? {
