@@ -25,16 +25,11 @@ extension ZoneServer {
         case .databaseChanges:
             let token = try tokenParameter(request)
             let changes = try storage.fetchDatabaseChanges(since: token) { access.canRead(zone: $0, as: identity) }
-            return .json(Wire.DatabaseChanges(changedZones: changes.changedZones.map(\.rawValue), deletedZones: changes.deletedZones.map(\.rawValue),
-                                              token: changes.token.base64))
+            return .json(changes)
         case .zoneChanges:
             let zone = try readableZone(matched, identity)
             let limit = try intParameter(request, "limit") ?? 200
-            let changes = try storage.fetchChanges(in: zone, since: try tokenParameter(request), limit: limit)
-            return .json(Wire.ZoneChanges(
-                records: changes.records,
-                rejected: changes.rejected.map { Wire.Rejection(zone: $0.recordID?.zone.rawValue, name: $0.recordID?.name, reason: $0.reason, source: $0.source) },
-                token: changes.token.base64, moreComing: changes.moreComing))
+            return .json(try storage.fetchChanges(in: zone, since: try tokenParameter(request), limit: limit))
         case .waitForChanges:
             let zone = try readableZone(matched, identity)
             let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))

@@ -57,10 +57,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     }
 
     public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
-        let body = try await get(Wire.DatabaseChanges.self, "/v1/changes", query: token.map { [("token", $0.base64)] } ?? [])
-        guard let next = ChangeToken(base64: body.token) else { throw RecordZoneError(.malformed, "the server sent a malformed token") }
-        return DatabaseChanges(changedZones: body.changedZones.compactMap { try? ZoneName($0) },
-                               deletedZones: body.deletedZones.compactMap { try? ZoneName($0) }, token: next)
+        try await get(DatabaseChanges.self, "/v1/changes", query: token.map { [("token", $0.base64)] } ?? [])
     }
 
     // MARK: Changes
@@ -68,14 +65,12 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
         var query = [("limit", String(limit))]
         if let token { query.append(("token", token.base64)) }
-        let body = try await get(Wire.ZoneChanges.self, "/v1/zones/\(zone.rawValue)/changes", query: query)
-        guard let next = ChangeToken(base64: body.token) else { throw RecordZoneError(.malformed, "the server sent a malformed token") }
-        let (records, rejected) = verify(body.records)
-        let reported = body.rejected.map { rejection in
-            let id: RecordID? = if let zone = rejection.zone, let name = rejection.name { try? RecordID(zone: zone, name: name) } else { nil }
-            return RejectedRecord(recordID: id, reason: rejection.reason, source: "server: \(rejection.source)")
-        }
-        return ZoneChanges(records: records, rejected: reported + rejected, token: next, moreComing: body.moreComing)
+        var changes = try await get(ZoneChanges.self, "/v1/zones/\(zone.rawValue)/changes", query: query)
+        // The server's rejections stand; what it sent is verified again here.
+        let (records, rejected) = verify(changes.records)
+        changes.records = records
+        changes.rejected += rejected
+        return changes
     }
 
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {

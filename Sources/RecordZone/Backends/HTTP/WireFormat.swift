@@ -2,6 +2,7 @@ import Foundation
 
 /// The JSON bodies of the zone server's API (version 1), shared by the server and the client.
 /// Records use their JSON form (``Record``'s `Codable`); tokens and cursors are base64.
+/// ``ZoneChanges`` and ``DatabaseChanges`` travel as they are (they are `Codable`).
 public enum Wire {
     public struct ErrorBody: Codable, Sendable {
         public var error: Failure
@@ -35,43 +36,6 @@ public enum Wire {
     public struct Zones: Codable, Sendable {
         public var zones: [String]
         public init(zones: [String]) { self.zones = zones }
-    }
-
-    public struct DatabaseChanges: Codable, Sendable {
-        public var changedZones: [String]
-        public var deletedZones: [String]
-        public var token: String
-        public init(changedZones: [String], deletedZones: [String], token: String) {
-            self.changedZones = changedZones
-            self.deletedZones = deletedZones
-            self.token = token
-        }
-    }
-
-    public struct Rejection: Codable, Sendable {
-        public var zone: String?
-        public var name: String?
-        public var reason: RejectionReason
-        public var source: String
-        public init(zone: String?, name: String?, reason: RejectionReason, source: String) {
-            self.zone = zone
-            self.name = name
-            self.reason = reason
-            self.source = source
-        }
-    }
-
-    public struct ZoneChanges: Codable, Sendable {
-        public var records: [Record]
-        public var rejected: [Rejection]
-        public var token: String
-        public var moreComing: Bool
-        public init(records: [Record], rejected: [Rejection], token: String, moreComing: Bool) {
-            self.records = records
-            self.rejected = rejected
-            self.token = token
-            self.moreComing = moreComing
-        }
     }
 
     public struct Wait: Codable, Sendable {
@@ -190,5 +154,79 @@ extension RecordQuery.Predicate: Codable {
         case .contains(let field, let value): try c.encode(Operand(field: field, value: value), forKey: .contains)
         case .range(let field, let lower, let upper): try c.encode(Operand(field: field, lower: lower, upper: upper), forKey: .range)
         }
+    }
+}
+
+extension ZoneName: Codable {
+    public init(from decoder: any Decoder) throws {
+        let text = try decoder.singleValueContainer().decode(String.self)
+        do {
+            self = try ZoneName(text)
+        } catch {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: error.message))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+}
+
+extension ZoneChanges: Codable {
+    private enum Keys: String, CodingKey { case records, rejected, token, moreComing }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        self.init(records: try c.decode([Record].self, forKey: .records), rejected: try c.decode([RejectedRecord].self, forKey: .rejected),
+                  token: try c.decode(ChangeToken.self, forKey: .token), moreComing: try c.decode(Bool.self, forKey: .moreComing))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(records, forKey: .records)
+        try c.encode(rejected, forKey: .rejected)
+        try c.encode(token, forKey: .token)
+        try c.encode(moreComing, forKey: .moreComing)
+    }
+}
+
+extension DatabaseChanges: Codable {
+    private enum Keys: String, CodingKey { case changedZones, deletedZones, token }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        self.init(changedZones: try c.decode([ZoneName].self, forKey: .changedZones), deletedZones: try c.decode([ZoneName].self, forKey: .deletedZones),
+                  token: try c.decode(ChangeToken.self, forKey: .token))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(changedZones, forKey: .changedZones)
+        try c.encode(deletedZones, forKey: .deletedZones)
+        try c.encode(token, forKey: .token)
+    }
+}
+
+/// On the wire: `{"zone", "name", "reason", "source"}` (zone and name absent when unknown).
+extension RejectedRecord: Codable {
+    private enum Keys: String, CodingKey { case zone, name, reason, source }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        let id: RecordID? = if let zone = try c.decodeIfPresent(String.self, forKey: .zone), let name = try c.decodeIfPresent(String.self, forKey: .name) {
+            try? RecordID(zone: zone, name: name)
+        } else {
+            nil
+        }
+        self.init(recordID: id, reason: try c.decode(RejectionReason.self, forKey: .reason), source: try c.decode(String.self, forKey: .source))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encodeIfPresent(recordID?.zone.rawValue, forKey: .zone)
+        try c.encodeIfPresent(recordID?.name, forKey: .name)
+        try c.encode(reason, forKey: .reason)
+        try c.encode(source, forKey: .source)
     }
 }
