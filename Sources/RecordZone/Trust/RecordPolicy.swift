@@ -218,14 +218,14 @@ public final class RecordPolicy: Sendable {
 
     /// Decodes and checks encoded bytes.
     public func admit(encoded data: Data, source: String) -> Result<Record, RejectedRecord> {
-        switch Self.decodeAndVerify(data) {
-        case .failure(let rejection):
-            return .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source))
-        case .success(let record):
-            if let reason = checkOwnership(record) {
-                return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source))
-            }
-            return .success(record)
+        admit(batch: [data]) { _ in source }[0]
+    }
+
+    /// Checks decoded records: signatures in parallel across cores, then ownership in order.
+    /// - Returns: per record, why it is refused, or nil.
+    public func check(_ records: [Record]) -> [RejectionReason?] {
+        zip(records, Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }).map { record, signatureProblem in
+            signatureProblem ?? checkOwnership(record)
         }
     }
 

@@ -137,23 +137,12 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
 
     /// Splits records read from the server into those that pass the client's policy and those that do not.
     private func verify(_ records: [Record]) -> (records: [Record], rejected: [RejectedRecord]) {
-        var encoded = [Data](), kept = [Record]()
-        var rejected = [RejectedRecord]()
-        for record in records {
-            do {
-                encoded.append(try record.encoded())
-                kept.append(record)
-            } catch {
-                rejected.append(RejectedRecord(recordID: record.id, reason: .malformed(error.message), source: "http"))
-            }
-        }
-        var valid = [Record]()
-        for (record, outcome) in zip(kept, policy.admit(batch: encoded, source: { _ in "http" })) {
-            switch outcome {
-            case .success(var verified):
-                verified.serverMetadata = record.serverMetadata
-                valid.append(verified)
-            case .failure(let rejection): rejected.append(rejection)
+        var valid = [Record](), rejected = [RejectedRecord]()
+        for (record, reason) in zip(records, policy.check(records)) {
+            if let reason {
+                rejected.append(RejectedRecord(recordID: record.id, reason: reason, source: "http"))
+            } else {
+                valid.append(record)
             }
         }
         return (valid, rejected)
