@@ -25,8 +25,8 @@ let package = Package(
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
-        // The modules: tools → ConversationKit / ZoneServer → RecordZone, SQLiteKit → C.
-        .target(name: "RecordZone", dependencies: ["CSodium"]),
+        // The modules: tools → ConversationKit / ZoneServer → RecordZone → SQLiteKit → C.
+        .target(name: "RecordZone", dependencies: ["CSodium", "SQLiteKit"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
         .target(

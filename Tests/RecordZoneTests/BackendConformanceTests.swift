@@ -124,7 +124,7 @@ import TestSupport
         #expect(page.deletedRecordIDs == [original.id] && page.changedRecords.isEmpty)
         #expect(try await backend.fetch([original.id])[0].get().isDeleted)
         let live = try await backend.query(RecordQuery(zone: z, recordType: "Note"), cursor: nil, limit: 10)
-        #expect(live.records.map(\.id.name) == ["n2"])
+        #expect(live.records.map(\.id.name) == [noteName("n2")])
         // An older version cannot resurrect it.
         let stale = try await backend.save([original])
         #expect(try stale[0].get().isDeleted)
@@ -262,7 +262,7 @@ import TestSupport
         let backend = try fixture.backend()
         let z = try zone("forgery")
         try await backend.createZone(z)
-        let bobProfile = try signed(z, "bob", type: "Profile", fields: ["name": .string("Bob")], key: Keys.bob, clock: clock.now())
+        let bobProfile = try signed(z, "p.bob", type: "Profile", fields: ["name": .string("Bob")], key: Keys.bob, clock: clock.now())
         let aliceNote = try note(z, "n1", clock: clock.now())
         try await saveAll(backend, [bobProfile, aliceNote])
 
@@ -271,7 +271,7 @@ import TestSupport
         var altered = try aliceNote.encoded()
         let textAt = try #require(altered.range(of: Data("hello".utf8)))
         altered[textAt.lowerBound] ^= 0x20  // "hello" → "Hello"
-        let wrongOwner = try signed(z, "bob", type: "Profile", fields: ["name": .string("Mallory")], key: Keys.mallory, clock: clock.now())
+        let wrongOwner = try signed(z, "p.bob", type: "Profile", fields: ["name": .string("Mallory")], key: Keys.mallory, clock: clock.now())
         var unsignedStone = try fixture.policy.tombstone(for: aliceNote, signedWith: Keys.alice, clock: clock.now())
         unsignedStone.signature = Data()
         let forgedStone = try fixture.policy.tombstone(for: aliceNote, signedWith: Keys.mallory, clock: clock.now())
@@ -305,6 +305,41 @@ import TestSupport
             #expect(reasons.contains { if case .malformed = $0 { true } else { false } })
             #expect(later.rejected.count == 6)
             #expect(try await reader.fetch([aliceNote.id, bobProfile.id]).map { try $0.get() } == [aliceNote, bobProfile])
+        }
+    }
+
+    /// A writer cannot take over a record its ID gives to someone else: not with a version that
+    /// names itself, not with a tombstone with the largest clock, not under another type.
+    @Test(arguments: BackendKind.allCases)
+    func versionsByAnyoneButTheIDsOwnerAreRefused(_ kind: BackendKind) async throws {
+        let fixture = try BackendFixture(kind)
+        let backend = try fixture.backend()
+        let z = try zone("takeover")
+        try await backend.createZone(z)
+        let original = try note(z, "n1", clock: clock.now())
+        try await saveAll(backend, [original, try note(z, "mine", owner: "bob", key: Keys.bob, clock: clock.now())])
+        let id = original.id.name
+        let rewritten = try signed(z, id, type: "Note", fields: ["owner": .string("bob"), "text": .string("bob was here")], key: Keys.bob, clock: clock.now())
+        let maximal = RecordClock(rawValue: .max)
+        let bobStone = try Record(id: original.id, type: "Note", fields: ["owner": .string("bob")]).tombstone(keeping: ["owner"], signedWith: Keys.bob, clock: maximal)
+        let stoneNamingAlice = try fixture.policy.tombstone(for: original, signedWith: Keys.bob, clock: maximal)
+        let retyped = try signed(z, id, type: "Shared", key: Keys.bob, clock: maximal)
+        let hostile = [rewritten, bobStone, stoneNamingAlice, retyped]
+        let results = try await backend.save(hostile)
+        #expect(results.map { result -> RecordZoneError.Code? in
+            if case .failure(let error) = result { return error.code }
+            return nil
+        } == [.notAuthorized, .notAuthorized, .notAuthorized, .notAuthorized])
+
+        // Planted past the writer's checks, every reader refuses them and the original stays.
+        for record in hostile { try await fixture.plant(try record.encoded(), in: z) }
+        let peer = try fixture.backend("peer", pinnedKeys: ["alice": KeyChain(current: Keys.alice.publicKey), "bob": KeyChain(current: Keys.bob.publicKey)])
+        for reader in [backend, peer] {
+            let all = try await fetchAll(reader, z)
+            #expect(Set(all.rejected.map(\.reason)) == [.ownerFieldMismatch(field: "owner"), .ownerKeyMismatch(identity: "alice"), .notOwnedByID(recordType: "Shared")])
+            #expect(all.rejected.count == 4)
+            #expect(!all.records.contains { $0.isDeleted || $0.authorKey == Keys.bob.publicKey && $0.id == original.id })
+            #expect(try await reader.fetch([original.id]).map { try $0.get() } == [original])
         }
     }
 

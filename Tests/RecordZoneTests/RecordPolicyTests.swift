@@ -9,9 +9,9 @@ import TestSupport
 
     @Test func firstKeySeenIsPinnedAndAnotherKeyIsRefused() throws {
         let policy = makePolicy()
-        let bobProfile = try signed(profiles, "bob", type: "Profile", key: Keys.bob, clock: RecordClock(rawValue: 1))
+        let bobProfile = try signed(profiles, "p.bob", type: "Profile", key: Keys.bob, clock: RecordClock(rawValue: 1))
         #expect(policy.check(bobProfile) == nil)
-        let forged = try signed(profiles, "bob", type: "Profile", key: Keys.mallory, clock: RecordClock(rawValue: 2))
+        let forged = try signed(profiles, "p.bob", type: "Profile", key: Keys.mallory, clock: RecordClock(rawValue: 2))
         #expect(policy.check(forged) == .ownerKeyMismatch(identity: "bob"))
         // A note claiming bob as owner but signed by mallory is refused too: same identity.
         let note = try note(profiles, "n", owner: "bob", key: Keys.mallory, clock: RecordClock(rawValue: 3))
@@ -32,14 +32,42 @@ import TestSupport
         #expect(policy.check(wrongKey) == .invalidSignature)
     }
 
-    @Test func ownerMustBeAMemberWhenTheRuleSaysSo() throws {
+    @Test func theRecordIDNamesTheOwnerWhateverAVersionSays() throws {
         let policy = makePolicy()
-        let ok = try signed(profiles, "t1", type: "Thread", fields: ["author": .string("alice"), "members": .list([.string("alice"), .string("bob")])], clock: RecordClock(rawValue: 1))
-        #expect(policy.check(ok) == nil)
-        let outsider = try signed(profiles, "t2", type: "Thread", fields: ["author": .string("carol"), "members": .list([.string("alice")])], key: Keys.carol, clock: RecordClock(rawValue: 1))
-        #expect(policy.check(outsider) == .ownerNotMember(identity: "carol", listField: "members"))
-        let noOwner = try signed(profiles, "t3", type: "Note", clock: RecordClock(rawValue: 1))
-        #expect(policy.check(noOwner) == .ownerFieldMissing(field: "owner"))
+        #expect(policy.check(try note(profiles, "n", owner: "alice", clock: RecordClock(rawValue: 1))) == nil)
+        #expect(policy.check(try signed(profiles, "p.bob", type: "Profile", key: Keys.bob, clock: RecordClock(rawValue: 1))) == nil)
+        // Bob's version of alice's note names himself as owner: the ID still says alice.
+        let rewritten = try signed(profiles, noteName("n", owner: "alice"), type: "Note", fields: ["owner": .string("bob"), "text": .string("mine")],
+                                   key: Keys.bob, clock: RecordClock(rawValue: 2))
+        #expect(policy.check(rewritten) == .ownerFieldMismatch(field: "owner"))
+        // Signed by bob with alice named: bob's key does not speak for alice.
+        let impostor = try note(profiles, "n", owner: "alice", key: Keys.bob, clock: RecordClock(rawValue: 3))
+        #expect(policy.check(impostor) == .ownerKeyMismatch(identity: "alice"))
+        // Under another type, an owned ID is still owned: no rule-free back door.
+        let retyped = try signed(profiles, noteName("n", owner: "alice"), type: "Shared", key: Keys.bob, clock: RecordClock(rawValue: 4))
+        #expect(policy.check(retyped) == .notOwnedByID(recordType: "Shared"))
+        // An owned type under a free name has no owner.
+        let loose = try signed(profiles, "free", type: "Note", fields: ["owner": .string("bob")], key: Keys.bob, clock: RecordClock(rawValue: 5))
+        #expect(policy.check(loose) == .notOwnedByID(recordType: "Note"))
+        // A field that must repeat the owner from the name.
+        #expect(policy.check(try signed(profiles, "t.alice", type: "Thread", fields: ["author": .string("alice")], clock: RecordClock(rawValue: 6))) == nil)
+        let thread = try signed(profiles, "t.carol", type: "Thread", fields: ["author": .string("alice")], clock: RecordClock(rawValue: 7))
+        #expect(policy.check(thread) == .ownerFieldMismatch(field: "author"))
+        // A closed policy refuses records no rule covers.
+        let closed = RecordPolicy(rules: policy.rules, requiresOwner: true)
+        #expect(closed.check(try signed(profiles, "free", clock: RecordClock(rawValue: 8))) == .notOwnedByID(recordType: "Shared"))
+    }
+
+    @Test func chainsChangedByAdmissionAreHandedOutOnce() throws {
+        let policy = makePolicy(pinnedKeys: ["carol": KeyChain(current: Keys.carol.publicKey)])
+        #expect(policy.takeChangedChains().isEmpty)
+        #expect(policy.check(try note(profiles, "a", owner: "alice", clock: RecordClock(rawValue: 1))) == nil)
+        #expect(policy.check(try note(profiles, "b", owner: "bob", key: Keys.bob, clock: RecordClock(rawValue: 1))) == nil)
+        let changed = policy.takeChangedChains()
+        #expect(Set(changed.keys) == ["alice", "bob"])
+        #expect(policy.takeChangedChains().isEmpty)
+        policy.restoreChangedChains(changed)
+        #expect(Set(policy.takeChangedChains().keys) == ["alice", "bob"])
     }
 
     @Test func tombstonesKeepTheirOwnerAndMustBeSignedByIt() throws {
@@ -56,13 +84,13 @@ import TestSupport
     @Test func rotationSignedByThePinnedKeyMovesThePin() throws {
         let policy = makePolicy()
         let newKey = Keys.key(9)
-        #expect(policy.check(try signed(profiles, "alice", type: "Profile", clock: RecordClock(rawValue: 10))) == nil)
+        #expect(policy.check(try signed(profiles, "p.alice", type: "Profile", clock: RecordClock(rawValue: 10))) == nil)
         // Mallory cannot rotate alice's key.
         let hostile = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.mallory, to: Keys.mallory.publicKey, clock: RecordClock(rawValue: 20))
         #expect(policy.check(hostile) == .ownerKeyMismatch(identity: "alice"))
         let rotation = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: newKey.publicKey, clock: RecordClock(rawValue: 20))
         #expect(policy.check(rotation) == nil)
-        #expect(policy.check(try signed(profiles, "alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))) == nil)
+        #expect(policy.check(try signed(profiles, "p.alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))) == nil)
         // The old key stays valid for what it signed before the rotation, not after.
         #expect(policy.check(try note(profiles, "old", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 15))) == nil)
         #expect(policy.check(try note(profiles, "late", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 31))) == .ownerKeyMismatch(identity: "alice"))

@@ -18,11 +18,7 @@ import ZoneServer
     }
 
     func item(_ zone: ZoneName, _ name: String) throws -> Record {
-        var record = Record(id: try RecordID(zone: zone, name: name), type: "Message", fields: [
-            "speaker": .string("alice"), "listener": .string("bob"), "content": .string(name), "spokenAt": .date(milliseconds: 1_800_000_000_000),
-        ])
-        try record.sign(with: Keys.alice, clock: HybridLogicalClock().now())
-        return record
+        try message(zone, name, from: "alice", to: "bob", key: Keys.alice, text: name)
     }
 
     @Test func anAcknowledgedBatchSurvivesSIGKILLAndTokensResume() async throws {
@@ -30,7 +26,7 @@ import ZoneServer
         let (first, port) = try await start(data: data.path)
         let zone = try conversationZone("alice", "bob")
         let url = try #require(URL(string: "http://127.0.0.1:\(port)"))
-        let alice = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        let alice = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy())
         try await alice.createZone(zone)
         _ = try await alice.save([try item(zone, "before")]).map { try $0.get() }
         let token = try await alice.fetchChanges(in: zone, since: nil, limit: 100).token
@@ -43,7 +39,7 @@ import ZoneServer
         let (second, newPort) = try await start(data: data.path)
         defer { second.kill(SIGTERM) }
         let again = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(newPort)")), identity: "alice", key: Keys.alice,
-                                policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+                                policy: ConversationStore.recordPolicy())
         let resumed = try await again.fetchChanges(in: zone, since: token, limit: 100)
         #expect(Set(resumed.records.map(\.id.name)) == Set(batch.map(\.id.name)), "the token resumed exactly after 'before'")
         #expect(try await again.fetch(batch.map(\.id)).allSatisfy { (try? $0.get()) != nil })
@@ -57,7 +53,7 @@ import ZoneServer
         let (child, port) = try await start(data: data.path, extra: ["--log-level", "debug"])
         let zone = try conversationZone("alice", "bob")
         let alice = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "alice", key: Keys.alice,
-                                policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+                                policy: ConversationStore.recordPolicy())
         try await alice.createZone(zone)
         let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
         async let poll = alice.waitForChanges(in: zone, since: token, timeout: .seconds(30))

@@ -12,19 +12,19 @@ final class ServerFixture: @unchecked Sendable {
     var port: Int { server.port }
     var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
 
-    init(access: any ZoneAccessPolicy = ChatZoneAccess(), configure: (inout ZoneServerConfiguration) -> Void = { _ in }) throws {
+    init(access: any ZoneAccessPolicy = ChatZoneAccess(), policy: RecordPolicy = ConversationStore.recordPolicy(), configure: (inout ZoneServerConfiguration) -> Void = { _ in }) throws {
         directory = try TemporaryDirectory("server")
         var configuration = ZoneServerConfiguration()
         configuration.requestsPerSecond = 100_000
         configuration.burst = 100_000
         configure(&configuration)
-        let storage = try SQLiteBackend(directory: directory.path, policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        let storage = try SQLiteBackend(directory: directory.path, policy: policy)
         server = ZoneServer(storage: storage, access: access, configuration: configuration)
         try server.start(host: "127.0.0.1", port: 0)
     }
 
     func client(_ identity: String, key: SigningKey) -> HTTPBackend {
-        HTTPBackend(url: url, identity: identity, key: key, policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        HTTPBackend(url: url, identity: identity, key: key, policy: ConversationStore.recordPolicy())
     }
 
     /// A signed raw request, with every part of the signature under the test's control.
@@ -51,8 +51,9 @@ func conversationZone(_ a: String, _ b: String) throws -> ZoneName {
     return try ZoneName("c-\(hashes[0])-\(hashes[1])")
 }
 
+/// A message record named as ConversationKit names them: `m.<h(speaker)>.<name>`.
 func message(_ zone: ZoneName, _ name: String, from speaker: String, to listener: String, key: SigningKey, text: String = "hi") throws -> Record {
-    var record = Record(id: try RecordID(zone: zone, name: name), type: "Message", fields: [
+    var record = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash(speaker)).\(name)"), type: "Message", fields: [
         "speaker": .string(speaker), "listener": .string(listener), "content": .string(text), "spokenAt": .date(milliseconds: 1_800_000_000_000),
     ])
     try record.sign(with: key, clock: HybridLogicalClock().now())

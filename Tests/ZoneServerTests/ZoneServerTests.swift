@@ -135,7 +135,7 @@ import TestSupport
     /// Random bodies, mutated valid bodies and raw noise at every route: each gets an answer
     /// below 500, and the server serves normally afterwards.
     @Test func randomGarbageAtEveryRouteNeverBreaksTheServer() async throws {
-        let fixture = try ServerFixture(access: OpenZoneAccess()) { $0.limits.connectionTimeoutSeconds = 1 }
+        let fixture = try ServerFixture(access: OpenZoneAccess(), policy: RecordPolicy()) { $0.limits.connectionTimeoutSeconds = 1 }
         let client = fixture.client("alice", key: Keys.alice)
         let zone = try ZoneName("fuzz")
         try await client.createZone(zone)
@@ -189,7 +189,7 @@ import TestSupport
     }
 
     @Test func fiftyConcurrentClientsWritingAndLongPollingAllSeeEveryChange() async throws {
-        let fixture = try ServerFixture(access: OpenZoneAccess())
+        let fixture = try ServerFixture(access: OpenZoneAccess(), policy: RecordPolicy())
         let zone = try ZoneName("busy")
         let admin = fixture.client("admin", key: Keys.key(200))
         try await admin.createZone(zone)
@@ -245,7 +245,7 @@ import TestSupport
     }
 
     @Test func healthAndMetricsDescribeTheServer() async throws {
-        let fixture = try ServerFixture(access: OpenZoneAccess())
+        let fixture = try ServerFixture(access: OpenZoneAccess(), policy: RecordPolicy())
         let client = fixture.client("alice", key: Keys.alice)
         let zone = try ZoneName("metered")
         try await client.createZone(zone)

@@ -10,7 +10,7 @@ import RecordZone
     reporter.header("Chat store (SQLite WAL, synchronous=FULL)")
     let root = FileManager.default.temporaryDirectory.path + "/convkit-store-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
-    let server = InMemoryBackend(policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+    let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
     let content = "Hello there! This is a message about as long as a chat line usually is."
 
     // 1. Sends, each its own durable transaction, against one-row raw transactions plus a raw sign.

@@ -1,3 +1,4 @@
+import RecordZone
 import SQLiteKit
 
 /// The store's schema, one migration per version (`PRAGMA user_version`).
@@ -22,7 +23,7 @@ enum StoreSchema {
             CREATE TABLE ck_quarantine (
                 id INTEGER PRIMARY KEY, zone TEXT, name TEXT, reason TEXT NOT NULL, source TEXT NOT NULL,
                 record BLOB, received_at INTEGER NOT NULL) STRICT;
-            CREATE TABLE ck_pins (identity TEXT PRIMARY KEY, chain BLOB NOT NULL) STRICT;
+            \(PinTable.schema)
 
             CREATE TABLE speakers (
                 identifier TEXT PRIMARY KEY, name TEXT NOT NULL, public_key BLOB,

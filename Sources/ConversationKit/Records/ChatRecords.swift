@@ -4,15 +4,15 @@ import SQLiteKit
 
 /// How the chat model maps onto records: zone names, record types, fields and who owns what.
 ///
+/// Every record's ID names its owner, so no version can hand a record to someone else:
 /// - `Speaker` in the `speakers` zone, named by the speaker's identifier: `name`, `tags`.
-///   Owned by that speaker (the record name).
-/// - `ConversationMember` in a conversation zone, named `member-<identifier>`: `speaker`,
-///   `participants` (both identifiers, sorted). Owned by `speaker`, who must be a participant.
-///   Each side writes its own, so two people starting the same conversation offline never conflict.
-/// - `Message` in a conversation zone, named by a UUID: `speaker`, `listener`, `content`,
-///   `spokenAt`, optional `editedAt`. Owned by `speaker`.
-/// - `Receipt` in a conversation zone, named `read-<message name>`: `reader`, `message`,
-///   `readAt`. Owned by `reader`.
+/// - `ConversationMember` in a conversation zone, named `member-<identifier>`: `speaker` (the
+///   same identifier), `participants` (both identifiers, sorted). Each side writes its own, so
+///   two people starting the same conversation offline never conflict.
+/// - `Message` in a conversation zone, named `m.<h(speaker)>.<time-ordered id>`: `speaker`,
+///   `listener`, `content`, `spokenAt`, optional `editedAt`.
+/// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
+///   `message`, `readAt`.
 ///
 /// A conversation's zone is `c-<h(a)>-<h(b)>`, where h is the first 8 bytes of the SHA-256
 /// of an identifier in hex and the two are sorted: both sides derive the same zone, and anyone
@@ -25,12 +25,21 @@ enum ChatRecords {
     static let messageType = "Message"
     static let receiptType = "Receipt"
 
+    static let messagePrefix = "m."
+    static let receiptPrefix = "r."
+    static let memberPrefix = "member-"
+
     static let rules: [OwnershipRule] = [
-        OwnershipRule(recordType: speakerType, owner: .recordName),
-        OwnershipRule(recordType: memberType, owner: .field("speaker", memberOf: "participants")),
-        OwnershipRule(recordType: messageType, owner: .field("speaker")),
-        OwnershipRule(recordType: receiptType, owner: .field("reader")),
+        OwnershipRule(recordType: speakerType, zones: .named(speakersZone.rawValue), owner: .name(prefix: "")),
+        OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
+        OwnershipRule(recordType: messageType, zones: .prefixed("c-"), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
+        OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
     ]
+
+    /// The chat's policy: the rules above, and every record must have an owner.
+    static func policy(pinnedKeys: [String: KeyChain] = [:]) -> RecordPolicy {
+        RecordPolicy(rules: rules, requiresOwner: true, pinnedKeys: pinnedKeys)
+    }
 
     static let maximumIdentifierBytes = 128
 
@@ -39,20 +48,21 @@ enum ChatRecords {
         return zone
     }
 
-    /// Checks a speaker identifier: 1–128 bytes, no control characters, no leading `_`.
+    /// Checks a speaker identifier: 1–128 bytes, no control characters, no leading `_`, not
+    /// starting with the key-rotation prefix.
     static func validate(identifier: String) throws(ConversationError) {
         let count = identifier.utf8.count
         guard count > 0 else { throw ConversationError(.invalidIdentifier, "a speaker identifier may not be empty") }
         guard count <= maximumIdentifierBytes else {
             throw ConversationError(.invalidIdentifier, "speaker identifier is \(count) bytes; the limit is \(maximumIdentifierBytes)")
         }
-        guard (try? RecordID(zone: speakersZone, name: identifier)) != nil else {
+        guard (try? RecordID(zone: speakersZone, name: identifier)) != nil, !identifier.hasPrefix(KeyRotation.namePrefix) else {
             throw ConversationError(.invalidIdentifier, "speaker identifier '\(identifier)' holds a control character or starts with '_'")
         }
     }
 
     static func identityHash(_ identifier: String) -> String {
-        Sodium.sha256(Data(identifier.utf8)).prefix(8).hexString
+        OwnershipRule.identityHash(identifier)
     }
 
     /// The zone of the conversation between two speakers.
@@ -93,10 +103,16 @@ enum ChatRecords {
         return Record(id: try RecordID(zone: conversationZone(speaker, listener), name: name), type: messageType, fields: fields)
     }
 
-    static func receiptName(for message: String) -> String { "read-\(message)" }
+    /// A new message's name: the sender's hash, then the version clock (so one sender's
+    /// messages in the same millisecond keep their order everywhere), then random bits.
+    static func messageName(speaker: String, clock: RecordClock) -> String {
+        messagePrefix + identityHash(speaker) + "." + String(clock.rawValue, radix: 16).leftPadded(to: 16) + "-" + Sodium.randomBytes(8).hexString
+    }
+
+    static func receiptName(for message: String, reader: String) -> String { receiptPrefix + identityHash(reader) + "." + message }
 
     static func receipt(zone: ZoneName, message: String, reader: String, readAt: Int64) throws(RecordZoneError) -> Record {
-        Record(id: try RecordID(zone: zone, name: receiptName(for: message)), type: receiptType, fields: [
+        Record(id: try RecordID(zone: zone, name: receiptName(for: message, reader: reader)), type: receiptType, fields: [
             "reader": .string(reader), "message": .string(message), "readAt": .date(milliseconds: readAt),
         ])
     }

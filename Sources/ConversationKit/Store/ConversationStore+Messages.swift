@@ -65,9 +65,7 @@ extension ConversationStore {
         try Self.validate(content: content)
         try ChatRecords.validate(identifier: listener)
         guard listener != local.identifier else { throw ConversationError(.invalidIdentifier, "cannot send a message to yourself") }
-        // Time-ordered: the version clock first, so one sender's messages in the same
-        // millisecond keep their order everywhere; random bits after it keep names unique.
-        let name = String(clock.now().rawValue, radix: 16).leftPadded(to: 16) + "-" + Sodium.randomBytes(8).hexString
+        let name = ChatRecords.messageName(speaker: local.identifier, clock: clock.now())
         let spokenAt = Self.milliseconds(configuration.now())
         let record: Record
         do {

@@ -55,8 +55,8 @@ public final class ConversationStore: Sendable {
         let policy: RecordPolicy
         do {
             queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations)
-            let pinned = try queue.read { db in try PinStore.load(from: db) }
-            policy = RecordPolicy(rules: ChatRecords.rules, pinnedKeys: pinned)
+            let pinned = try queue.read { db in try PinTable.load(from: db) }
+            policy = ChatRecords.policy(pinnedKeys: pinned)
             let local = try queue.read { db in try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) } }
             if let local {
                 let key = try KeyFile.load(from: directory + "/speaker.key")
@@ -86,9 +86,12 @@ public final class ConversationStore: Sendable {
         return store
     }
 
-    /// The ownership rules of chat records (who may sign what), for a backend or server that
-    /// checks records on write: `RecordPolicy(rules: ConversationStore.ownershipRules)`.
+    /// The ownership rules of chat records (which record IDs belong to whom).
     public static var ownershipRules: [OwnershipRule] { ChatRecords.rules }
+
+    /// A fresh policy with the chat's rules, for a backend or server that checks chat records:
+    /// every record must be owned by the identity its ID names.
+    public static func recordPolicy() -> RecordPolicy { ChatRecords.policy() }
 
     /// The local speaker's identifier, once set up.
     public var localSpeakerIdentifier: String? { identity.withLock { $0?.identifier } }

@@ -29,7 +29,7 @@ final class StoreDatabase: Sendable {
                 var applier = RecordApplier(db: db, localSpeaker: local)
                 let result = try body(&applier)
                 try applier.finish()
-                try PinStore.saveIfChanged(policy, in: db)
+                try PinTable.saveChanges(of: policy, in: db)
                 return (result, applier.events)
             }
             hub.publish(events)
@@ -37,32 +37,5 @@ final class StoreDatabase: Sendable {
         } catch {
             throw ConversationError.wrap(error)
         }
-    }
-}
-
-/// Persists the policy's pinned keys in the same transaction as the records that pinned them.
-enum PinStore {
-    /// Tells this process's pin counts from an earlier process's.
-    private static let processToken = UUID().uuidString
-
-    static func load(from db: Database) throws -> [String: KeyChain] {
-        var pinned = [String: KeyChain]()
-        for (identity, chain) in try db.rows("SELECT identity, chain FROM ck_pins", [], { row in (row.text(0), row.blob(1)) }) {
-            if let decoded = try? JSONDecoder().decode(KeyChain.self, from: chain) { pinned[identity] = decoded }
-        }
-        return pinned
-    }
-
-    static func saveIfChanged(_ policy: RecordPolicy, in db: Database) throws {
-        let marker = "\(processToken)/\(ObjectIdentifier(policy).hashValue)/\(policy.pinChangeCount)"
-        let saved = try db.first("SELECT value FROM ck_meta WHERE key = 'pin_changes'") { $0.text(0) }
-        guard saved != marker else { return }
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = .sortedKeys
-        for (identity, chain) in policy.pinnedKeys {
-            try db.execute("INSERT INTO ck_pins (identity, chain) VALUES (?, ?) ON CONFLICT (identity) DO UPDATE SET chain = excluded.chain",
-                           [identity, try encoder.encode(chain)])
-        }
-        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('pin_changes', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [marker])
     }
 }

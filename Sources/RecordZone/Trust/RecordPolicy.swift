@@ -1,212 +1,96 @@
 import Foundation
 import Synchronization
 
-/// Why a record was refused. A refused record is never applied and never returned as valid;
-/// it is reported with this reason so tools can show it.
-public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible {
-    case malformed(String)
-    case unsigned
-    case invalidSignature
-    case ownerFieldMissing(field: String)
-    /// The author key is not the key pinned for the identity that owns the record.
-    case ownerKeyMismatch(identity: String)
-    /// The owner named by the record is not among its members (e.g. not a participant).
-    case ownerNotMember(identity: String, listField: String)
-    /// A segment file that is incomplete or damaged; nothing in it was applied.
-    case corruptSegment(String)
-    /// Refused by the backend (a server), which gave this reason.
-    case refusedByBackend(String)
-
-    public var description: String {
-        switch self {
-        case .malformed(let why): "malformed record: \(why)"
-        case .unsigned: "record is not signed"
-        case .invalidSignature: "signature does not verify"
-        case .ownerFieldMissing(let field): "owner field '\(field)' is missing"
-        case .ownerKeyMismatch(let identity): "signed by a key that is not the one pinned for '\(identity)'"
-        case .ownerNotMember(let identity, let list): "owner '\(identity)' is not in '\(list)'"
-        case .corruptSegment(let why): "corrupt segment: \(why)"
-        case .refusedByBackend(let why): "refused by the backend: \(why)"
-        }
-    }
-}
-
-extension RejectionReason: Codable {
-    private enum Keys: String, CodingKey { case kind, detail, identity, field, list }
-
-    public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: Keys.self)
-        let detail = try c.decodeIfPresent(String.self, forKey: .detail) ?? ""
-        switch try c.decode(String.self, forKey: .kind) {
-        case "malformed": self = .malformed(detail)
-        case "unsigned": self = .unsigned
-        case "invalidSignature": self = .invalidSignature
-        case "ownerFieldMissing": self = .ownerFieldMissing(field: try c.decode(String.self, forKey: .field))
-        case "ownerKeyMismatch": self = .ownerKeyMismatch(identity: try c.decode(String.self, forKey: .identity))
-        case "ownerNotMember":
-            self = .ownerNotMember(identity: try c.decode(String.self, forKey: .identity), listField: try c.decode(String.self, forKey: .list))
-        case "corruptSegment": self = .corruptSegment(detail)
-        default: self = .refusedByBackend(detail)
-        }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var c = encoder.container(keyedBy: Keys.self)
-        switch self {
-        case .malformed(let detail): try c.encode("malformed", forKey: .kind); try c.encode(detail, forKey: .detail)
-        case .unsigned: try c.encode("unsigned", forKey: .kind)
-        case .invalidSignature: try c.encode("invalidSignature", forKey: .kind)
-        case .ownerFieldMissing(let field): try c.encode("ownerFieldMissing", forKey: .kind); try c.encode(field, forKey: .field)
-        case .ownerKeyMismatch(let identity): try c.encode("ownerKeyMismatch", forKey: .kind); try c.encode(identity, forKey: .identity)
-        case .ownerNotMember(let identity, let list):
-            try c.encode("ownerNotMember", forKey: .kind)
-            try c.encode(identity, forKey: .identity)
-            try c.encode(list, forKey: .list)
-        case .corruptSegment(let detail): try c.encode("corruptSegment", forKey: .kind); try c.encode(detail, forKey: .detail)
-        case .refusedByBackend(let detail): try c.encode("refusedByBackend", forKey: .kind); try c.encode(detail, forKey: .detail)
-        }
-    }
-}
-
-/// A record (or raw bytes) that a reader refused, with the reason and where it came from.
-public struct RejectedRecord: Error, Hashable, Sendable, CustomStringConvertible {
-    public var recordID: RecordID?
-    public var reason: RejectionReason
-    /// Where the bytes came from: a segment file, a request, a save.
-    public var source: String
-
-    public init(recordID: RecordID?, reason: RejectionReason, source: String) {
-        self.recordID = recordID
-        self.reason = reason
-        self.source = source
-    }
-
-    public var description: String {
-        "\(recordID.map { "\($0)" } ?? "?") from \(source): \(reason)"
-    }
-}
-
-/// Who owns records of one type.
-public struct OwnershipRule: Sendable, Hashable {
-    public enum Owner: Sendable, Hashable {
-        /// The record's name is the owner's identity (a speaker's profile).
-        case recordName
-        /// A string field names the owner's identity (a message's sender); with `memberOf`, that
-        /// identity must also appear in the named list-of-strings field (a conversation's participants).
-        case field(String, memberOf: String? = nil)
-    }
-
-    public var recordType: String
-    public var owner: Owner
-
-    public init(recordType: String, owner: Owner) {
-        self.recordType = recordType
-        self.owner = owner
-    }
-
-    /// The fields a tombstone of this type keeps, so that its owner can still be checked.
-    public var tombstoneFields: Set<String> {
-        switch owner {
-        case .recordName: []
-        case .field(let name, let list): list.map { [name, $0] } ?? [name]
-        }
-    }
-}
-
-/// The keys known for one identity: the one in force and those it replaced.
-public struct KeyChain: Hashable, Sendable {
-    public var current: Data
-    /// Earlier keys, each valid for versions up to the clock of the rotation that retired it.
-    public var retired: [(key: Data, until: RecordClock)]
-
-    public init(current: Data) {
-        self.current = current
-        self.retired = []
-    }
-
-    func allows(_ key: Data, at clock: RecordClock) -> Bool {
-        key == current || retired.contains { $0.key == key && clock <= $0.until }
-    }
-
-    public init(current: Data, retired: [(key: Data, until: RecordClock)]) {
-        self.current = current
-        self.retired = retired
-    }
-
-    public static func == (lhs: KeyChain, rhs: KeyChain) -> Bool {
-        lhs.current == rhs.current && lhs.retired.map(\.key) == rhs.retired.map(\.key)
-            && lhs.retired.map(\.until) == rhs.retired.map(\.until)
-    }
-    public func hash(into hasher: inout Hasher) { hasher.combine(current) }
-}
-
-extension KeyChain: Codable {
-    private struct Retired: Codable { var key: Data; var until: RecordClock }
-    private enum Keys: String, CodingKey { case current, retired }
-
-    public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: Keys.self)
-        current = try c.decode(Data.self, forKey: .current)
-        retired = try c.decode([Retired].self, forKey: .retired).map { ($0.key, $0.until) }
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var c = encoder.container(keyedBy: Keys.self)
-        try c.encode(current, forKey: .current)
-        try c.encode(retired.map { Retired(key: $0.key, until: $0.until) }, forKey: .retired)
-    }
-}
-
 /// The checks every reader applies to every inbound record: a valid Ed25519 signature by the
-/// author key, and ownership — the author must be the record's owner, whose key is pinned the
-/// first time it is seen. A different key later is refused unless a ``KeyRotation`` record
-/// signed by the pinned key moved the pin.
+/// author key, and ownership — the record's ID names its owner (``OwnershipRule``), and the
+/// author key must speak for that owner: the key pinned for it (the first key seen, trust on
+/// first use), or one a ``KeyRotation`` signed by the pinned key moved the pin to.
 ///
-/// Types without a rule need only a valid signature.
+/// The rules are fixed; the pins grow as records are admitted. Whoever stores records persists
+/// ``takeChangedChains()`` in the same transaction as the records that made them.
 public final class RecordPolicy: Sendable {
-    public let rules: [String: OwnershipRule]
-    private let pins: Mutex<[String: KeyChain]>
-    private let pinChanges = Atomic<Int>(0)
+    public let rules: [OwnershipRule]
+    /// Whether a record whose ID no rule covers is refused (a closed schema, like the chat's).
+    public let requiresOwner: Bool
+    private let ownedTypes: Set<String>
 
-    public init(rules: [OwnershipRule] = [], pinnedKeys: [String: KeyChain] = [:]) {
-        self.rules = Dictionary(rules.map { ($0.recordType, $0) }, uniquingKeysWith: { _, last in last })
-        self.pins = Mutex(pinnedKeys)
+    private struct Pins {
+        var chains: [String: KeyChain]
+        var changed = Set<String>()
+    }
+    private let pins: Mutex<Pins>
+
+    /// The rule every policy has for ``KeyRotation`` records, before its own rules.
+    static let rotationRule = OwnershipRule(recordType: KeyRotation.recordType, owner: .hashedName(prefix: KeyRotation.namePrefix, field: KeyRotation.identityField))
+
+    public init(rules: [OwnershipRule] = [], requiresOwner: Bool = false, pinnedKeys: [String: KeyChain] = [:]) {
+        self.rules = [Self.rotationRule] + rules
+        self.requiresOwner = requiresOwner
+        self.ownedTypes = Set(self.rules.map(\.recordType))
+        self.pins = Mutex(Pins(chains: pinnedKeys))
     }
 
-    /// The keys pinned so far, by identity (to persist them).
-    public var pinnedKeys: [String: KeyChain] { pins.withLock { $0 } }
+    /// The keys pinned so far, by identity.
+    public var pinnedKeys: [String: KeyChain] { pins.withLock { $0.chains } }
 
-    /// How many times a pin was added or moved: persist ``pinnedKeys`` when it changes.
-    public var pinChangeCount: Int { pinChanges.load(ordering: .acquiring) }
+    /// The chain pinned for one identity.
+    public func chain(for identity: String) -> KeyChain? { pins.withLock { $0.chains[identity] } }
 
-    /// Whether `key` speaks for `identity`: it is the key pinned for it (or one still valid),
-    /// or nothing is pinned yet and `key` is pinned now (trust on first use).
+    /// The chains added or changed since the last call. Persist them in the transaction that
+    /// stores the records that made them; on failure, hand them back with ``restoreChangedChains(_:)``.
+    public func takeChangedChains() -> [String: KeyChain] {
+        pins.withLock { pins in
+            defer { pins.changed.removeAll() }
+            return Dictionary(uniqueKeysWithValues: pins.changed.compactMap { id in pins.chains[id].map { (id, $0) } })
+        }
+    }
+
+    /// Installs chains read back from storage (whole: retired keys stay valid for what they signed).
+    public func install(_ chains: [String: KeyChain]) {
+        pins.withLock { pins in pins.chains.merge(chains) { _, stored in stored } }
+    }
+
+    /// Marks chains as changed again (their transaction did not commit).
+    public func restoreChangedChains(_ chains: [String: KeyChain]) {
+        pins.withLock { $0.changed.formUnion(chains.keys) }
+    }
+
+    /// Whether `key` speaks for `identity` now: the chain's current key, or nothing is pinned
+    /// yet and `key` is pinned now (trust on first use).
     public func bind(identity: String, key: Data) -> Bool {
         pins.withLock { pins in
-            if let chain = pins[identity] { return key == chain.current }
-            pins[identity] = KeyChain(current: key)
-            pinChanges.add(1, ordering: .releasing)
+            if let chain = pins.chains[identity] { return key == chain.current }
+            pins.chains[identity] = KeyChain(current: key)
+            pins.changed.insert(identity)
             return true
         }
     }
 
     /// Pins `key` for `identity` if nothing is pinned yet (the local speaker's own key).
     public func pin(_ key: Data, for identity: String) {
-        pins.withLock { pins in
-            guard pins[identity] == nil else { return }
-            pins[identity] = KeyChain(current: key)
-            pinChanges.add(1, ordering: .releasing)
-        }
+        _ = bind(identity: identity, key: key)
     }
 
-    /// The fields a tombstone of this record type keeps.
-    public func tombstoneFields(for recordType: String) -> Set<String> {
-        recordType == KeyRotation.recordType ? [KeyRotation.identityField] : rules[recordType]?.tombstoneFields ?? []
+    /// The rule that covers a record ID, if any.
+    public func rule(for id: RecordID) -> OwnershipRule? {
+        rules.first { $0.matches(id) }
+    }
+
+    /// The identity that owns a record, as its ID names it (nil when no rule covers it).
+    public func owner(of record: Record) -> Result<String, RejectionReason>? {
+        guard let rule = rule(for: record.id) else { return nil }
+        guard rule.recordType == record.recordType else { return .failure(.notOwnedByID(recordType: record.recordType)) }
+        return rule.owner(of: record)
+    }
+
+    /// The fields a tombstone of this record keeps.
+    public func tombstoneFields(for record: Record) -> Set<String> {
+        rule(for: record.id)?.tombstoneFields ?? []
     }
 
     /// Signs a tombstone for `record` that keeps the fields its owner check needs.
     public func tombstone(for record: Record, signedWith key: SigningKey, clock: RecordClock) throws(RecordZoneError) -> Record {
-        try record.tombstone(keeping: tombstoneFields(for: record.recordType), signedWith: key, clock: clock)
+        try record.tombstone(keeping: tombstoneFields(for: record), signedWith: key, clock: clock)
     }
 
     /// Checks a record; pins its owner's key on first sight. Returns the reason when refused.
@@ -277,26 +161,20 @@ public final class RecordPolicy: Sendable {
 
     /// The ownership half of ``check(_:signedBytes:)``, for a record whose signature is verified.
     func checkOwnership(_ record: Record) -> RejectionReason? {
-        if record.recordType == KeyRotation.recordType { return applyRotation(record) }
-        guard let rule = rules[record.recordType] else { return nil }
         let identity: String
-        switch rule.owner {
-        case .recordName:
-            identity = record.id.name
-        case .field(let field, let list):
-            guard let owner = record[field]?.stringValue else { return .ownerFieldMissing(field: field) }
-            if let list {
-                let members = record[list]?.listValue?.compactMap(\.stringValue) ?? []
-                guard members.contains(owner) else { return .ownerNotMember(identity: owner, listField: list) }
-            }
-            identity = owner
+        switch owner(of: record) {
+        case nil:
+            return requiresOwner || ownedTypes.contains(record.recordType) ? .notOwnedByID(recordType: record.recordType) : nil
+        case .failure(let reason)?: return reason
+        case .success(let owner)?: identity = owner
         }
+        if record.recordType == KeyRotation.recordType { return applyRotation(record, identity: identity) }
         return pins.withLock { pins in
-            if let chain = pins[identity] {
+            if let chain = pins.chains[identity] {
                 return chain.allows(record.authorKey, at: record.clock) ? nil : .ownerKeyMismatch(identity: identity)
             }
-            pins[identity] = KeyChain(current: record.authorKey)
-            pinChanges.add(1, ordering: .releasing)
+            pins.chains[identity] = KeyChain(current: record.authorKey)
+            pins.changed.insert(identity)
             return nil
         }
     }
@@ -317,24 +195,21 @@ public final class RecordPolicy: Sendable {
         return results.map { $0! }
     }
 
-    private func applyRotation(_ record: Record) -> RejectionReason? {
-        guard let identity = record[KeyRotation.identityField]?.stringValue else {
-            return .ownerFieldMissing(field: KeyRotation.identityField)
-        }
-        if record.isDeleted { return nil }
+    private func applyRotation(_ record: Record, identity: String) -> RejectionReason? {
+        if record.isDeleted { return .malformed("a key rotation cannot be deleted") }
         guard let newKey = record[KeyRotation.newKeyField]?.bytesValue, newKey.count == Sodium.publicKeyLength else {
             return .ownerFieldMissing(field: KeyRotation.newKeyField)
         }
         return pins.withLock { pins in
-            var chain = pins[identity] ?? KeyChain(current: record.authorKey)
-            if chain.current == newKey { return nil }
+            var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
+            if chain.current == newKey || chain.retired.contains(where: { $0.key == newKey }) { return nil }
             guard chain.allows(record.authorKey, at: record.clock) else { return .ownerKeyMismatch(identity: identity) }
             if chain.current == record.authorKey {
-                chain.retired.append((chain.current, record.clock))
+                chain.retired.append(KeyChain.RetiredKey(key: chain.current, until: record.clock))
                 chain.current = newKey
             }
-            pins[identity] = chain
-            pinChanges.add(1, ordering: .releasing)
+            pins.chains[identity] = chain
+            pins.changed.insert(identity)
             return nil
         }
     }
@@ -342,16 +217,18 @@ public final class RecordPolicy: Sendable {
 
 /// A record that moves an identity's pinned key to a new key. It must be signed by the key
 /// pinned for the identity; versions signed by the old key up to the rotation's clock stay valid.
+/// Its name is `rotation.<h(identity)>.<clock>`, so it is the identity's by its ID.
 public enum KeyRotation {
     public static let recordType = "KeyRotation"
+    public static let namePrefix = "rotation."
     public static let identityField = "identity"
     public static let newKeyField = "newKey"
 
     /// Makes and signs a rotation of `identity` from `oldKey` to `newKey`.
     public static func record(identity: String, zone: ZoneName, from oldKey: SigningKey, to newKey: Data, clock: RecordClock) throws(RecordZoneError) -> Record {
-        var record = Record(
-            id: try RecordID(zone: zone, name: "rotation-\(identity)-\(clock.rawValue)"), type: recordType,
-            fields: [identityField: .string(identity), newKeyField: .bytes(newKey)])
+        let name = namePrefix + OwnershipRule.identityHash(identity) + ".\(clock.rawValue)"
+        var record = Record(id: try RecordID(zone: zone, name: name), type: recordType,
+                            fields: [identityField: .string(identity), newKeyField: .bytes(newKey)])
         try record.sign(with: oldKey, clock: clock)
         return record
     }

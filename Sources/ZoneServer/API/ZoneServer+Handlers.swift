@@ -51,7 +51,6 @@ extension ZoneServer {
             }
             let saved = try storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
             for ((index, _), result) in zip(allowed, saved) { results[index] = result }
-            storage.persistPins()
             return .json(Wire.Outcomes(results: results.map { Wire.Outcome($0 ?? .failure(RecordZoneError(.internalError, "no result"))) }))
         case .fetch:
             let body = try decode(Wire.Fetch.self, request)

@@ -22,7 +22,7 @@ public struct ZoneServerConfiguration: Sendable {
 /// tests start one in-process on 127.0.0.1, port 0.
 ///
 /// ```swift
-/// let storage = try SQLiteBackend(directory: "/var/lib/convkitd", policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+/// let storage = try SQLiteBackend(directory: "/var/lib/convkitd", policy: ConversationStore.recordPolicy())
 /// let server = ZoneServer(storage: storage, access: ChatZoneAccess())
 /// let port = try server.start(host: "127.0.0.1", port: 8080)
 /// ```
@@ -74,7 +74,6 @@ public final class ZoneServer: Sendable {
             if route.isAuthenticated {
                 do {
                     identity = try authenticator.authenticate(request)
-                    storage.persistPins()
                 } catch {
                     switch error {
                     case .unauthenticated(let why): throw APIError(401, "notAuthenticated", why)
@@ -84,6 +83,8 @@ public final class ZoneServer: Sendable {
                     }
                 }
             }
+            // A first request binds its identity to its key: on disk before it is answered.
+            try storage.persistPins()
             response = try await handle(route, request, identity: identity)
         } catch let error as APIError {
             response = error.response

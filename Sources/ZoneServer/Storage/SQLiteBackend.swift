@@ -18,7 +18,6 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     let assets: AssetFolder
     let instance: String
     let waiters = ChangeWaiters()
-    private let savedPinChanges = Atomic<Int>(-1)
 
     static let migrations = [
         Migration(version: 1, sql: """
@@ -34,8 +33,9 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                 PRIMARY KEY (zone, name)) STRICT;
             CREATE INDEX records_by_sequence ON records (zone, sequence);
             CREATE INDEX records_by_type ON records (zone, type);
-            CREATE TABLE pins (identity TEXT PRIMARY KEY, chain BLOB NOT NULL) STRICT;
             """),
+        // Version 2: key chains in the table the stores use too, written with the saves that make them.
+        Migration(version: 2, sql: PinTable.schema),
     ]
 
     /// Opens (creating if needed) the storage in `directory`.
@@ -56,26 +56,19 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
             throw RecordZoneError(.ioError, "cannot open the server storage in \(directory): \(error)")
         }
         assets = AssetFolder(root: directory + "/assets")
-        // Keys bound before a restart stay bound: nobody can claim an identity by being first after it.
-        let saved = (try? queue.read { db in try db.rows("SELECT identity, chain FROM pins") { ($0.text(0), $0.blob(1)) } }) ?? []
-        for (identity, chain) in saved {
-            if let decoded = try? JSONDecoder().decode(KeyChain.self, from: chain) { policy.pin(decoded.current, for: identity) }
+        // Chains bound before a restart stay bound, whole: nobody can claim an identity by being
+        // first after it, and what a retired key signed before its rotation stays valid.
+        do {
+            policy.install(try queue.read { db in try PinTable.load(from: db) })
+        } catch {
+            throw RecordZoneError(.ioError, "cannot read the key pins in \(directory): \(error)")
         }
-        savedPinChanges.store(policy.pinChangeCount, ordering: .releasing)
     }
 
-    /// Saves the policy's pinned keys when they changed since the last save.
-    public func persistPins() {
-        let changes = policy.pinChangeCount
-        guard savedPinChanges.exchange(changes, ordering: .acquiringAndReleasing) != changes else { return }
-        let pins = policy.pinnedKeys
-        let encoder = JSONEncoder()
-        _ = try? queue.write { db in
-            for (identity, chain) in pins {
-                try db.execute("INSERT INTO pins (identity, chain) VALUES (?, ?) ON CONFLICT (identity) DO UPDATE SET chain = excluded.chain",
-                               [identity, try encoder.encode(chain)])
-            }
-        }
+    /// Writes the pins made outside a save (a request that bound its identity) before the
+    /// request is answered.
+    public func persistPins() throws(RecordZoneError) {
+        try write { db in try PinTable.saveChanges(of: policy, in: db) }
     }
 
     // MARK: Zones
@@ -219,6 +212,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                 stored.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
                 results.append(.success(stored))
             }
+            // The pins this batch made commit with its records, or not at all.
+            try PinTable.saveChanges(of: policy, in: db)
             if !touched.isEmpty {
                 let changedAt = try Self.nextDatabaseSequence(db)
                 for zone in touched {

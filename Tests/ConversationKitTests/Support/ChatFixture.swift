@@ -23,9 +23,9 @@ final class ChatFixture: @unchecked Sendable {
     init(_ kind: ChatBackend) throws {
         self.kind = kind
         directory = try TemporaryDirectory("chat")
-        server = InMemoryBackend(policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+        server = InMemoryBackend(policy: ConversationStore.recordPolicy())
         if kind == .http {
-            let storage = try SQLiteBackend(directory: directory.path + "/server", policy: RecordPolicy(rules: ConversationStore.ownershipRules))
+            let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy())
             let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
             try zoneServer.start(host: "127.0.0.1", port: 0)
             self.zoneServer = zoneServer

@@ -15,15 +15,20 @@ enum Keys {
     static let mallory = key(66)
 }
 
-/// The ownership rules the tests use: a "Profile" is owned by the identity in its name, a
-/// "Note" by the identity in its `owner` field, and "Shared" records need only a signature.
+/// The ownership rules the tests use, each a rule on the record ID: a "Profile" `p.<identity>`,
+/// a "Note" `n.<h(owner)>.<name>` whose `owner` field names the identity, a "Thread"
+/// `t.<identity>` whose `author` field repeats it; other names are "Shared" records that need
+/// only a signature.
 func makePolicy(pinnedKeys: [String: KeyChain] = [:]) -> RecordPolicy {
     RecordPolicy(rules: [
-        OwnershipRule(recordType: "Profile", owner: .recordName),
-        OwnershipRule(recordType: "Note", owner: .field("owner")),
-        OwnershipRule(recordType: "Thread", owner: .field("author", memberOf: "members")),
+        OwnershipRule(recordType: "Profile", owner: .name(prefix: "p.")),
+        OwnershipRule(recordType: "Note", owner: .hashedName(prefix: "n.", field: "owner")),
+        OwnershipRule(recordType: "Thread", owner: .name(prefix: "t.", field: "author")),
     ], pinnedKeys: pinnedKeys)
 }
+
+/// The name of `owner`'s note called `name`.
+func noteName(_ name: String, owner: String = "alice") -> String { "n.\(OwnershipRule.identityHash(owner)).\(name)" }
 
 func zone(_ name: String) throws -> ZoneName { try ZoneName(name) }
 
@@ -38,7 +43,7 @@ func signed(_ zone: ZoneName, _ name: String, type: String = "Shared", fields: [
 /// A note owned by `owner`, signed by `key`.
 func note(_ zone: ZoneName, _ name: String, owner: String = "alice", key: SigningKey = Keys.alice,
           clock: RecordClock, text: String = "hello") throws -> Record {
-    try signed(zone, name, type: "Note", fields: ["owner": .string(owner), "text": .string(text)], key: key, clock: clock)
+    try signed(zone, noteName(name, owner: owner), type: "Note", fields: ["owner": .string(owner), "text": .string(text)], key: key, clock: clock)
 }
 
 /// Reads every change of a zone from a token, page by page.

@@ -5,7 +5,8 @@ import Foundation
 /// ```
 /// Authorization: ConvKit-Ed25519 id=<base64 identity>;key=<base64 public key>;ts=<unix ms>;nonce=<base64 16 bytes>;sig=<base64 signature>
 /// ```
-/// The signature covers, one per line: `convkit-request-v1`, the method, the path, the
+/// The signature covers, one per line: `convkit-request-v2`, the identity (base64, as in the
+/// header), the method, the path, the
 /// canonical query (arguments sorted by name then value, each `name=value` percent-encoded
 /// with only RFC 3986 unreserved characters left as they are, joined by `&`), the timestamp,
 /// the nonce, and the SHA-256 of the body in hex. A server refuses a request whose timestamp is
@@ -27,7 +28,7 @@ public enum RequestSignature {
     public static func authorization(method: String, path: String, query: [(String, String)], body: Data,
                                      identity: String, key: SigningKey, now: Date, nonce: Data = Sodium.randomBytes(16)) -> String {
         let timestamp = Int64((now.timeIntervalSince1970 * 1000).rounded())
-        let signed = message(method: method, path: path, query: query, timestamp: timestamp, nonce: nonce, body: body)
+        let signed = message(identity: identity, method: method, path: path, query: query, timestamp: timestamp, nonce: nonce, body: body)
         let parts = [
             "id=" + Data(identity.utf8).base64EncodedString(), "key=" + key.publicKey.base64EncodedString(),
             "ts=\(timestamp)", "nonce=" + nonce.base64EncodedString(), "sig=" + key.sign(signed).base64EncodedString(),
@@ -54,12 +55,13 @@ public enum RequestSignature {
 
     /// Whether the credentials' signature covers this request.
     public static func verify(_ credentials: Credentials, method: String, path: String, query: [(String, String)], body: Data) -> Bool {
-        let signed = message(method: method, path: path, query: query, timestamp: credentials.timestamp, nonce: credentials.nonce, body: body)
+        let signed = message(identity: credentials.identity, method: method, path: path, query: query,
+                             timestamp: credentials.timestamp, nonce: credentials.nonce, body: body)
         return Sodium.verify(signature: credentials.signature, message: signed, publicKey: credentials.publicKey)
     }
 
-    static func message(method: String, path: String, query: [(String, String)], timestamp: Int64, nonce: Data, body: Data) -> Data {
-        var lines: [String] = ["convkit-request-v1", method.uppercased(), path, canonicalQuery(query)]
+    static func message(identity: String, method: String, path: String, query: [(String, String)], timestamp: Int64, nonce: Data, body: Data) -> Data {
+        var lines: [String] = ["convkit-request-v2", Data(identity.utf8).base64EncodedString(), method.uppercased(), path, canonicalQuery(query)]
         lines.append(String(timestamp))
         lines.append(nonce.base64EncodedString())
         lines.append(Sodium.sha256(body).hexString)

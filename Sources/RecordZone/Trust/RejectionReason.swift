@@ -1,0 +1,100 @@
+import Foundation
+
+/// Why a record was refused. A refused record is never applied and never returned as valid;
+/// it is reported with this reason so tools can show it.
+public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible {
+    case malformed(String)
+    case unsigned
+    case invalidSignature
+    /// The ID names no owner for a record of this type (an owned type under a free name, or a
+    /// free record where the policy requires an owner).
+    case notOwnedByID(recordType: String)
+    /// The field that must name the ID's owner is missing.
+    case ownerFieldMissing(field: String)
+    /// The field names someone other than the owner the ID names.
+    case ownerFieldMismatch(field: String)
+    /// The author key is not one that speaks for the identity that owns the record.
+    case ownerKeyMismatch(identity: String)
+    /// A segment file that is incomplete or damaged; nothing in it was applied.
+    case corruptSegment(String)
+    /// Refused by the backend (a server), which gave this reason.
+    case refusedByBackend(String)
+
+    public var description: String {
+        switch self {
+        case .malformed(let why): "malformed record: \(why)"
+        case .unsigned: "record is not signed"
+        case .invalidSignature: "signature does not verify"
+        case .notOwnedByID(let type): "the record ID names no owner for a '\(type)' record"
+        case .ownerFieldMissing(let field): "owner field '\(field)' is missing"
+        case .ownerFieldMismatch(let field): "field '\(field)' names someone other than the owner the record ID names"
+        case .ownerKeyMismatch(let identity): "signed by a key that does not speak for '\(identity)'"
+        case .corruptSegment(let why): "corrupt segment: \(why)"
+        case .refusedByBackend(let why): "refused by the backend: \(why)"
+        }
+    }
+
+    /// A stable code for the reason, as stored and sent.
+    public var code: String {
+        switch self {
+        case .malformed: "malformed"
+        case .unsigned: "unsigned"
+        case .invalidSignature: "invalidSignature"
+        case .notOwnedByID: "notOwnedByID"
+        case .ownerFieldMissing: "ownerFieldMissing"
+        case .ownerFieldMismatch: "ownerFieldMismatch"
+        case .ownerKeyMismatch: "ownerKeyMismatch"
+        case .corruptSegment: "corruptSegment"
+        case .refusedByBackend: "refusedByBackend"
+        }
+    }
+}
+
+extension RejectionReason: Codable {
+    private enum Keys: String, CodingKey { case kind, detail }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        let detail = try c.decodeIfPresent(String.self, forKey: .detail) ?? ""
+        switch try c.decode(String.self, forKey: .kind) {
+        case "malformed": self = .malformed(detail)
+        case "unsigned": self = .unsigned
+        case "invalidSignature": self = .invalidSignature
+        case "notOwnedByID": self = .notOwnedByID(recordType: detail)
+        case "ownerFieldMissing": self = .ownerFieldMissing(field: detail)
+        case "ownerFieldMismatch": self = .ownerFieldMismatch(field: detail)
+        case "ownerKeyMismatch": self = .ownerKeyMismatch(identity: detail)
+        case "corruptSegment": self = .corruptSegment(detail)
+        default: self = .refusedByBackend(detail)
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        try c.encode(code, forKey: .kind)
+        switch self {
+        case .unsigned, .invalidSignature: break
+        case .malformed(let detail), .corruptSegment(let detail), .refusedByBackend(let detail),
+            .notOwnedByID(let detail), .ownerFieldMissing(let detail), .ownerFieldMismatch(let detail), .ownerKeyMismatch(let detail):
+            try c.encode(detail, forKey: .detail)
+        }
+    }
+}
+
+/// A record (or raw bytes) that a reader refused, with the reason and where it came from.
+public struct RejectedRecord: Error, Hashable, Sendable, CustomStringConvertible {
+    public var recordID: RecordID?
+    public var reason: RejectionReason
+    /// Where the bytes came from: a segment file, a request, a save.
+    public var source: String
+
+    public init(recordID: RecordID?, reason: RejectionReason, source: String) {
+        self.recordID = recordID
+        self.reason = reason
+        self.source = source
+    }
+
+    public var description: String {
+        "\(recordID.map { "\($0)" } ?? "?") from \(source): \(reason)"
+    }
+}
