@@ -48,6 +48,31 @@ import ZoneServer
         await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
     }
 
+    /// Bob relays a message alice signed before she ever reached the server: the save pins her
+    /// key. Killed right after the acknowledgement, the server still holds that pin.
+    @Test func pinsMadeByASaveSurviveSIGKILLRightAfterItsAcknowledgement() async throws {
+        let data = try TemporaryDirectory("convkitd")
+        let (first, port) = try await start(data: data.path)
+        let zone = try conversationZone("alice", "bob")
+        let bob = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        try await bob.createZone(zone)
+        _ = try await bob.save([try item(zone, "relayed")]).map { try $0.get() }
+        first.kill(SIGKILL)
+        _ = await first.wait()
+
+        let (second, newPort) = try await start(data: data.path)
+        defer { second.kill(SIGTERM) }
+        let url = try #require(URL(string: "http://127.0.0.1:\(newPort)"))
+        let impostor = HTTPBackend(url: url, identity: "alice", key: Keys.mallory)
+        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        let forged = try await HTTPBackend(url: url, identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+            .save([try message(zone, "forged", from: "alice", to: "bob", key: Keys.mallory)])
+        guard case .failure(let error) = forged[0] else { Issue.record("a forgery of alice was accepted after the restart"); return }
+        #expect(error.code == .notAuthorized)
+        let alice = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy())
+        #expect(try await alice.fetchChanges(in: zone, since: nil, limit: 10).records.map(\.authorKey) == [Keys.alice.publicKey])
+    }
+
     @Test func SIGTERMFinishesInFlightRequestsAndExitsCleanly() async throws {
         let data = try TemporaryDirectory("convkitd")
         let (child, port) = try await start(data: data.path, extra: ["--log-level", "debug"])

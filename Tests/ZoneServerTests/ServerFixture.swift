@@ -12,13 +12,14 @@ final class ServerFixture: @unchecked Sendable {
     var port: Int { server.port }
     var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
 
-    init(access: any ZoneAccessPolicy = ChatZoneAccess(), policy: RecordPolicy = ConversationStore.recordPolicy(), configure: (inout ZoneServerConfiguration) -> Void = { _ in }) throws {
-        directory = try TemporaryDirectory("server")
+    init(directory: TemporaryDirectory? = nil, access: any ZoneAccessPolicy = ChatZoneAccess(), policy: RecordPolicy = ConversationStore.recordPolicy(),
+         configure: (inout ZoneServerConfiguration) -> Void = { _ in }) throws {
+        self.directory = try directory ?? TemporaryDirectory("server")
         var configuration = ZoneServerConfiguration()
         configuration.requestsPerSecond = 100_000
         configuration.burst = 100_000
         configure(&configuration)
-        let storage = try SQLiteBackend(directory: directory.path, policy: policy)
+        let storage = try SQLiteBackend(directory: self.directory.path, policy: policy)
         server = ZoneServer(storage: storage, access: access, configuration: configuration)
         try server.start(host: "127.0.0.1", port: 0)
     }

@@ -5,7 +5,15 @@ import Testing
 import TestSupport
 @testable import ZoneServer
 
+extension Result where Failure == RecordZoneError {
+    var failureCode: RecordZoneError.Code? {
+        if case .failure(let error) = self { return error.code }
+        return nil
+    }
+}
+
 @Suite struct ZoneServerTests {
+
     @Test func everyAuthenticationFailureIs401() async throws {
         let fixture = try ServerFixture()
         let ok = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice)
@@ -31,6 +39,50 @@ import TestSupport
                                                            identity: "alice", key: Keys.alice, now: Date())
         let tampered = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/v1/changes?token=b", headers: ["Authorization": authorization])
         #expect(tampered.status == 401)
+        // So is the identity: alice's request relabelled as an unclaimed identity is refused and binds nothing.
+        let signedAsAlice = RequestSignature.authorization(method: "GET", path: "/v1/zones", query: [], body: Data(), identity: "alice", key: Keys.alice, now: Date())
+        let relabelled = signedAsAlice.replacingOccurrences(of: "id=" + Data("alice".utf8).base64EncodedString(), with: "id=" + Data("dave".utf8).base64EncodedString())
+        #expect(relabelled != signedAsAlice)
+        let asDave = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/v1/zones", headers: ["Authorization": relabelled])
+        #expect(asDave.status == 401 && asDave.errorCode == "notAuthenticated")
+        #expect(fixture.server.storage.policy.chain(for: "dave") == nil)
+        #expect(try await fixture.signed("GET", "/v1/zones", identity: "dave", key: Keys.key(44)).status == 200)
+    }
+
+    /// A server restarted after alice rotated her key still serves, and still accepts, what her
+    /// old key signed before the rotation — and nothing it signs after.
+    @Test func aRestartAfterAKeyRotationKeepsTheWholeChain() async throws {
+        let directory = try TemporaryDirectory("rotation")
+        let zone = try conversationZone("alice", "bob")
+        let speakers = try ZoneName("speakers")
+        let newKey = Keys.key(77)
+        let clock = HybridLogicalClock()
+        func aliceSays(_ name: String, key: SigningKey, at stamp: RecordClock) throws -> Record {
+            var record = try message(zone, name, from: "alice", to: "bob", key: key)
+            try record.sign(with: key, clock: stamp)
+            return record
+        }
+        let beforeRotation = clock.now()
+        let rotation = try KeyRotation.record(identity: "alice", zone: speakers, from: Keys.alice, to: newKey.publicKey, clock: clock.now())
+        let first = try ServerFixture(directory: directory)
+        let alice = first.client("alice", key: Keys.alice)
+        try await alice.createZone(zone)
+        try await alice.createZone(speakers)
+        _ = try await alice.save([try aliceSays("old", key: Keys.alice, at: beforeRotation)]).map { try $0.get() }
+        _ = try await alice.save([rotation]).map { try $0.get() }
+        await first.server.stop()
+
+        let second = try ServerFixture(directory: directory)
+        let rotated = second.client("alice", key: newKey)
+        #expect(try await rotated.fetch([try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).old")]).map { try $0.get().authorKey } == [Keys.alice.publicKey])
+        #expect(try await rotated.fetchChanges(in: zone, since: nil, limit: 10).records.count == 1)
+        let late = try await rotated.save([try aliceSays("backfilled", key: Keys.alice, at: beforeRotation), try aliceSays("late", key: Keys.alice, at: clock.now()),
+                                           try aliceSays("new", key: newKey, at: clock.now())])
+        #expect((try? late[0].get()) != nil, "the old key signed before the rotation")
+        #expect(late[1].failureCode == .notAuthorized, "the old key after the rotation")
+        #expect((try? late[2].get()) != nil)
+        // Requests move to the new key with the pin.
+        #expect(try await second.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice).status == 401)
     }
 
     @Test func anOutsiderGets403OnAConversationZone() async throws {

@@ -1,7 +1,7 @@
 import RecordZone
 
 /// Zone access for a chat server: the `speakers` directory is readable by every authenticated
-/// speaker and each speaker writes only its own profile; a conversation zone is readable and
+/// speaker and each speaker writes only its own profile and key rotations; a conversation zone is readable and
 /// writable only by its two participants (its name says who they are), who alone may delete it.
 /// Nobody deletes the `speakers` zone. Anything else is closed.
 public struct ChatZoneAccess: ZoneAccessPolicy {
@@ -13,7 +13,11 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
 
     public func canWrite(_ record: Record, as identity: String) -> Bool {
         if record.id.zone == ChatRecords.speakersZone {
-            return record.recordType == ChatRecords.speakerType && record.id.name == identity
+            switch record.recordType {
+            case ChatRecords.speakerType: return record.id.name == identity
+            case KeyRotation.recordType: return record.id.name.hasPrefix(KeyRotation.namePrefix + ChatRecords.identityHash(identity) + ".")
+            default: return false
+            }
         }
         return ChatRecords.isParticipant(identity, in: record.id.zone)
     }

@@ -1,9 +1,9 @@
 import ConversationKit
 import Foundation
-import RecordZone
+@testable import RecordZone
 import Testing
 import TestSupport
-import ZoneServer
+@testable import ZoneServer
 
 /// The backends the chat-store tests run through; each test takes one as its argument.
 enum ChatBackend: String, CaseIterable, Sendable, CustomTestStringConvertible {
@@ -45,6 +45,33 @@ final class ChatFixture: @unchecked Sendable {
         case .http: serverURL.map { .server($0) } ?? .memory(server)
         }
     }
+
+    /// A backend that writes as `identity` with `key`, checking saves as the real thing does:
+    /// how a hostile participant reaches the shared backend without its store's checks.
+    func rawBackend(_ identity: String, key: SigningKey) throws -> any RecordZoneBackend {
+        switch kind {
+        case .memory: return server.connection(policy: ConversationStore.recordPolicy())
+        case .filesystem: return try FileSystemBackend(root: folder, device: "\(identity)-raw", policy: ConversationStore.recordPolicy())
+        case .http: return HTTPBackend(url: try #require(serverURL), identity: identity, key: key, policy: ConversationStore.recordPolicy())
+        }
+    }
+
+    private var plantedSegments: UInt64 = 0
+
+    /// Stores bytes as a hostile or broken writer would, past every save check.
+    func plant(_ data: Data, in zone: ZoneName) async throws {
+        plantedSegments += 1
+        switch kind {
+        case .memory: try await server.injectUnchecked(data, into: zone)
+        case .filesystem:
+            let layout = FolderLayout(root: folder)
+            try layout.writeSegment(Segment.encode([data]), zone: zone, generation: try layout.zoneState(zone).generation, device: "forger", sequence: plantedSegments)
+        case .http: try #require(zoneServer).storage.injectUnchecked(data, into: zone, name: "planted-\(plantedSegments)")
+        }
+    }
+
+    /// The key of a store's local speaker, as its key file holds it.
+    func key(of identifier: String) throws -> SigningKey { try KeyFile.load(from: storePath(identifier) + "/speaker.key") }
 
     /// Opens the store of `identifier` and sets up its local speaker.
     func store(_ identifier: String, tags: [String] = [], configuration: StoreConfiguration = StoreConfiguration()) throws -> ConversationStore {

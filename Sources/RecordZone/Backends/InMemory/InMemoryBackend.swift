@@ -208,6 +208,8 @@ public actor InMemoryBackend: RecordZoneBackend {
         _ = try existing(zoneName)
         injected += 1
         _ = zoneTable[zoneName, default: Zone()].append(key: "injected-\(injected)", data: data)
+        databaseSequence += 1
+        zoneTable[zoneName, default: Zone()].databaseSequence = databaseSequence
         wake(zoneName)
     }
 
