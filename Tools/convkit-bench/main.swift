@@ -7,7 +7,8 @@ import Foundation
 struct Options {
     var seconds = 1.0
     var json = false
-    var sections: Set<String> = ["records", "store", "server"]
+    var sections: Set<String> = ["records", "store", "server", "registration"]
+    var identities = [100, 100_000]
     var messages = 1_000_000
 }
 
@@ -21,21 +22,30 @@ func parseOptions() -> Options {
             options.seconds = value
         case "--json": options.json = true
         case "--only":
-            guard let section = args.popFirst(), ["records", "store", "server"].contains(section) else { usageError("--only takes records, store or server") }
+            guard let section = args.popFirst(), ["records", "store", "server", "registration"].contains(section) else {
+                usageError("--only takes records, store, server or registration")
+            }
             options.sections = [section]
         case "--messages":
             guard let value = args.popFirst().flatMap(Int.init), value >= 1000 else { usageError("--messages takes a number of at least 1000") }
             options.messages = value
+        case "--identities":
+            let values = args.popFirst()?.split(separator: ",").compactMap { Int($0) } ?? []
+            guard !values.isEmpty, values.allSatisfy({ $0 >= 0 }) else { usageError("--identities takes counts separated by commas, e.g. 100,100000") }
+            options.identities = values
         case "-h", "--help":
             print("""
                 OVERVIEW: Measure ConversationKit against raw libsodium and disk limits on this machine.
 
-                USAGE: convkit-bench [--seconds <s>] [--only records|store|server] [--messages <n>] [--json]
+                USAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration] [--messages <n>] [--identities <n,n>] [--json]
 
                 OPTIONS:
                   --seconds <s>     Time spent on each measurement (default 1.0).
-                  --only <section>  Run one section: records, store or server.
+                  --only <section>  Run one section: records, store, server or registration.
                   --messages <n>    Messages in the store for the newest-50 query (default 1000000).
+                  --identities <n,n>
+                                    Identities the server holds before registration is measured
+                                    (default 100,100000).
                   --json            Print the results as JSON.
                   -h, --help        Show help information.
                 """)
@@ -47,7 +57,7 @@ func parseOptions() -> Options {
 }
 
 func usageError(_ message: String) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store|server] [--messages <n>] [--json]\n".utf8))
+    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration] [--messages <n>] [--identities <n,n>] [--json]\n".utf8))
     exit(64)
 }
 
@@ -58,6 +68,7 @@ do {
     if options.sections.contains("records") { try await recordBench(reporter, seconds: options.seconds) }
     if options.sections.contains("store") { try await storeBench(reporter, seconds: options.seconds, messageCount: options.messages) }
     if options.sections.contains("server") { try await serverBench(reporter, seconds: options.seconds) }
+    if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
     try reporter.finish()
 } catch {
     FileHandle.standardError.write(Data("Error: \(error)\n".utf8))

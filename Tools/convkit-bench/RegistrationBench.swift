@@ -1,0 +1,55 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import ZoneServer
+
+/// New speakers registering with a chat zone server that already holds `existing` identities:
+/// each is a fresh key whose first request binds its identity and saves its signed profile.
+/// The pins are written one identity at a time with the save, so the rate should not depend on
+/// how many identities the server holds.
+@MainActor func registrationBench(_ reporter: Reporter, seconds: Double, existing counts: [Int]) async throws {
+    reporter.header("Registering new speakers on a chat zone server (pins written with each save)")
+    var rawRoundTrip = 0.0
+    for existing in counts {
+        let root = FileManager.default.temporaryDirectory.path + "/convkit-registration-bench-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let storage = try SQLiteBackend(directory: root, policy: ConversationStore.recordPolicy())
+        let speakers = try ZoneName("speakers")
+        try storage.createZone(speakers)
+        let clock = HybridLogicalClock()
+        // Fill in-process, 400 profiles per transaction, each signed by its own key.
+        var filled = 0
+        while filled < existing {
+            let batch = try (filled..<min(existing, filled + Record.maximumBatchSize)).map { try profile("existing-\($0)", clock: clock, zone: speakers).record }
+            for result in try await storage.save(batch) { _ = try result.get() }
+            filled += batch.count
+        }
+        var configuration = ZoneServerConfiguration()
+        configuration.requestsPerSecond = 1_000_000
+        configuration.burst = 1_000_000
+        let server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
+        let port = try server.start(host: "127.0.0.1", port: 0)
+        guard let url = URL(string: "http://127.0.0.1:\(port)") else { throw RawError("bad URL") }
+        if rawRoundTrip == 0 {
+            let raw = try KeepAliveConnection(port: port)
+            rawRoundTrip = try rate(seconds: seconds) { try raw.roundTrip("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") }
+        }
+        var next = 0
+        let registered = try await rateAsync(seconds: seconds, batch: 1) {
+            defer { next += 1 }
+            let (record, key) = try profile("new-\(next)", clock: clock, zone: speakers)
+            let client = HTTPBackend(url: url, identity: "new-\(next)", key: key, policy: ConversationStore.recordPolicy())
+            _ = try await client.save([record])[0].get()
+            return true
+        }
+        reporter.report(Row(name: "new speaker registered, \(existing) held", perSecond: registered, rawName: "raw keep-alive HTTP round trip", rawPerSecond: rawRoundTrip))
+        await server.stop()
+    }
+}
+
+private func profile(_ identity: String, clock: HybridLogicalClock, zone: ZoneName) throws -> (record: Record, key: SigningKey) {
+    let key = SigningKey.generate()
+    var record = Record(id: try RecordID(zone: zone, name: identity), type: "Speaker", fields: ["name": .string(identity), "tags": .list([.string("bench")])])
+    try record.sign(with: key, clock: clock.now())
+    return (record, key)
+}
