@@ -12,10 +12,10 @@ import TestSupport
         let bobProfile = try signed(profiles, "p.bob", type: "Profile", key: Keys.bob, clock: RecordClock(rawValue: 1))
         #expect(policy.check(bobProfile) == nil)
         let forged = try signed(profiles, "p.bob", type: "Profile", key: Keys.mallory, clock: RecordClock(rawValue: 2))
-        #expect(policy.check(forged) == .ownerKeyMismatch(identity: "bob"))
+        #expect(policy.check(forged) == .keyConflict(identity: "bob"))
         // A note claiming bob as owner but signed by mallory is refused too: same identity.
         let note = try note(profiles, "n", owner: "bob", key: Keys.mallory, clock: RecordClock(rawValue: 3))
-        #expect(policy.check(note) == .ownerKeyMismatch(identity: "bob"))
+        #expect(policy.check(note) == .keyConflict(identity: "bob"))
         #expect(policy.pinnedKeys["bob"]?.current == Keys.bob.publicKey)
     }
 
@@ -42,7 +42,7 @@ import TestSupport
         #expect(policy.check(rewritten) == .ownerFieldMismatch(field: "owner"))
         // Signed by bob with alice named: bob's key does not speak for alice.
         let impostor = try note(profiles, "n", owner: "alice", key: Keys.bob, clock: RecordClock(rawValue: 3))
-        #expect(policy.check(impostor) == .ownerKeyMismatch(identity: "alice"))
+        #expect(policy.check(impostor) == .keyConflict(identity: "alice"))
         // Under another type, an owned ID is still owned: no rule-free back door.
         let retyped = try signed(profiles, noteName("n", owner: "alice"), type: "Shared", key: Keys.bob, clock: RecordClock(rawValue: 4))
         #expect(policy.check(retyped) == .notOwnedByID(recordType: "Shared"))
@@ -78,7 +78,7 @@ import TestSupport
         #expect(stone.isDeleted && stone["text"] == nil && stone["owner"] == .string("alice"))
         #expect(policy.check(stone) == nil)
         let forgedStone = try policy.tombstone(for: original, signedWith: Keys.mallory, clock: RecordClock(rawValue: 3))
-        #expect(policy.check(forgedStone) == .ownerKeyMismatch(identity: "alice"))
+        #expect(policy.check(forgedStone) == .keyConflict(identity: "alice"))
     }
 
     @Test func rotationSignedByThePinnedKeyMovesThePin() throws {
@@ -87,13 +87,13 @@ import TestSupport
         #expect(policy.check(try signed(profiles, "p.alice", type: "Profile", clock: RecordClock(rawValue: 10))) == nil)
         // Mallory cannot rotate alice's key.
         let hostile = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.mallory, to: Keys.mallory.publicKey, clock: RecordClock(rawValue: 20))
-        #expect(policy.check(hostile) == .ownerKeyMismatch(identity: "alice"))
+        #expect(policy.check(hostile) == .keyConflict(identity: "alice"))
         let rotation = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: newKey.publicKey, clock: RecordClock(rawValue: 20))
         #expect(policy.check(rotation) == nil)
         #expect(policy.check(try signed(profiles, "p.alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))) == nil)
         // The old key stays valid for what it signed before the rotation, not after.
         #expect(policy.check(try note(profiles, "old", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 15))) == nil)
-        #expect(policy.check(try note(profiles, "late", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 31))) == .ownerKeyMismatch(identity: "alice"))
+        #expect(policy.check(try note(profiles, "late", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 31))) == .keyConflict(identity: "alice"))
     }
 
     @Test func mergeRuleIsDeterministic() throws {

@@ -108,26 +108,49 @@ public final class RecordPolicy: Sendable {
     /// Checks decoded records: signatures in parallel across cores, then ownership in order.
     /// - Returns: per record, why it is refused, or nil.
     public func check(_ records: [Record]) -> [RejectionReason?] {
-        zip(records, Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }).map { record, signatureProblem in
-            signatureProblem ?? checkOwnership(record)
+        let signatures = Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }
+        let conflicted = conflictedIdentities(zip(records, signatures).compactMap { $1 == nil ? $0 : nil })
+        return zip(records, signatures).map { record, signatureProblem in
+            signatureProblem ?? checkOwnership(record, conflicted: conflicted)
         }
     }
 
     /// Decodes and checks a batch: signatures are verified in parallel across cores, then
-    /// ownership is checked in order (pinning depends on order, so it stays sequential).
+    /// ownership in order. An identity nothing is pinned for yet, claimed in the batch with
+    /// unrelated keys, is pinned to none of them: its records come back as
+    /// ``RejectionReason/identityConflict(identity:)``, whatever order they were read in.
     public func admit(batch: [Data], source: (Int) -> String) -> [Result<Record, RejectedRecord>] {
         let verified = Self.parallelMap(batch, Self.decodeAndVerify)
+        let conflicted = conflictedIdentities(verified.compactMap { try? $0.get() })
         return verified.enumerated().map { index, outcome in
             switch outcome {
             case .failure(let rejection):
                 return .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source(index)))
             case .success(let record):
-                if let reason = checkOwnership(record) {
-                    return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index)))
+                if let reason = checkOwnership(record, conflicted: conflicted) {
+                    return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index), data: batch[index]))
                 }
                 return .success(record)
             }
         }
+    }
+
+    /// The identities with no pin that these (signature-checked) records claim with more than
+    /// one key not related by a rotation among them.
+    func conflictedIdentities(_ records: [Record]) -> Set<String> {
+        var claims = [String: Set<Data>]()
+        var rotated = [String: Set<Data>]()
+        for record in records {
+            guard case .success(let identity)? = owner(of: record) else { continue }
+            claims[identity, default: []].insert(record.authorKey)
+            if record.recordType == KeyRotation.recordType, let newKey = record[KeyRotation.newKeyField]?.bytesValue {
+                rotated[identity, default: []].insert(newKey)
+            }
+        }
+        let unpinned = pins.withLock { pins in claims.filter { pins.chains[$0.key] == nil } }
+        return Set(unpinned.compactMap { identity, keys in
+            keys.subtracting(rotated[identity] ?? []).count > 1 ? identity : nil
+        })
     }
 
     struct SignatureFailure: Error {
@@ -160,7 +183,7 @@ public final class RecordPolicy: Sendable {
     }
 
     /// The ownership half of ``check(_:signedBytes:)``, for a record whose signature is verified.
-    func checkOwnership(_ record: Record) -> RejectionReason? {
+    func checkOwnership(_ record: Record, conflicted: Set<String> = []) -> RejectionReason? {
         let identity: String
         switch owner(of: record) {
         case nil:
@@ -168,10 +191,11 @@ public final class RecordPolicy: Sendable {
         case .failure(let reason)?: return reason
         case .success(let owner)?: identity = owner
         }
+        if conflicted.contains(identity) { return .identityConflict(identity: identity) }
         if record.recordType == KeyRotation.recordType { return applyRotation(record, identity: identity) }
         return pins.withLock { pins in
             if let chain = pins.chains[identity] {
-                return chain.allows(record.authorKey, at: record.clock) ? nil : .ownerKeyMismatch(identity: identity)
+                return chain.allows(record.authorKey, at: record.clock) ? nil : .keyConflict(identity: identity)
             }
             pins.chains[identity] = KeyChain(current: record.authorKey)
             pins.changed.insert(identity)
@@ -203,7 +227,7 @@ public final class RecordPolicy: Sendable {
         return pins.withLock { pins in
             var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
             if chain.current == newKey || chain.retired.contains(where: { $0.key == newKey }) { return nil }
-            guard chain.allows(record.authorKey, at: record.clock) else { return .ownerKeyMismatch(identity: identity) }
+            guard chain.allows(record.authorKey, at: record.clock) else { return .keyConflict(identity: identity) }
             if chain.current == record.authorKey {
                 chain.retired.append(KeyChain.RetiredKey(key: chain.current, until: record.clock))
                 chain.current = newKey

@@ -13,8 +13,12 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     case ownerFieldMissing(field: String)
     /// The field names someone other than the owner the ID names.
     case ownerFieldMismatch(field: String)
-    /// The author key is not one that speaks for the identity that owns the record.
-    case ownerKeyMismatch(identity: String)
+    /// The author key is not one that speaks for the identity that owns the record: the reader
+    /// has another key pinned for it.
+    case keyConflict(identity: String)
+    /// The reader has no key pinned for the identity, and the records it read claim it with
+    /// unrelated keys: held back until a ref or the app settles which key is the identity's.
+    case identityConflict(identity: String)
     /// A segment file that is incomplete or damaged; nothing in it was applied.
     case corruptSegment(String)
     /// Refused by the backend (a server), which gave this reason.
@@ -28,7 +32,8 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .notOwnedByID(let type): "the record ID names no owner for a '\(type)' record"
         case .ownerFieldMissing(let field): "owner field '\(field)' is missing"
         case .ownerFieldMismatch(let field): "field '\(field)' names someone other than the owner the record ID names"
-        case .ownerKeyMismatch(let identity): "signed by a key that does not speak for '\(identity)'"
+        case .keyConflict(let identity): "signed by a key that does not speak for '\(identity)'"
+        case .identityConflict(let identity): "'\(identity)' is claimed with unrelated keys; held back until one is trusted"
         case .corruptSegment(let why): "corrupt segment: \(why)"
         case .refusedByBackend(let why): "refused by the backend: \(why)"
         }
@@ -43,7 +48,8 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .notOwnedByID: "notOwnedByID"
         case .ownerFieldMissing: "ownerFieldMissing"
         case .ownerFieldMismatch: "ownerFieldMismatch"
-        case .ownerKeyMismatch: "ownerKeyMismatch"
+        case .keyConflict: "keyConflict"
+        case .identityConflict: "identityConflict"
         case .corruptSegment: "corruptSegment"
         case .refusedByBackend: "refusedByBackend"
         }
@@ -63,7 +69,8 @@ extension RejectionReason: Codable {
         case "notOwnedByID": self = .notOwnedByID(recordType: detail)
         case "ownerFieldMissing": self = .ownerFieldMissing(field: detail)
         case "ownerFieldMismatch": self = .ownerFieldMismatch(field: detail)
-        case "ownerKeyMismatch": self = .ownerKeyMismatch(identity: detail)
+        case "keyConflict": self = .keyConflict(identity: detail)
+        case "identityConflict": self = .identityConflict(identity: detail)
         case "corruptSegment": self = .corruptSegment(detail)
         default: self = .refusedByBackend(detail)
         }
@@ -75,7 +82,8 @@ extension RejectionReason: Codable {
         switch self {
         case .unsigned, .invalidSignature: break
         case .malformed(let detail), .corruptSegment(let detail), .refusedByBackend(let detail),
-            .notOwnedByID(let detail), .ownerFieldMissing(let detail), .ownerFieldMismatch(let detail), .ownerKeyMismatch(let detail):
+            .notOwnedByID(let detail), .ownerFieldMissing(let detail), .ownerFieldMismatch(let detail), .keyConflict(let detail),
+            .identityConflict(let detail):
             try c.encode(detail, forKey: .detail)
         }
     }
@@ -87,11 +95,15 @@ public struct RejectedRecord: Error, Hashable, Sendable, CustomStringConvertible
     public var reason: RejectionReason
     /// Where the bytes came from: a segment file, a request, a save.
     public var source: String
+    /// The record's canonical bytes, when the reader has them: a record held back for an
+    /// identity conflict is admitted again from them once the conflict is settled.
+    public var data: Data?
 
-    public init(recordID: RecordID?, reason: RejectionReason, source: String) {
+    public init(recordID: RecordID?, reason: RejectionReason, source: String, data: Data? = nil) {
         self.recordID = recordID
         self.reason = reason
         self.source = source
+        self.data = data
     }
 
     public var description: String {

@@ -217,9 +217,11 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     /// Reads forward from `start`, device by device (sorted by name), each device's gap-free
-    /// run of valid segments, until `limit` records (valid or rejected) have been read.
+    /// run of valid segments, until `limit` records (valid or rejected) have been read. The page
+    /// is admitted as one batch, so what it pins does not depend on the order devices are listed.
     private func read(_ zone: ZoneName, generation: UInt64, from start: VersionVector, limit: Int) throws(RecordZoneError) -> Page {
         var page = Page(position: start)
+        var gathered = [(bytes: Data, source: String, changeTag: String)]()
         for device in try layout.devices(zone, generation: generation) {
             var at = start[device] ?? DevicePosition(segment: 0, offset: 0)
             let sequences = Set(try layout.segmentSequences(zone, generation: generation, device: device))
@@ -235,17 +237,10 @@ public actor FileSystemBackend: RecordZoneBackend {
                     break deviceLoop
                 }
                 let first = min(Int(at.offset), encoded.count)
-                let room = limit - page.records.count - page.rejected.count
+                let room = limit - gathered.count - page.rejected.count
                 let end = first + min(room, encoded.count - first)
-                let admitted = policy.admit(batch: Array(encoded[first..<end])) { "\(source) #\(first + $0)" }
-                for (offset, outcome) in admitted.enumerated() {
-                    switch outcome {
-                    case .success(var record):
-                        record.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, first + offset))
-                        page.records.append(record)
-                    case .failure(let rejection):
-                        page.rejected.append(rejection)
-                    }
+                for index in first..<end {
+                    gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, sequence, index)))
                 }
                 if end < encoded.count {
                     page.moreComing = true
@@ -257,6 +252,15 @@ public actor FileSystemBackend: RecordZoneBackend {
             }
             page.position[device] = at
             if page.moreComing { break }
+        }
+        for (item, outcome) in zip(gathered, policy.admit(batch: gathered.map(\.bytes)) { gathered[$0].source }) {
+            switch outcome {
+            case .success(var record):
+                record.serverMetadata = ServerMetadata(changeTag: item.changeTag)
+                page.records.append(record)
+            case .failure(let rejection):
+                page.rejected.append(rejection)
+            }
         }
         return page
     }
