@@ -59,4 +59,51 @@ import TestSupport
             #expect(try store.quarantine().count == forged.count)
         }
     }
+
+    /// A hostile device in a shared folder publishes a forged `alice` profile with its own key,
+    /// under a device name that sorts before hers or after it. A fresh reader never takes it for
+    /// alice: without a pin it sees a conflict and holds her records back until the app trusts a
+    /// fingerprint; with a ref carrying her key it pins that key and refuses the forgery.
+    @Test(arguments: ["aaa-forger", "zzz-forger"])
+    func aForgedProfileNeverBecomesTheSpeakerForAFreshReader(_ forgerDevice: String) async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try fixture.store("alice")
+        try alice.send("really me", to: "bob")
+        try await alice.sync()
+        let mallory = SigningKey.generate()
+        var forged = Record(id: try RecordID(zone: "speakers", name: "alice"), type: "Speaker", fields: ["name": .string("Mallory as Alice"), "tags": .list([])])
+        try forged.sign(with: mallory, clock: HybridLogicalClock().now())
+        let forger = try FileSystemBackend(root: fixture.folder, device: forgerDevice, policy: RecordPolicy())
+        _ = try await forger.save([forged]).map { try $0.get() }
+
+        // Bob, with no pin: a conflict, nothing of alice's shown, until he trusts her fingerprint.
+        let bob = try fixture.store("bob")
+        try await bob.sync()
+        #expect(bob.trust(of: "alice") == .conflicted)
+        #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name != "Mallory as Alice")
+        #expect(try bob.existingConversation(with: "alice").map { try bob.messages(in: $0.id).messages.isEmpty } ?? true)
+        let real = KeyChain.fingerprint(identity: "alice", key: try #require(alice.localPublicKey))
+        #expect(try Set(bob.candidateFingerprints(for: "alice")) == [real, KeyChain.fingerprint(identity: "alice", key: mallory.publicKey)])
+        #expect(throws: ConversationError.self) { try bob.trust("alice", fingerprint: "00000 00000 00000 00000 00000 00000 00000 00000 00000 00000 00000 00000") }
+        try bob.trust("alice", fingerprint: real)
+        #expect(bob.trust(of: "alice") == .verified)
+        let seen = try #require(try bob.speaker(fromRef: SpeakerRef(identifier: "alice")))
+        #expect(seen.name == "Alice" && seen.fingerprint == real && seen.trust == .verified)
+        let conversation = try #require(try bob.existingConversation(with: "alice"))
+        #expect(try bob.messages(in: conversation.id).messages.map(\.content) == ["really me"])
+        try await bob.sync()
+        #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name == "Alice")
+
+        // Carol starts from alice's ref (a contact card): the ref's key is pinned, the forgery refused.
+        let carol = try fixture.store("carol")
+        let ref = try #require(try alice.localSpeaker?.speakerRef)
+        #expect(ref.publicKey == alice.localPublicKey)
+        try carol.conversation(with: ref)
+        try await carol.sync()
+        #expect(carol.trust(of: "alice") == .verified)
+        #expect(try carol.speaker(fromRef: ref)?.name == "Alice")
+        #expect(try carol.quarantine().contains { $0.reason.contains("does not speak for 'alice'") })
+        // A ref with another key than the pinned one is an error, not a silent switch.
+        #expect(throws: ConversationError.self) { try carol.conversation(with: SpeakerRef(identifier: "alice", publicKey: mallory.publicKey)) }
+    }
 }

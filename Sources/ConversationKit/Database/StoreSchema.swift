@@ -52,6 +52,13 @@ enum StoreSchema {
                 zone TEXT NOT NULL, message TEXT NOT NULL, reader TEXT NOT NULL, read_at INTEGER NOT NULL,
                 PRIMARY KEY (zone, message, reader)) STRICT, WITHOUT ROWID;
             """),
+        // Version 2: quarantine rows keep the reason's code and the identity it concerns, so a
+        // record held back for an identity conflict can be admitted again once it is settled.
+        Migration(version: 2, sql: """
+            ALTER TABLE ck_quarantine ADD COLUMN code TEXT;
+            ALTER TABLE ck_quarantine ADD COLUMN identity TEXT;
+            CREATE INDEX ck_quarantine_by_identity ON ck_quarantine (identity) WHERE identity IS NOT NULL;
+            """),
     ]
 }
 

@@ -12,6 +12,8 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case unknownConversation
         case unknownMessage
         case notYourMessage
+        /// A ref's key, or a fingerprint, does not match the key the store holds for the speaker.
+        case keyConflict
         case noLocalSpeaker
         /// The store belongs to another local speaker; open that speaker's own store.
         case storeBelongsToAnotherSpeaker

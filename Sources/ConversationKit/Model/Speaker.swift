@@ -13,24 +13,54 @@ public struct Speaker: Sendable, Hashable, Identifiable {
     public var tags: [String]
     /// Whether this is the store's own speaker.
     public let isLocalSpeaker: Bool
+    /// The identity key the store holds for this speaker, if one is pinned.
+    public var publicKey: Data?
+    /// How far the store trusts that key.
+    public var trust: SpeakerTrust
 
     public var id: String { identifier }
 
-    /// A stable reference to this speaker, to keep in your own data (``ConversationStore/speaker(fromRef:)``).
-    public var speakerRef: SpeakerRef { SpeakerRef(identifier: identifier) }
+    /// The identity key's safety number (12 groups of 5 digits), to compare out of band.
+    public var fingerprint: String? { publicKey.map { KeyChain.fingerprint(identity: identifier, key: $0) } }
 
-    public init(identifier: String, name: String, tags: [String], isLocalSpeaker: Bool) {
+    /// A stable reference to this speaker, carrying its identity key, to keep in your own data
+    /// or hand to someone else (a contact card, a QR code): a conversation started from it pins
+    /// that key (``ConversationStore/conversation(with:)-(SpeakerRef)``).
+    public var speakerRef: SpeakerRef { SpeakerRef(identifier: identifier, publicKey: publicKey) }
+
+    public init(identifier: String, name: String, tags: [String], isLocalSpeaker: Bool, publicKey: Data? = nil, trust: SpeakerTrust = .unknown) {
         self.identifier = identifier
         self.name = name
         self.tags = tags
         self.isLocalSpeaker = isLocalSpeaker
+        self.publicKey = publicKey
+        self.trust = trust
     }
 }
 
-/// A reference to a speaker that outlives snapshots (ConversationKit's `speakerRef`).
+/// How a store came to hold a speaker's key.
+public enum SpeakerTrust: String, Sendable, Hashable, Codable {
+    /// Pinned from a ``SpeakerRef`` carrying the key, by ``ConversationStore/trust(_:fingerprint:)``,
+    /// or the local speaker's own.
+    case verified
+    /// Pinned on first use: the first key seen for the identity.
+    case firstUse
+    /// Claimed with unrelated keys and nothing pinned: its records are held back until a ref or
+    /// ``ConversationStore/trust(_:fingerprint:)`` settles which key is the speaker's.
+    case conflicted
+    /// No key seen yet.
+    case unknown
+}
+
+/// A reference to a speaker that outlives snapshots (ConversationKit's `speakerRef`). With a
+/// `publicKey`, it also says which identity key is the speaker's.
 public struct SpeakerRef: Sendable, Hashable, Codable {
     public let identifier: String
-    public init(identifier: String) { self.identifier = identifier }
+    public let publicKey: Data?
+    public init(identifier: String, publicKey: Data? = nil) {
+        self.identifier = identifier
+        self.publicKey = publicKey
+    }
 }
 
 /// Finds speakers by tag, in the `speakers` directory zone and in the local cache

@@ -18,7 +18,9 @@ extension ConversationStore {
         let key: SigningKey
         do { key = try KeyFile.loadOrCreate(at: keyFile) } catch { throw ConversationError(.storeNotWritable, "cannot keep the speaker key: \(error.message)", backendError: error) }
         let local = LocalIdentity(identifier: identifier, key: key)
-        policy.pin(key.publicKey, for: identifier)
+        guard policy.pinVerified(key.publicKey, for: identifier) else {
+            throw ConversationError(.keyConflict, "this store holds another key for '\(identifier)'")
+        }
         let record: Record
         do { record = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
             throw ConversationError(.invalidIdentifier, error.message)
@@ -29,7 +31,7 @@ extension ConversationStore {
             try commitLocal(record, as: local, in: &applier)
         }
         identity.withLock { $0 = local }
-        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true)
+        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: key.publicKey, trust: .verified)
     }
 
     /// Changes the local speaker's name and tags (a new signed version of its Speaker record).
@@ -50,13 +52,13 @@ extension ConversationStore {
     /// The speaker a reference points to, if the store knows it.
     public func speaker(fromRef ref: SpeakerRef) throws(ConversationError) -> Speaker? {
         let local = localSpeakerIdentifier
-        return try read { db in try Self.speakers(db, where: "s.identifier = ?", [ref.identifier], local: local).first }
+        return try read { db in try self.speakers(db, where: "s.identifier = ?", [ref.identifier], local: local).first }
     }
 
     /// Everyone the local speaker has talked with or found by a query.
     public func allKnownSpeakers() throws(ConversationError) -> [Speaker] {
         let local = localSpeakerIdentifier
-        return try read { db in try Self.speakers(db, where: "s.is_known = 1 AND s.identifier != ?", [local ?? ""], local: local) }
+        return try read { db in try self.speakers(db, where: "s.is_known = 1 AND s.identifier != ?", [local ?? ""], local: local) }
     }
 
     /// Finds speakers with a tag: in the `speakers` directory zone through the backend's query
@@ -91,18 +93,19 @@ extension ConversationStore {
                 try applier.db.execute("UPDATE speakers SET is_known = 1 WHERE identifier = ?", [identifier])
                 applier.note(.speakerFound(identifier))
             }
-            return try Self.speakers(applier.db, where: "s.identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND s.identifier != ?",
+            return try self.speakers(applier.db, where: "s.identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND s.identifier != ?",
                                      [query.tag, local ?? ""], local: local)
         }
     }
 
-    static func speakers(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String?) throws -> [Speaker] {
+    func speakers(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String?) throws -> [Speaker] {
         let rows = try db.rows("SELECT s.identifier, s.name FROM speakers s WHERE \(condition) ORDER BY s.identifier", values) { row in
             (row.text(0), row.text(1))
         }
         return try rows.map { identifier, name in
             let tags = try db.rows("SELECT tag FROM speaker_tags WHERE identifier = ? ORDER BY tag", [identifier]) { $0.text(0) }
-            return Speaker(identifier: identifier, name: name.isEmpty ? identifier : name, tags: tags, isLocalSpeaker: identifier == local)
+            return Speaker(identifier: identifier, name: name.isEmpty ? identifier : name, tags: tags, isLocalSpeaker: identifier == local,
+                           publicKey: policy.chain(for: identifier)?.current, trust: trust(of: identifier))
         }
     }
 }

@@ -58,10 +58,22 @@ struct RecordApplier {
     mutating func note(_ event: StoreEvent) { events.append(event) }
 
     /// Records a refused record with its reason; it is never applied or shown.
-    mutating func quarantine(_ id: RecordID?, reason: String, source: String, record: Data?) throws {
-        try db.execute("INSERT INTO ck_quarantine (zone, name, reason, source, record, received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                       [id?.zone.rawValue, id?.name, reason, source, record, Int64(Date().timeIntervalSince1970 * 1000)])
+    mutating func quarantine(_ id: RecordID?, reason: String, source: String, record: Data?, code: String? = nil, identity: String? = nil) throws {
+        try db.execute("INSERT INTO ck_quarantine (zone, name, reason, source, record, received_at, code, identity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [id?.zone.rawValue, id?.name, reason, source, record, Int64(Date().timeIntervalSince1970 * 1000), code, identity])
         quarantinedCount += 1
+    }
+
+    /// Quarantines a record a backend's reader refused, keeping its bytes and the identity it
+    /// concerns when the refusal is about one.
+    mutating func quarantine(_ rejected: RejectedRecord) throws {
+        let identity: String?
+        switch rejected.reason {
+        case .keyConflict(let who), .identityConflict(let who): identity = who
+        default: identity = nil
+        }
+        try quarantine(rejected.recordID, reason: rejected.reason.description, source: rejected.source, record: rejected.data,
+                       code: rejected.reason.code, identity: identity)
     }
 
     /// The chat model's checks, beyond signature and ownership (which the backend's reader

@@ -229,7 +229,7 @@ actor SyncEngine {
                 var applied = 0
                 for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
                 for rejected in page.rejected {
-                    try applier.quarantine(rejected.recordID, reason: rejected.reason.description, source: rejected.source, record: nil)
+                    try applier.quarantine(rejected)
                 }
                 try applier.db.execute("""
                     INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)

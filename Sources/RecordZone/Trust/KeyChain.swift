@@ -14,15 +14,41 @@ public struct KeyChain: Hashable, Sendable, Codable {
 
     public var current: Data
     public var retired: [RetiredKey]
+    /// Whether the pin was settled by someone (a ref carrying the key, or the app comparing
+    /// fingerprints) rather than taken on first use.
+    public var isVerified: Bool
 
-    public init(current: Data, retired: [RetiredKey] = []) {
+    public init(current: Data, retired: [RetiredKey] = [], isVerified: Bool = false) {
         self.current = current
         self.retired = retired
+        self.isVerified = isVerified
+    }
+
+    /// A short, human-comparable form of an identity and its key: 12 groups of 5 digits (60
+    /// digits, like a safety number), from SHA-256 of the identity and key. Two people who
+    /// read out the same digits hold the same key for the same identity.
+    public static func fingerprint(identity: String, key: Data) -> String {
+        let input = Data("convkit-fingerprint-v1\n\(identity)\n".utf8) + key
+        let digest = Sodium.sha256(input + Data([0])) + Sodium.sha256(input + Data([1]))
+        return (0..<12).map { group in
+            let value = digest[(group * 5)..<(group * 5 + 5)].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            let digits = String(value % 100_000)
+            return String(repeating: "0", count: 5 - digits.count) + digits
+        }.joined(separator: " ")
     }
 
     /// Whether `key` may sign a version at `clock`.
     public func allows(_ key: Data, at clock: RecordClock) -> Bool {
         key == current || retired.contains { $0.key == key && clock <= $0.until }
+    }
+
+    private enum Keys: String, CodingKey { case current, retired, isVerified }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        current = try c.decode(Data.self, forKey: .current)
+        retired = try c.decodeIfPresent([RetiredKey].self, forKey: .retired) ?? []
+        isVerified = try c.decodeIfPresent(Bool.self, forKey: .isVerified) ?? false
     }
 
     /// Every key the chain has held, current first.

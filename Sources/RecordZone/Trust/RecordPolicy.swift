@@ -17,6 +17,9 @@ public final class RecordPolicy: Sendable {
     private struct Pins {
         var chains: [String: KeyChain]
         var changed = Set<String>()
+        /// Unpinned identities seen with unrelated keys: nothing is pinned for them on first use
+        /// until ``pinVerified(_:for:)`` settles them.
+        var conflicted = Set<String>()
     }
     private let pins: Mutex<Pins>
 
@@ -61,6 +64,32 @@ public final class RecordPolicy: Sendable {
         pins.withLock { pins in
             if let chain = pins.chains[identity] { return key == chain.current }
             pins.chains[identity] = KeyChain(current: key)
+            pins.changed.insert(identity)
+            return true
+        }
+    }
+
+    /// Identities held in conflict (no pin, claimed with unrelated keys), as read or as restored
+    /// from storage.
+    public var conflictedIdentities: Set<String> { pins.withLock { $0.conflicted } }
+
+    /// Holds identities in conflict again after a restart.
+    public func markConflicted(_ identities: some Sequence<String>) {
+        pins.withLock { $0.conflicted.formUnion(identities) }
+    }
+
+    /// Pins `key` for `identity` as verified (a ref carried it, or the app compared its
+    /// fingerprint). - Returns: false when another key is pinned: a pin never switches silently.
+    public func pinVerified(_ key: Data, for identity: String) -> Bool {
+        pins.withLock { pins in
+            if let chain = pins.chains[identity] {
+                guard chain.current == key else { return false }
+                if chain.isVerified { return true }
+                pins.chains[identity]?.isVerified = true
+            } else {
+                pins.chains[identity] = KeyChain(current: key, isVerified: true)
+            }
+            pins.conflicted.remove(identity)
             pins.changed.insert(identity)
             return true
         }
@@ -147,10 +176,14 @@ public final class RecordPolicy: Sendable {
                 rotated[identity, default: []].insert(newKey)
             }
         }
-        let unpinned = pins.withLock { pins in claims.filter { pins.chains[$0.key] == nil } }
-        return Set(unpinned.compactMap { identity, keys in
-            keys.subtracting(rotated[identity] ?? []).count > 1 ? identity : nil
-        })
+        return pins.withLock { pins in
+            let found = claims.compactMap { identity, keys -> String? in
+                guard pins.chains[identity] == nil else { return nil }
+                return pins.conflicted.contains(identity) || keys.subtracting(rotated[identity] ?? []).count > 1 ? identity : nil
+            }
+            pins.conflicted.formUnion(found)
+            return Set(found)
+        }
     }
 
     struct SignatureFailure: Error {
