@@ -16,7 +16,7 @@ import TestSupport
         // A note claiming bob as owner but signed by mallory is refused too: same identity.
         let note = try note(profiles, "n", owner: "bob", key: Keys.mallory, clock: RecordClock(rawValue: 3))
         #expect(policy.check(note) == .keyConflict(identity: "bob"))
-        #expect(policy.pinnedKeys["bob"]?.current == Keys.bob.publicKey)
+        #expect(policy.chain(for: "bob")?.current == Keys.bob.publicKey)
     }
 
     @Test func unsignedAlteredAndWrongKeyRecordsAreRefused() throws {

@@ -57,7 +57,7 @@ enum ChatRecords {
             throw ConversationError(.invalidIdentifier, "speaker identifier is \(count) bytes; the limit is \(maximumIdentifierBytes)")
         }
         guard (try? RecordID(zone: speakersZone, name: identifier)) != nil, !identifier.hasPrefix(KeyRotation.namePrefix) else {
-            throw ConversationError(.invalidIdentifier, "speaker identifier '\(identifier)' holds a control character or starts with '_'")
+            throw ConversationError(.invalidIdentifier, "speaker identifier '\(identifier)' holds a control character, or starts with '_' or '\(KeyRotation.namePrefix)'")
         }
     }
 

@@ -55,11 +55,12 @@ public final class ConversationStore: Sendable {
         let policy: RecordPolicy
         do {
             queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations)
-            let pinned = try queue.read { db in try PinTable.load(from: db) }
+            let (pinned, conflicted) = try queue.read { db in
+                (try PinTable.load(from: db),
+                 try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'identityConflict' AND identity IS NOT NULL") { $0.text(0) })
+            }
             policy = ChatRecords.policy(pinnedKeys: pinned)
-            policy.markConflicted(try queue.read { db in
-                try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'identityConflict' AND identity IS NOT NULL") { $0.text(0) }
-            })
+            policy.markConflicted(conflicted)
             let local = try queue.read { db in try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) } }
             if let local {
                 let key = try KeyFile.load(from: directory + "/speaker.key")

@@ -50,7 +50,4 @@ public struct KeyChain: Hashable, Sendable, Codable {
         retired = try c.decodeIfPresent([RetiredKey].self, forKey: .retired) ?? []
         isVerified = try c.decodeIfPresent(Bool.self, forKey: .isVerified) ?? false
     }
-
-    /// Every key the chain has held, current first.
-    public var keys: [Data] { [current] + retired.map(\.key) }
 }

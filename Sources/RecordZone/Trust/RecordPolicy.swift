@@ -33,9 +33,6 @@ public final class RecordPolicy: Sendable {
         self.pins = Mutex(Pins(chains: pinnedKeys))
     }
 
-    /// The keys pinned so far, by identity.
-    public var pinnedKeys: [String: KeyChain] { pins.withLock { $0.chains } }
-
     /// The chain pinned for one identity.
     public func chain(for identity: String) -> KeyChain? { pins.withLock { $0.chains[identity] } }
 
@@ -95,11 +92,6 @@ public final class RecordPolicy: Sendable {
         }
     }
 
-    /// Pins `key` for `identity` if nothing is pinned yet (the local speaker's own key).
-    public func pin(_ key: Data, for identity: String) {
-        _ = bind(identity: identity, key: key)
-    }
-
     /// The rule that covers a record ID, if any.
     public func rule(for id: RecordID) -> OwnershipRule? {
         rules.first { $0.matches(id) }
@@ -138,9 +130,10 @@ public final class RecordPolicy: Sendable {
     /// - Returns: per record, why it is refused, or nil.
     public func check(_ records: [Record]) -> [RejectionReason?] {
         let signatures = Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }
-        let conflicted = conflictedIdentities(zip(records, signatures).compactMap { $1 == nil ? $0 : nil })
-        return zip(records, signatures).map { record, signatureProblem in
-            signatureProblem ?? checkOwnership(record, conflicted: conflicted)
+        let owners = zip(records, signatures).map { $1 == nil ? owner(of: $0) : nil }
+        let conflicted = detectConflicts(records, owners: owners)
+        return records.indices.map { index in
+            signatures[index] ?? checkOwnership(records[index], owner: owners[index], conflicted: conflicted)
         }
     }
 
@@ -150,13 +143,15 @@ public final class RecordPolicy: Sendable {
     /// ``RejectionReason/identityConflict(identity:)``, whatever order they were read in.
     public func admit(batch: [Data], source: (Int) -> String) -> [Result<Record, RejectedRecord>] {
         let verified = Self.parallelMap(batch, Self.decodeAndVerify)
-        let conflicted = conflictedIdentities(verified.compactMap { try? $0.get() })
+        let records = verified.map { try? $0.get() }
+        let owners = records.map { $0.flatMap(owner(of:)) }
+        let conflicted = detectConflicts(records, owners: owners)
         return verified.enumerated().map { index, outcome in
             switch outcome {
             case .failure(let rejection):
                 return .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source(index)))
             case .success(let record):
-                if let reason = checkOwnership(record, conflicted: conflicted) {
+                if let reason = checkOwnership(record, owner: owners[index], conflicted: conflicted) {
                     return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index), data: batch[index]))
                 }
                 return .success(record)
@@ -164,13 +159,14 @@ public final class RecordPolicy: Sendable {
         }
     }
 
-    /// The identities with no pin that these (signature-checked) records claim with more than
-    /// one key not related by a rotation among them.
-    func conflictedIdentities(_ records: [Record]) -> Set<String> {
+    /// The identities with no pin that these records (nil: refused already) claim with more than
+    /// one key not related by a rotation among them, or that are held in conflict already.
+    /// Remembers them as conflicted.
+    private func detectConflicts(_ records: [Record?], owners: [Result<String, RejectionReason>?]) -> Set<String> {
         var claims = [String: Set<Data>]()
         var rotated = [String: Set<Data>]()
-        for record in records {
-            guard case .success(let identity)? = owner(of: record) else { continue }
+        for (record, owner) in zip(records, owners) {
+            guard let record, case .success(let identity)? = owner else { continue }
             claims[identity, default: []].insert(record.authorKey)
             if record.recordType == KeyRotation.recordType, let newKey = record[KeyRotation.newKeyField]?.bytesValue {
                 rotated[identity, default: []].insert(newKey)
@@ -216,9 +212,10 @@ public final class RecordPolicy: Sendable {
     }
 
     /// The ownership half of ``check(_:signedBytes:)``, for a record whose signature is verified.
-    func checkOwnership(_ record: Record, conflicted: Set<String> = []) -> RejectionReason? {
+    /// - Parameter owner: the record's ``owner(of:)``, when the caller has computed it already.
+    func checkOwnership(_ record: Record, owner known: Result<String, RejectionReason>?? = nil, conflicted: Set<String> = []) -> RejectionReason? {
         let identity: String
-        switch owner(of: record) {
+        switch known ?? owner(of: record) {
         case nil:
             return requiresOwner || ownedTypes.contains(record.recordType) ? .notOwnedByID(recordType: record.recordType) : nil
         case .failure(let reason)?: return reason
