@@ -86,14 +86,39 @@ import TestSupport
         let newKey = Keys.key(9)
         #expect(policy.check(try signed(profiles, "p.alice", type: "Profile", clock: RecordClock(rawValue: 10))) == nil)
         // Mallory cannot rotate alice's key.
-        let hostile = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.mallory, to: Keys.mallory.publicKey, clock: RecordClock(rawValue: 20))
+        let hostile = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.mallory, to: Keys.mallory, clock: RecordClock(rawValue: 20))
         #expect(policy.check(hostile) == .keyConflict(identity: "alice"))
-        let rotation = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: newKey.publicKey, clock: RecordClock(rawValue: 20))
+        let rotation = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: newKey, clock: RecordClock(rawValue: 20))
         #expect(policy.check(rotation) == nil)
         #expect(policy.check(try signed(profiles, "p.alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))) == nil)
         // The old key stays valid for what it signed before the rotation, not after.
         #expect(policy.check(try note(profiles, "old", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 15))) == nil)
         #expect(policy.check(try note(profiles, "late", owner: "alice", key: Keys.alice, clock: RecordClock(rawValue: 31))) == .keyConflict(identity: "alice"))
+    }
+
+    /// Mallory cannot claim to be alice's earlier key by "rotating" from his key to hers: the new
+    /// key must accept a rotation. A fresh reader sees a conflict; a real rotation is no conflict.
+    @Test func aRotationNeedsTheNewKeysAcceptance() throws {
+        let realProfile = try signed(profiles, "p.alice", type: "Profile", clock: RecordClock(rawValue: 10))
+        var prepended = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.mallory, to: Keys.mallory, clock: RecordClock(rawValue: 50))
+        prepended[KeyRotation.newKeyField] = .bytes(Keys.alice.publicKey)  // mallory → alice, without alice's acceptance
+        try prepended.sign(with: Keys.mallory, clock: RecordClock(rawValue: 50))
+        let forgedProfile = try signed(profiles, "p.alice", type: "Profile", key: Keys.mallory, clock: RecordClock(rawValue: 40))
+        for order in [[prepended, forgedProfile, realProfile], [realProfile, forgedProfile, prepended]] {
+            #expect(makePolicy().check(order) == [.identityConflict(identity: "alice"), .identityConflict(identity: "alice"), .identityConflict(identity: "alice")])
+        }
+        // Even the pinned key cannot move the pin to a key that did not accept it.
+        var unaccepted = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: Keys.key(9), clock: RecordClock(rawValue: 60))
+        unaccepted[KeyRotation.acceptanceField] = nil
+        try unaccepted.sign(with: Keys.alice, clock: RecordClock(rawValue: 60))
+        #expect(makePolicy(pinnedKeys: ["alice": KeyChain(current: Keys.alice.publicKey)]).check(unaccepted) == .invalidSignature)
+
+        let newKey = Keys.key(9)
+        let rotation = try KeyRotation.record(identity: "alice", zone: profiles, from: Keys.alice, to: newKey, clock: RecordClock(rawValue: 20))
+        let afterRotation = try signed(profiles, "p.alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))
+        let fresh = makePolicy()
+        #expect(fresh.check([realProfile, rotation, afterRotation]) == [nil, nil, nil])
+        #expect(fresh.chain(for: "alice")?.current == newKey.publicKey)
     }
 
     @Test func mergeRuleIsDeterministic() throws {

@@ -63,7 +63,7 @@ extension Result where Failure == RecordZoneError {
             return record
         }
         let beforeRotation = clock.now()
-        let rotation = try KeyRotation.record(identity: "alice", zone: speakers, from: Keys.alice, to: newKey.publicKey, clock: clock.now())
+        let rotation = try KeyRotation.record(identity: "alice", zone: speakers, from: Keys.alice, to: newKey, clock: clock.now())
         let first = try ServerFixture(directory: directory)
         let alice = first.client("alice", key: Keys.alice)
         try await alice.createZone(zone)
