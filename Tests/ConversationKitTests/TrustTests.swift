@@ -106,4 +106,33 @@ import TestSupport
         // A ref with another key than the pinned one is an error, not a silent switch.
         #expect(throws: ConversationError.self) { try carol.conversation(with: SpeakerRef(identifier: "alice", publicKey: mallory.publicKey)) }
     }
+
+    /// The forger pads its device's folder so that its forged profile and alice's real one fall
+    /// in different pages of a fresh reader's pull: still a conflict, never a first-use pin.
+    @Test func aForgedProfileSplitFromTheRealOneByPaddingIsStillAConflict() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        // Bob has synced before and has nothing to push: his next sync only pulls, page by page.
+        var small = StoreConfiguration()
+        small.pageSize = 20
+        let bob = try fixture.store("bob", configuration: small)
+        try await bob.sync()
+        let alice = try fixture.store("alice")
+        try await alice.sync()
+        let forger = try FileSystemBackend(root: fixture.folder, device: "aaa-forger", policy: RecordPolicy())
+        let clock = HybridLogicalClock()
+        var forged = Record(id: try RecordID(zone: "speakers", name: "alice"), type: "Speaker", fields: ["name": .string("Mallory as Alice"), "tags": .list([])])
+        try forged.sign(with: SigningKey.generate(), clock: clock.now())
+        let padding = try (0..<120).map { index in
+            var pad = Record(id: try RecordID(zone: "speakers", name: "pad-\(index)"), type: "Speaker", fields: ["name": .string("pad"), "tags": .list([])])
+            try pad.sign(with: SigningKey.generate(), clock: clock.now())
+            return pad
+        }
+        _ = try await forger.save([forged] + padding).map { try $0.get() }
+
+        #expect(try bob.pendingChangeCount() == 0)
+        try await bob.sync()
+        #expect(bob.trust(of: "alice") == .conflicted)
+        #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name != "Mallory as Alice")
+        #expect(try bob.candidateFingerprints(for: "alice").count == 2)
+    }
 }

@@ -131,7 +131,7 @@ public final class RecordPolicy: Sendable {
     public func check(_ records: [Record]) -> [RejectionReason?] {
         let signatures = Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }
         let owners = zip(records, signatures).map { $1 == nil ? owner(of: $0) : nil }
-        let conflicted = detectConflicts(records, owners: owners)
+        let conflicted = detectConflicts(records, owners: owners, elsewhere: nil)
         return records.indices.map { index in
             signatures[index] ?? checkOwnership(records[index], owner: owners[index], conflicted: conflicted)
         }
@@ -142,10 +142,17 @@ public final class RecordPolicy: Sendable {
     /// unrelated keys, is pinned to none of them: its records come back as
     /// ``RejectionReason/identityConflict(identity:)``, whatever order they were read in.
     public func admit(batch: [Data], source: (Int) -> String) -> [Result<Record, RejectedRecord>] {
+        admit(batch: batch, source: source, claimsElsewhere: nil)
+    }
+
+    /// ``admit(batch:source:)`` for a reader that can tell what the rest of its store claims (a
+    /// folder: every device's segments), asked only when the batch holds an unpinned identity,
+    /// so a page boundary cannot split two claims of one identity.
+    func admit(batch: [Data], source: (Int) -> String, claimsElsewhere: (() -> KeyClaims)?) -> [Result<Record, RejectedRecord>] {
         let verified = Self.parallelMap(batch, Self.decodeAndVerify)
         let records = verified.map { try? $0.get() }
         let owners = records.map { $0.flatMap(owner(of:)) }
-        let conflicted = detectConflicts(records, owners: owners)
+        let conflicted = detectConflicts(records, owners: owners, elsewhere: claimsElsewhere)
         return verified.enumerated().map { index, outcome in
             switch outcome {
             case .failure(let rejection):
@@ -159,25 +166,20 @@ public final class RecordPolicy: Sendable {
         }
     }
 
-    /// The identities with no pin that these records (nil: refused already) claim with more than
-    /// one key not related by a rotation among them, or that are held in conflict already.
-    /// Remembers them as conflicted.
-    private func detectConflicts(_ records: [Record?], owners: [Result<String, RejectionReason>?]) -> Set<String> {
-        var claims = [String: Set<Data>]()
-        var rotated = [String: Set<Data>]()
+    /// The identities with no pin that these records (nil: refused already) — with the claims
+    /// `elsewhere` gives, when an unpinned identity is among them — claim with more than one key
+    /// not related by a rotation, or that are held in conflict already. Remembers them.
+    private func detectConflicts(_ records: [Record?], owners: [Result<String, RejectionReason>?], elsewhere: (() -> KeyClaims)?) -> Set<String> {
+        var claims = KeyClaims()
         for (record, owner) in zip(records, owners) {
             guard let record, case .success(let identity)? = owner else { continue }
-            claims[identity, default: []].insert(record.authorKey)
-            if record.recordType == KeyRotation.recordType, KeyRotation.isAccepted(record, identity: identity),
-                let newKey = record[KeyRotation.newKeyField]?.bytesValue {
-                rotated[identity, default: []].insert(newKey)
-            }
+            claims.add(record, owner: identity)
         }
+        let unpinned = pins.withLock { pins in claims.identities.filter { pins.chains[$0] == nil } }
+        guard !unpinned.isEmpty else { return [] }
+        if let elsewhere { claims.merge(elsewhere()) }
         return pins.withLock { pins in
-            let found = claims.compactMap { identity, keys -> String? in
-                guard pins.chains[identity] == nil else { return nil }
-                return pins.conflicted.contains(identity) || keys.subtracting(rotated[identity] ?? []).count > 1 ? identity : nil
-            }
+            let found = unpinned.filter { pins.chains[$0] == nil && (pins.conflicted.contains($0) || claims.isConflicted($0)) }
             pins.conflicted.formUnion(found)
             return Set(found)
         }

@@ -28,6 +28,15 @@ public actor FileSystemBackend: RecordZoneBackend {
         var winners: [RecordID: Record] = [:]
     }
     private var materialized: [ZoneName: Materialized] = [:]
+
+    /// Every key that claims an identity in one zone generation, over all devices' readable
+    /// segments: read once, then only what is new.
+    private struct ZoneClaims {
+        var generation: UInt64
+        var read: [String: UInt64] = [:]
+        var claims = KeyClaims()
+    }
+    private var zoneClaims: [ZoneName: ZoneClaims] = [:]
     private var nextSequence: [String: UInt64] = [:]
 
     /// Opens (creating if needed) a zone folder.
@@ -253,7 +262,9 @@ public actor FileSystemBackend: RecordZoneBackend {
             page.position[device] = at
             if page.moreComing { break }
         }
-        for (item, outcome) in zip(gathered, policy.admit(batch: gathered.map(\.bytes)) { gathered[$0].source }) {
+        let admitted = policy.admit(batch: gathered.map(\.bytes), source: { gathered[$0].source },
+                                    claimsElsewhere: { self.claims(zone, generation: generation) })
+        for (item, outcome) in zip(gathered, admitted) {
             switch outcome {
             case .success(var record):
                 record.serverMetadata = ServerMetadata(changeTag: item.changeTag)
@@ -263,6 +274,31 @@ public actor FileSystemBackend: RecordZoneBackend {
             }
         }
         return page
+    }
+
+    /// What every device's readable segments of a zone claim (see ``KeyClaims``), brought up to
+    /// date with the folder. A file that cannot be read or decoded ends its device's run, as in
+    /// ``read(_:generation:from:limit:)``.
+    private func claims(_ zone: ZoneName, generation: UInt64) -> KeyClaims {
+        var state = zoneClaims[zone].flatMap { $0.generation == generation ? $0 : nil } ?? ZoneClaims(generation: generation)
+        for device in (try? layout.devices(zone, generation: generation)) ?? [] {
+            let sequences = Set((try? layout.segmentSequences(zone, generation: generation, device: device)) ?? [])
+            var last = state.read[device] ?? 0
+            while sequences.contains(last + 1),
+                let data = try? FileIO.read(layout.segmentFile(zone, generation, device: device, sequence: last + 1)),
+                case .success(let encoded) = Segment.decode(data) {
+                for bytes in encoded {
+                    guard let record = try? Record(canonical: bytes), case .success(let identity)? = policy.owner(of: record) else { continue }
+                    // Any key can sign a claim of its own; a rotation relates keys only when it is genuine.
+                    if record.recordType == KeyRotation.recordType, !record.hasValidSignature() { continue }
+                    state.claims.add(record, owner: identity)
+                }
+                last += 1
+            }
+            state.read[device] = last
+        }
+        zoneClaims[zone] = state
+        return state.claims
     }
 
     /// The zone's materialized winners, brought up to date with the folder.

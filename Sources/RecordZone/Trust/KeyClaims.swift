@@ -1,0 +1,30 @@
+import Foundation
+
+/// Which keys claim which identities in a set of records, and which rotations (accepted by their
+/// new key) relate them: what a reader with no pin looks at to tell one identity's keys from a
+/// conflict. Two keys not related by a rotation claim one identity: a conflict.
+struct KeyClaims {
+    private var keys: [String: Set<Data>] = [:]
+    private var rotatedTo: [String: Set<Data>] = [:]
+
+    /// Counts a record whose signature is verified (a rotation relates keys only then).
+    mutating func add(_ record: Record, owner identity: String) {
+        keys[identity, default: []].insert(record.authorKey)
+        if record.recordType == KeyRotation.recordType, KeyRotation.isAccepted(record, identity: identity),
+            let newKey = record[KeyRotation.newKeyField]?.bytesValue {
+            rotatedTo[identity, default: []].insert(newKey)
+        }
+    }
+
+    mutating func merge(_ other: KeyClaims) {
+        keys.merge(other.keys) { $0.union($1) }
+        rotatedTo.merge(other.rotatedTo) { $0.union($1) }
+    }
+
+    var identities: Dictionary<String, Set<Data>>.Keys { keys.keys }
+
+    /// Whether `identity` is claimed by more than one key that no rotation leads to.
+    func isConflicted(_ identity: String) -> Bool {
+        (keys[identity] ?? []).subtracting(rotatedTo[identity] ?? []).count > 1
+    }
+}
