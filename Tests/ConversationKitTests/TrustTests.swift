@@ -135,4 +135,38 @@ import TestSupport
         #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name != "Mallory as Alice")
         #expect(try bob.candidateFingerprints(for: "alice").count == 2)
     }
+
+    /// A zone server restored from a mixed backup holds two profiles of dave, never registered
+    /// there, with two keys, and a message from him. Bob's store holds dave back as a conflict —
+    /// with the records' bytes, over HTTP too — so once bob trusts dave's fingerprint the message
+    /// shows, instead of being lost behind a token that moved past it.
+    @Test func recordsHeldBackOverHTTPComeBackOnceTheKeyIsTrusted() async throws {
+        let fixture = try ChatFixture(.http)
+        let bob = try fixture.store("bob")
+        let conversation = try bob.conversation(with: "dave")
+        try await bob.sync()
+        let dave = SigningKey.generate(), impostor = SigningKey.generate()
+        let clock = HybridLogicalClock()
+        func profile(_ key: SigningKey, _ name: String) throws -> Record {
+            var record = Record(id: try RecordID(zone: "speakers", name: "dave"), type: "Speaker", fields: ["name": .string(name), "tags": .list([])])
+            try record.sign(with: key, clock: clock.now())
+            return record
+        }
+        var message = Record(id: try RecordID(zone: conversation.id, name: "m.\(OwnershipRule.identityHash("dave")).0001"), type: "Message", fields: [
+            "speaker": .string("dave"), "listener": .string("bob"), "content": .string("hi bob, it's dave"), "spokenAt": .date(milliseconds: 1_800_000_000_000),
+        ])
+        try message.sign(with: dave, clock: clock.now())
+        try await fixture.plant(try profile(dave, "Dave").encoded(), in: try ZoneName("speakers"))
+        try await fixture.plant(try profile(impostor, "Not Dave").encoded(), in: try ZoneName("speakers"))
+        try await fixture.plant(try message.encoded(), in: try ZoneName(conversation.id))
+
+        try await bob.sync()
+        #expect(bob.trust(of: "dave") == .conflicted)
+        #expect(try bob.messages(in: conversation.id).messages.isEmpty)
+        let real = KeyChain.fingerprint(identity: "dave", key: dave.publicKey)
+        #expect(try bob.candidateFingerprints(for: "dave").contains(real))
+        try bob.trust("dave", fingerprint: real)
+        #expect(try bob.messages(in: conversation.id).messages.map(\.content) == ["hi bob, it's dave"])
+        #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "dave"))?.name == "Dave")
+    }
 }

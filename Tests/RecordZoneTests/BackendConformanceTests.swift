@@ -313,7 +313,8 @@ import TestSupport
     @Test(arguments: BackendKind.allCases)
     func versionsByAnyoneButTheIDsOwnerAreRefused(_ kind: BackendKind) async throws {
         let fixture = try BackendFixture(kind)
-        let backend = try fixture.backend()
+        let pins = ["alice": KeyChain(current: Keys.alice.publicKey), "bob": KeyChain(current: Keys.bob.publicKey)]
+        let backend = try fixture.backend("main", pinnedKeys: pins)
         let z = try zone("takeover")
         try await backend.createZone(z)
         let original = try note(z, "n1", clock: clock.now())
@@ -333,7 +334,7 @@ import TestSupport
 
         // Planted past the writer's checks, every reader refuses them and the original stays.
         for record in hostile { try await fixture.plant(try record.encoded(), in: z) }
-        let peer = try fixture.backend("peer", pinnedKeys: ["alice": KeyChain(current: Keys.alice.publicKey), "bob": KeyChain(current: Keys.bob.publicKey)])
+        let peer = try fixture.backend("peer", pinnedKeys: pins)
         for reader in [backend, peer] {
             let all = try await fetchAll(reader, z)
             #expect(Set(all.rejected.map(\.reason)) == [.ownerFieldMismatch(field: "owner"), .keyConflict(identity: "alice"), .notOwnedByID(recordType: "Shared")])
@@ -341,6 +342,11 @@ import TestSupport
             #expect(!all.records.contains { $0.isDeleted || $0.authorKey == Keys.bob.publicKey && $0.id == original.id })
             #expect(try await reader.fetch([original.id]).map { try $0.get() } == [original])
         }
+        // A reader with no pins is never handed a forgery as alice's: it sees them refused, or
+        // alice held in conflict until it learns her key.
+        let fresh = try await fetchAll(try fixture.backend("fresh"), z)
+        #expect(!fresh.records.contains { $0.id == original.id && $0.authorKey != Keys.alice.publicKey })
+        #expect(!fresh.records.contains { $0.isDeleted })
     }
 
     /// Random saves and deletes by three writers, partly concurrent; three replicas fetch at

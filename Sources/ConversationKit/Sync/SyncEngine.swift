@@ -184,9 +184,11 @@ actor SyncEngine {
         } catch {
             throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
         }
+        // Profiles first: who holds which key is decided from the directory, where claims of one
+        // identity meet, before a conversation's records are read.
         let relevant = changes.changedZones.filter {
             $0 == ChatRecords.speakersZone || ChatRecords.isParticipant(localSpeaker, in: $0)
-        }
+        }.sorted { ($0 == ChatRecords.speakersZone ? 0 : 1, $0) < ($1 == ChatRecords.speakersZone ? 0 : 1, $1) }
         for zone in relevant {
             try await pullZone(zone, report: &report)
         }

@@ -39,6 +39,15 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         }
     }
 
+    /// Whether the refusal is about which key speaks for an identity (another reader, with other
+    /// pins, may decide otherwise), not about the record itself.
+    public var isAboutKeys: Bool {
+        switch self {
+        case .keyConflict, .identityConflict: true
+        default: false
+        }
+    }
+
     /// A stable code for the reason, as stored and sent.
     public var code: String {
         switch self {

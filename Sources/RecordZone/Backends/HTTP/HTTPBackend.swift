@@ -66,10 +66,19 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         var query = [("limit", String(limit))]
         if let token { query.append(("token", token.base64)) }
         var changes = try await get(ZoneChanges.self, "/v1/zones/\(zone.rawValue)/changes", query: query)
-        // The server's rejections stand; what it sent is verified again here.
-        let (records, rejected) = verify(changes.records)
+        // What the server sent is verified again here. So are the records it refused for a key it
+        // does not hold for their owner: whose key is whose is this reader's pins' to decide.
+        var forOurPins = [Record](), standing = [RejectedRecord]()
+        for rejection in changes.rejected {
+            if rejection.reason.isAboutKeys, let bytes = rejection.data, let record = try? Record(canonical: bytes) {
+                forOurPins.append(record)
+            } else {
+                standing.append(rejection)
+            }
+        }
+        let (records, rejected) = verify(changes.records + forOurPins)
         changes.records = records
-        changes.rejected += rejected
+        changes.rejected = standing + rejected
         return changes
     }
 
@@ -140,7 +149,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         var valid = [Record](), rejected = [RejectedRecord]()
         for (record, reason) in zip(records, policy.check(records)) {
             if let reason {
-                rejected.append(RejectedRecord(recordID: record.id, reason: reason, source: "http"))
+                rejected.append(RejectedRecord(recordID: record.id, reason: reason, source: "http", data: try? record.encoded()))
             } else {
                 valid.append(record)
             }

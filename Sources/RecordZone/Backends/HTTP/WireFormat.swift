@@ -208,9 +208,11 @@ extension DatabaseChanges: Codable {
     }
 }
 
-/// On the wire: `{"zone", "name", "reason", "source"}` (zone and name absent when unknown).
+/// On the wire: `{"zone", "name", "reason", "source", "record"}` (zone and name absent when
+/// unknown; `record`, the canonical bytes in base64, when the reader has them, so the client can
+/// decide with its own pins).
 extension RejectedRecord: Codable {
-    private enum Keys: String, CodingKey { case zone, name, reason, source }
+    private enum Keys: String, CodingKey { case zone, name, reason, source, record }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Keys.self)
@@ -219,7 +221,8 @@ extension RejectedRecord: Codable {
         } else {
             nil
         }
-        self.init(recordID: id, reason: try c.decode(RejectionReason.self, forKey: .reason), source: try c.decode(String.self, forKey: .source))
+        self.init(recordID: id, reason: try c.decode(RejectionReason.self, forKey: .reason), source: try c.decode(String.self, forKey: .source),
+                  data: try c.decodeIfPresent(Data.self, forKey: .record))
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -228,5 +231,6 @@ extension RejectedRecord: Codable {
         try c.encodeIfPresent(recordID?.name, forKey: .name)
         try c.encode(reason, forKey: .reason)
         try c.encode(source, forKey: .source)
+        try c.encodeIfPresent(data, forKey: .record)
     }
 }
