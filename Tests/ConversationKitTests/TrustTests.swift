@@ -71,10 +71,14 @@ import TestSupport
         try alice.send("really me", to: "bob")
         try await alice.sync()
         let mallory = SigningKey.generate()
-        var forged = Record(id: try RecordID(zone: "speakers", name: "alice"), type: "Speaker", fields: ["name": .string("Mallory as Alice"), "tags": .list([])])
-        try forged.sign(with: mallory, clock: HybridLogicalClock().now())
+        // The profile and its directory copy, both forged.
+        let forged = try [try ChatFixture.speakerZone("alice"), try ZoneName("speakers")].map { zone in
+            var forged = Record(id: try RecordID(zone: zone, name: "alice"), type: "Speaker", fields: ["name": .string("Mallory as Alice"), "tags": .list([])])
+            try forged.sign(with: mallory, clock: HybridLogicalClock().now())
+            return forged
+        }
         let forger = try FileSystemBackend(root: fixture.folder, device: forgerDevice, policy: RecordPolicy())
-        _ = try await forger.save([forged]).map { try $0.get() }
+        _ = try await forger.save(forged).map { try $0.get() }
 
         // Bob, with no pin: a conflict, nothing of alice's shown, until he trusts her fingerprint.
         let bob = try fixture.store("bob")
@@ -115,15 +119,16 @@ import TestSupport
         var small = StoreConfiguration()
         small.pageSize = 20
         let bob = try fixture.store("bob", configuration: small)
+        try bob.conversation(with: "alice")
         try await bob.sync()
         let alice = try fixture.store("alice")
         try await alice.sync()
         let forger = try FileSystemBackend(root: fixture.folder, device: "aaa-forger", policy: RecordPolicy())
         let clock = HybridLogicalClock()
-        var forged = Record(id: try RecordID(zone: "speakers", name: "alice"), type: "Speaker", fields: ["name": .string("Mallory as Alice"), "tags": .list([])])
+        var forged = Record(id: try RecordID(zone: try ChatFixture.speakerZone("alice"), name: "alice"), type: "Speaker", fields: ["name": .string("Mallory as Alice"), "tags": .list([])])
         try forged.sign(with: SigningKey.generate(), clock: clock.now())
         let padding = try (0..<120).map { index in
-            var pad = Record(id: try RecordID(zone: "speakers", name: "pad-\(index)"), type: "Speaker", fields: ["name": .string("pad"), "tags": .list([])])
+            var pad = Record(id: try RecordID(zone: try ChatFixture.speakerZone("alice"), name: "pad-\(index)"), type: "Speaker", fields: ["name": .string("pad"), "tags": .list([])])
             try pad.sign(with: SigningKey.generate(), clock: clock.now())
             return pad
         }
@@ -148,7 +153,7 @@ import TestSupport
         let dave = SigningKey.generate(), impostor = SigningKey.generate()
         let clock = HybridLogicalClock()
         func profile(_ key: SigningKey, _ name: String) throws -> Record {
-            var record = Record(id: try RecordID(zone: "speakers", name: "dave"), type: "Speaker", fields: ["name": .string(name), "tags": .list([])])
+            var record = Record(id: try RecordID(zone: try ChatFixture.speakerZone("dave"), name: "dave"), type: "Speaker", fields: ["name": .string(name), "tags": .list([])])
             try record.sign(with: key, clock: clock.now())
             return record
         }
@@ -156,8 +161,9 @@ import TestSupport
             "speaker": .string("dave"), "listener": .string("bob"), "content": .string("hi bob, it's dave"), "spokenAt": .date(milliseconds: 1_800_000_000_000),
         ])
         try message.sign(with: dave, clock: clock.now())
-        try await fixture.plant(try profile(dave, "Dave").encoded(), in: try ZoneName("speakers"))
-        try await fixture.plant(try profile(impostor, "Not Dave").encoded(), in: try ZoneName("speakers"))
+        try #require(fixture.zoneServer).storage.createZone(try ChatFixture.speakerZone("dave"))
+        try await fixture.plant(try profile(dave, "Dave").encoded(), in: try ChatFixture.speakerZone("dave"))
+        try await fixture.plant(try profile(impostor, "Not Dave").encoded(), in: try ChatFixture.speakerZone("dave"))
         try await fixture.plant(try message.encoded(), in: try ZoneName(conversation.id))
 
         try await bob.sync()

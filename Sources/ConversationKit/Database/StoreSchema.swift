@@ -59,6 +59,9 @@ enum StoreSchema {
             ALTER TABLE ck_quarantine ADD COLUMN identity TEXT;
             CREATE INDEX ck_quarantine_by_identity ON ck_quarantine (identity) WHERE identity IS NOT NULL;
             """),
+        // Version 3: a profile comes from the speaker's zone and from the directory; the newest
+        // version (by clock) is the one shown.
+        Migration(version: 3, sql: "ALTER TABLE speakers ADD COLUMN clock INTEGER NOT NULL DEFAULT 0;"),
     ]
 }
 

@@ -15,6 +15,14 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         /// A ref's key, or a fingerprint, does not match the key the store holds for the speaker.
         case keyConflict
         case noLocalSpeaker
+        /// A link code that is not one, or was altered (its signature does not verify).
+        case invalidLinkCode
+        /// A link code past its expiry.
+        case linkCodeExpired
+        /// Linking and revoking devices needs the identity key, which only the first device holds.
+        case notIdentityDevice
+        /// No certified device of the local speaker has this key.
+        case unknownDevice
         /// The store belongs to another local speaker; open that speaker's own store.
         case storeBelongsToAnotherSpeaker
         case storeNotWritable

@@ -5,7 +5,10 @@ import SQLiteKit
 /// How the chat model maps onto records: zone names, record types, fields and who owns what.
 ///
 /// Every record's ID names its owner, so no version can hand a record to someone else:
-/// - `Speaker` in the `speakers` zone, named by the speaker's identifier: `name`, `tags`.
+/// - A speaker's own zone `s-<h(identifier)>` holds its profile (`Speaker`, named by the
+///   identifier: `name`, `tags`) and its key records (``KeyRotation``, ``DeviceCertificate``,
+///   ``DeviceRevocation``). A store follows the zones of the speakers it knows, and no others.
+/// - The `speakers` directory zone holds a copy of every profile, for discovery by query.
 /// - `ConversationMember` in a conversation zone, named `member-<identifier>`: `speaker` (the
 ///   same identifier), `participants` (both identifiers, sorted). Each side writes its own, so
 ///   two people starting the same conversation offline never conflict.
@@ -19,6 +22,7 @@ import SQLiteKit
 /// (a server, a store) can tell from the name alone whether an identifier takes part.
 enum ChatRecords {
     static let speakersZone = constantZone("speakers")
+    static let speakerZonePrefix = "s-"
 
     static let speakerType = "Speaker"
     static let memberType = "ConversationMember"
@@ -31,6 +35,7 @@ enum ChatRecords {
 
     static let rules: [OwnershipRule] = [
         OwnershipRule(recordType: speakerType, zones: .named(speakersZone.rawValue), owner: .name(prefix: "")),
+        OwnershipRule(recordType: speakerType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .name(prefix: "")),
         OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
         OwnershipRule(recordType: messageType, zones: .prefixed("c-"), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
@@ -48,22 +53,40 @@ enum ChatRecords {
         return zone
     }
 
+    /// Prefixes of the key records' names, which no identifier may start with.
+    static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix]
+
     /// Checks a speaker identifier: 1–128 bytes, no control characters, no leading `_`, not
-    /// starting with the key-rotation prefix.
+    /// starting with a key record's prefix (`rotation.`, `device.`, `revoke.`).
     static func validate(identifier: String) throws(ConversationError) {
         let count = identifier.utf8.count
         guard count > 0 else { throw ConversationError(.invalidIdentifier, "a speaker identifier may not be empty") }
         guard count <= maximumIdentifierBytes else {
             throw ConversationError(.invalidIdentifier, "speaker identifier is \(count) bytes; the limit is \(maximumIdentifierBytes)")
         }
-        guard (try? RecordID(zone: speakersZone, name: identifier)) != nil, !identifier.hasPrefix(KeyRotation.namePrefix) else {
-            throw ConversationError(.invalidIdentifier, "speaker identifier '\(identifier)' holds a control character, or starts with '_' or '\(KeyRotation.namePrefix)'")
+        guard (try? RecordID(zone: speakersZone, name: identifier)) != nil, !reservedPrefixes.contains(where: identifier.hasPrefix) else {
+            throw ConversationError(.invalidIdentifier,
+                                    "speaker identifier '\(identifier)' holds a control character, or starts with '_' or one of \(reservedPrefixes.joined(separator: ", "))")
         }
     }
 
     static func identityHash(_ identifier: String) -> String {
         OwnershipRule.identityHash(identifier)
     }
+
+    /// A speaker's own zone: its profile and key records.
+    static func speakerZone(_ identifier: String) -> ZoneName {
+        constantZone(speakerZonePrefix + identityHash(identifier))
+    }
+
+    /// The own zones of a conversation zone's two participants (their hashes are in its name).
+    static func speakerZones(of conversation: ZoneName) -> [ZoneName] {
+        let parts = conversation.rawValue.split(separator: "-")
+        guard parts.count == 3, parts[0] == "c" else { return [] }
+        return parts.dropFirst().compactMap { try? ZoneName(speakerZonePrefix + $0) }
+    }
+
+    static func isSpeakerZone(_ zone: ZoneName) -> Bool { zone.rawValue.hasPrefix(speakerZonePrefix) }
 
     /// The zone of the conversation between two speakers.
     static func conversationZone(_ a: String, _ b: String) -> ZoneName {
@@ -81,10 +104,11 @@ enum ChatRecords {
 
     // MARK: Building records
 
-    static func speaker(identifier: String, name: String, tags: [String]) throws(RecordZoneError) -> Record {
-        Record(id: try RecordID(zone: speakersZone, name: identifier), type: speakerType, fields: [
-            "name": .string(name), "tags": .list(tags.map { .string($0) }),
-        ])
+    /// A profile: the version in the speaker's own zone, and its copy in the directory.
+    static func speaker(identifier: String, name: String, tags: [String]) throws(RecordZoneError) -> [Record] {
+        let fields: [String: FieldValue] = ["name": .string(name), "tags": .list(tags.map { .string($0) })]
+        return [Record(id: try RecordID(zone: speakerZone(identifier), name: identifier), type: speakerType, fields: fields),
+                Record(id: try RecordID(zone: speakersZone, name: identifier), type: speakerType, fields: fields)]
     }
 
     static func member(_ speaker: String, with other: String) throws(RecordZoneError) -> Record {

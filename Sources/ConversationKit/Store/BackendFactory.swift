@@ -8,7 +8,11 @@ import SQLiteKit
 public struct BackendContext: Sendable {
     public let policy: RecordPolicy
     public let identity: String
+    /// The key this device signs with: the identity key on the first device, a device key on a
+    /// linked one.
     public let key: SigningKey
+    /// On a linked device, its certificate (``DeviceCertificate``, canonical bytes).
+    public let deviceCertificate: Data?
 }
 
 /// How a store reaches its backend. The store connects on first use, once its local speaker
@@ -28,7 +32,7 @@ public struct BackendFactory: Sendable {
 
     /// A zone server (`convkitd serve`) at `url`, e.g. `http://127.0.0.1:8080`.
     public static func server(_ url: URL) -> BackendFactory {
-        BackendFactory { context in HTTPBackend(url: url, identity: context.identity, key: context.key, policy: context.policy) }
+        BackendFactory { context in HTTPBackend(url: url, identity: context.identity, key: context.key, policy: context.policy, deviceCertificate: context.deviceCertificate) }
     }
 
     /// A connection to an in-memory backend shared with other stores (tests, previews).

@@ -12,26 +12,31 @@ extension ConversationStore {
     @discardableResult
     public func setupLocalSpeaker(identifier: String, name: String, tags: [String] = []) throws(ConversationError) -> Speaker {
         try ChatRecords.validate(identifier: identifier)
-        if let existing = localSpeakerIdentifier, existing != identifier {
-            throw ConversationError(.storeBelongsToAnotherSpeaker, "this store belongs to '\(existing)'; open '\(identifier)'s own store directory instead")
+        let local: LocalIdentity
+        if let existing = identity.withLock({ $0 }) {
+            guard existing.identifier == identifier else {
+                throw ConversationError(.storeBelongsToAnotherSpeaker, "this store belongs to '\(existing.identifier)'; open '\(identifier)'s own store directory instead")
+            }
+            local = existing
+        } else {
+            let key: SigningKey
+            do { key = try KeyFile.loadOrCreate(at: keyFile) } catch { throw ConversationError(.storeNotWritable, "cannot keep the speaker key: \(error.message)", backendError: error) }
+            local = LocalIdentity(identifier: identifier, key: key, identityKey: key)
+            guard policy.pinVerified(key.publicKey, for: identifier) else {
+                throw ConversationError(.keyConflict, "this store holds another key for '\(identifier)'")
+            }
         }
-        let key: SigningKey
-        do { key = try KeyFile.loadOrCreate(at: keyFile) } catch { throw ConversationError(.storeNotWritable, "cannot keep the speaker key: \(error.message)", backendError: error) }
-        let local = LocalIdentity(identifier: identifier, key: key)
-        guard policy.pinVerified(key.publicKey, for: identifier) else {
-            throw ConversationError(.keyConflict, "this store holds another key for '\(identifier)'")
-        }
-        let record: Record
-        do { record = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
+        let records: [Record]
+        do { records = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
             throw ConversationError(.invalidIdentifier, error.message)
         }
         try write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
             applier.localSpeaker = identifier
-            try commitLocal(record, as: local, in: &applier)
+            for record in records { try commitLocal(record, as: local, in: &applier) }
         }
         identity.withLock { $0 = local }
-        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: key.publicKey, trust: .verified)
+        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: policy.chain(for: identifier)?.current, trust: .verified)
     }
 
     /// Changes the local speaker's name and tags (a new signed version of its Speaker record).
@@ -63,7 +68,8 @@ extension ConversationStore {
 
     /// Finds speakers with a tag: in the `speakers` directory zone through the backend's query
     /// (when it can be reached) and in the local cache. Found speakers join
-    /// ``allKnownSpeakers()``. The local speaker is not among the results.
+    /// ``allKnownSpeakers()``, and the store follows them (their own zones are pulled from the
+    /// next sync on). The local speaker is not among the results.
     public func speakers(matching query: SpeakerQuery) async throws(ConversationError) -> [Speaker] {
         let local = localSpeakerIdentifier
         var found = [Record]()
@@ -91,6 +97,7 @@ extension ConversationStore {
                 """, [local ?? "", query.tag]) { $0.text(0) }
             for identifier in found {
                 try applier.db.execute("UPDATE speakers SET is_known = 1 WHERE identifier = ?", [identifier])
+                try applier.follow(identifier)
                 applier.note(.speakerFound(identifier))
             }
             return try self.speakers(applier.db, where: "s.identifier IN (SELECT identifier FROM speaker_tags WHERE tag = ?) AND s.identifier != ?",

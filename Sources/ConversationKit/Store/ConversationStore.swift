@@ -28,11 +28,19 @@ public final class ConversationStore: Sendable {
 
     struct LocalIdentity: Sendable {
         var identifier: String
+        /// What this device signs records and requests with.
         var key: SigningKey
+        /// The identity key: on the first device only (it signs links and revocations).
+        var identityKey: SigningKey?
+        /// On a linked device, its certificate's canonical bytes.
+        var certificate: Data?
     }
     let identity = Mutex<LocalIdentity?>(nil)
 
+    /// The identity key, on the speaker's first device.
     var keyFile: String { directory + "/speaker.key" }
+    /// The device key, on a linked device.
+    var deviceKeyFile: String { directory + "/device.key" }
 
     /// Opens (creating if needed) the store in `directory`.
     /// - Throws: ``ConversationError`` — ``ConversationError/Code/storeNotWritable`` when the
@@ -61,10 +69,19 @@ public final class ConversationStore: Sendable {
             }
             policy = ChatRecords.policy(pinnedKeys: pinned)
             policy.markConflicted(conflicted)
-            let local = try queue.read { db in try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) } }
+            let (local, certificate) = try queue.read { db in
+                (try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) },
+                 try db.first("SELECT value FROM ck_meta WHERE key = 'device_certificate'") { $0.blob(0) })
+            }
             if let local {
-                let key = try KeyFile.load(from: directory + "/speaker.key")
-                identity.withLock { $0 = LocalIdentity(identifier: local, key: key) }
+                let loaded: LocalIdentity
+                if let certificate {
+                    loaded = LocalIdentity(identifier: local, key: try KeyFile.load(from: directory + "/device.key"), certificate: certificate)
+                } else {
+                    let key = try KeyFile.load(from: directory + "/speaker.key")
+                    loaded = LocalIdentity(identifier: local, key: key, identityKey: key)
+                }
+                identity.withLock { $0 = loaded }
             }
         } catch {
             throw ConversationError.wrap(error)
@@ -100,7 +117,8 @@ public final class ConversationStore: Sendable {
     /// The local speaker's identifier, once set up.
     public var localSpeakerIdentifier: String? { identity.withLock { $0?.identifier } }
 
-    /// The local speaker's public key, once set up.
+    /// The public key this device signs with, once set up: the identity key on the speaker's
+    /// first device, the device key on a linked one.
     public var localPublicKey: Data? { identity.withLock { $0?.key.publicKey } }
 
     /// Every event from now on: new and changed messages, speakers, conversations, sync states.
@@ -149,7 +167,7 @@ public final class ConversationStore: Sendable {
             if let connected { return connected }
             let made: any RecordZoneBackend
             do throws(RecordZoneError) {
-                made = try backendFactory.make(BackendContext(policy: policy, identity: local.identifier, key: local.key))
+                made = try backendFactory.make(BackendContext(policy: policy, identity: local.identifier, key: local.key, deviceCertificate: local.certificate))
             } catch {
                 throw ConversationError(.backend, "cannot open the backend: \(error)", backendError: error)
             }
@@ -202,8 +220,8 @@ enum CacheReset {
         try db.execute("""
             DELETE FROM ck_records WHERE \(filter)
                 AND NOT EXISTS (SELECT 1 FROM ck_outbox o WHERE o.zone = ck_records.zone AND o.name = ck_records.name)
-                AND NOT (zone = ? AND name = ?)
-            """, values + [ChatRecords.speakersZone.rawValue, local])
+                AND NOT (zone = ? AND name = ?) AND zone != ?
+            """, values + [ChatRecords.speakersZone.rawValue, local, ChatRecords.speakerZone(local).rawValue])
         try db.execute("DELETE FROM messages WHERE \(filter) AND sync_state = ?", values + [SyncStateColumn.synced.rawValue])
         try db.execute("DELETE FROM receipts WHERE \(filter)", values)
         try db.execute("DELETE FROM conversation_members WHERE \(filter) AND speaker != ?", values + [local])

@@ -69,11 +69,25 @@ struct RecordApplier {
     mutating func quarantine(_ rejected: RejectedRecord) throws {
         let identity: String?
         switch rejected.reason {
-        case .keyConflict(let who), .identityConflict(let who): identity = who
+        case .keyConflict(let who), .identityConflict(let who), .deviceRevoked(let who): identity = who
         default: identity = nil
         }
         try quarantine(rejected.recordID, reason: rejected.reason.description, source: rejected.source, record: rejected.data,
                        code: rejected.reason.code, identity: identity)
+    }
+
+    /// Admits again the records quarantined as key conflicts of identities whose chains just
+    /// changed: a device's records read before its certificate, or a new key's before its rotation.
+    mutating func readmitKeyConflicts(of identities: Set<String>, policy: RecordPolicy) throws {
+        for identity in identities {
+            let held = try db.rows("SELECT id, record FROM ck_quarantine WHERE identity = ? AND code = 'keyConflict' AND record IS NOT NULL ORDER BY id",
+                                   [identity]) { ($0.int(0), $0.blob(1)) }
+            for (id, bytes) in held {
+                guard let record = try? Record(canonical: bytes), policy.check(record) == nil else { continue }
+                try db.execute("DELETE FROM ck_quarantine WHERE id = ?", [id])
+                try apply(record, origin: .remote)
+            }
+        }
     }
 
     /// The chat model's checks, beyond signature and ownership (which the backend's reader
@@ -82,7 +96,8 @@ struct RecordApplier {
         let zone = record.id.zone
         switch record.recordType {
         case ChatRecords.speakerType:
-            return zone == ChatRecords.speakersZone ? nil : "a Speaker record outside the speakers zone"
+            let home = zone == ChatRecords.speakersZone || zone == ChatRecords.speakerZone(record.id.name)
+            return home ? nil : "a Speaker record outside the directory and its speaker's zone"
         case ChatRecords.memberType:
             guard let speaker = record.string("speaker") else { return "member record without a speaker" }
             let participants = record["participants"]?.listValue?.compactMap(\.stringValue) ?? []
@@ -118,13 +133,16 @@ struct RecordApplier {
         }
     }
 
+    /// Projects a profile (from the speaker's zone or its directory copy): the newest wins.
     private mutating func projectSpeaker(_ record: Record) throws {
         let identifier = record.id.name
         let name = record.isDeleted ? "" : record.string("name") ?? ""
+        let newer = try db.first("SELECT clock FROM speakers WHERE identifier = ?", [identifier]) { UInt64(bitPattern: $0.int(0)) <= record.clock.rawValue } ?? true
+        guard newer else { return }
         try db.execute("""
-            INSERT INTO speakers (identifier, name, public_key, is_known) VALUES (?, ?, ?, 0)
-            ON CONFLICT (identifier) DO UPDATE SET name = excluded.name, public_key = excluded.public_key
-            """, [identifier, name, record.authorKey])
+            INSERT INTO speakers (identifier, name, public_key, is_known, clock) VALUES (?, ?, ?, 0, ?)
+            ON CONFLICT (identifier) DO UPDATE SET name = excluded.name, public_key = excluded.public_key, clock = excluded.clock
+            """, [identifier, name, record.authorKey, record.clock.rawValue])
         try db.execute("DELETE FROM speaker_tags WHERE identifier = ?", [identifier])
         if !record.isDeleted {
             for tag in Set(record["tags"]?.listValue?.compactMap(\.stringValue) ?? []) {
@@ -197,8 +215,14 @@ struct RecordApplier {
         newestMessage.removeAll()
     }
 
+    /// Follows a speaker: its own zone (profile, devices, revocations) is pulled from now on.
+    func follow(_ identifier: String) throws {
+        try db.execute("INSERT INTO ck_zone_state (zone) VALUES (?) ON CONFLICT (zone) DO NOTHING", [ChatRecords.speakerZone(identifier).rawValue])
+    }
+
     private mutating func ensureConversation(zone: String, other: String) throws {
         guard ensured.insert(zone).inserted else { return }
+        try follow(other)
         try db.execute("INSERT INTO conversations (zone, other) VALUES (?, ?) ON CONFLICT (zone) DO NOTHING", [zone, other])
         if db.changes > 0 { events.append(.conversationChanged(zone)) }
         try db.execute("""

@@ -27,8 +27,8 @@ public struct SyncReport: Sendable, Hashable {
 /// A version is pushed by its record ID, so a push repeated after a crash saves the same
 /// version again and never duplicates a message.
 ///
-/// Pull: the database change feed names the zones that moved; for each one the local speaker
-/// takes part in, pages of changes (verified by the backend's reader with the store's policy,
+/// Pull: the database change feed names the zones that moved; the own zones of the speakers the
+/// store follows come first, then each conversation the local speaker takes part in: pages of changes (verified by the backend's reader with the store's policy,
 /// signatures in parallel) are applied with their new token in one transaction, so a crash
 /// never skips or repeats a change.
 actor SyncEngine {
@@ -184,12 +184,20 @@ actor SyncEngine {
         } catch {
             throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
         }
-        // Profiles first: who holds which key is decided from the directory, where claims of one
-        // identity meet, before a conversation's records are read.
-        let relevant = changes.changedZones.filter {
-            $0 == ChatRecords.speakersZone || ChatRecords.isParticipant(localSpeaker, in: $0)
-        }.sorted { ($0 == ChatRecords.speakersZone ? 0 : 1, $0) < ($1 == ChatRecords.speakersZone ? 0 : 1, $1) }
-        for zone in relevant {
+        // Speakers' own zones first: who holds which keys and devices is decided there, before a
+        // conversation's records are read. The store follows only the speakers it knows: its
+        // own, the other side of each of its conversations, those found by a query.
+        let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
+        let changed = Set(changes.changedZones)
+        let followed = try write { applier in
+            try applier.follow(localSpeaker)
+            for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) {
+                try applier.db.execute("INSERT INTO ck_zone_state (zone) VALUES (?) ON CONFLICT (zone) DO NOTHING", [zone.rawValue])
+            }
+            return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
+        }
+        let speakerZones = followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } }
+        for zone in speakerZones + conversations.sorted() {
             try await pullZone(zone, report: &report)
         }
         if !changes.deletedZones.isEmpty {

@@ -32,7 +32,7 @@ package enum SaveChecks {
         let code: RecordZoneError.Code
         switch reason {
         case .unsigned, .invalidSignature: code = .invalidSignature
-        case .notOwnedByID, .ownerFieldMissing, .ownerFieldMismatch, .keyConflict, .identityConflict: code = .notAuthorized
+        case .notOwnedByID, .ownerFieldMissing, .ownerFieldMismatch, .keyConflict, .identityConflict, .deviceNotCertified, .deviceRevoked: code = .notAuthorized
         case .malformed, .corruptSegment, .refusedByBackend: code = .malformed
         }
         return RecordZoneError(code, reason.description, recordID: recordID)

@@ -2,7 +2,8 @@ import Foundation
 
 /// The keys that speak for one identity: the identity key in force, the keys it replaced (each
 /// valid for versions up to the clock of the rotation that retired it), and how the reader came
-/// to trust them. Chains are kept whole — a reader restarted after a rotation still accepts what
+/// to trust them, and the device keys it certified (``DeviceCertificate``), each valid until a
+/// revocation's clock. Chains are kept whole — a reader restarted after a rotation still accepts what
 /// the retired key signed before it.
 public struct KeyChain: Hashable, Sendable, Codable {
     /// A key the identity used before a ``KeyRotation``.
@@ -12,15 +13,27 @@ public struct KeyChain: Hashable, Sendable, Codable {
         public var until: RecordClock
     }
 
+    /// A device key the identity certified: it signs the identity's records (not its keys,
+    /// devices or revocations) up to `revokedAfter`, when a revocation set it.
+    public struct DeviceKey: Hashable, Sendable, Codable {
+        public var key: Data
+        /// The last clock this device may sign at; nil while it is not revoked.
+        public var revokedAfter: RecordClock?
+        /// The enrollment key of the link code that certified it: one code certifies one device.
+        public var enrollment: Data?
+    }
+
     public var current: Data
     public var retired: [RetiredKey]
+    public var devices: [DeviceKey]
     /// Whether the pin was settled by someone (a ref carrying the key, or the app comparing
     /// fingerprints) rather than taken on first use.
     public var isVerified: Bool
 
-    public init(current: Data, retired: [RetiredKey] = [], isVerified: Bool = false) {
+    public init(current: Data, retired: [RetiredKey] = [], devices: [DeviceKey] = [], isVerified: Bool = false) {
         self.current = current
         self.retired = retired
+        self.devices = devices
         self.isVerified = isVerified
     }
 
@@ -37,17 +50,33 @@ public struct KeyChain: Hashable, Sendable, Codable {
         }.joined(separator: " ")
     }
 
-    /// Whether `key` may sign a version at `clock`.
+    /// Whether `key` may sign one of the identity's records at `clock`: an identity key, or a
+    /// certified device not revoked before `clock`.
     public func allows(_ key: Data, at clock: RecordClock) -> Bool {
+        allowsIdentityKey(key, at: clock) || devices.contains { $0.key == key && $0.revokedAfter.map { clock <= $0 } ?? true }
+    }
+
+    /// Whether `key` may sign at `clock` as the identity itself (its rotations, devices and
+    /// revocations): the current identity key, or a retired one up to its rotation.
+    public func allowsIdentityKey(_ key: Data, at clock: RecordClock) -> Bool {
         key == current || retired.contains { $0.key == key && clock <= $0.until }
     }
 
-    private enum Keys: String, CodingKey { case current, retired, isVerified }
+    /// Whether `key` may sign a request now: the current identity key or a device not revoked.
+    public func allowsNow(_ key: Data) -> Bool {
+        key == current || devices.contains { $0.key == key && $0.revokedAfter == nil }
+    }
+
+    /// The device entry for `key`.
+    public func device(_ key: Data) -> DeviceKey? { devices.first { $0.key == key } }
+
+    private enum Keys: String, CodingKey { case current, retired, devices, isVerified }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Keys.self)
         current = try c.decode(Data.self, forKey: .current)
         retired = try c.decodeIfPresent([RetiredKey].self, forKey: .retired) ?? []
+        devices = try c.decodeIfPresent([DeviceKey].self, forKey: .devices) ?? []
         isVerified = try c.decodeIfPresent(Bool.self, forKey: .isVerified) ?? false
     }
 }

@@ -1,14 +1,21 @@
 import Foundation
 
 /// Which keys claim which identities in a set of records, and which rotations (accepted by their
-/// new key) relate them: what a reader with no pin looks at to tell one identity's keys from a
+/// new key) and device certificates (accepted by the device) relate them: what a reader with no pin looks at to tell one identity's keys from a
 /// conflict. Two keys not related by a rotation claim one identity: a conflict.
 struct KeyClaims {
     private var keys: [String: Set<Data>] = [:]
     private var rotatedTo: [String: Set<Data>] = [:]
 
-    /// Counts a record whose signature is verified (a rotation relates keys only then).
+    /// Counts a record whose signature is verified (a rotation relates keys only then). A device
+    /// certificate claims the identity with its certifier and relates the device to it.
     mutating func add(_ record: Record, owner identity: String) {
+        if record.recordType == DeviceCertificate.recordType {
+            guard case .success(let parts) = DeviceCertificate.verify(record, identity: identity) else { return }
+            keys[identity, default: []].insert(parts.certifier)
+            rotatedTo[identity, default: []].insert(parts.device)
+            return
+        }
         keys[identity, default: []].insert(record.authorKey)
         if record.recordType == KeyRotation.recordType, KeyRotation.isAccepted(record, identity: identity),
             let newKey = record[KeyRotation.newKeyField]?.bytesValue {

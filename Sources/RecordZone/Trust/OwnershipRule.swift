@@ -14,12 +14,15 @@ public struct OwnershipRule: Sendable, Hashable {
         case any
         case named(String)
         case prefixed(String)
+        /// Zones named `<prefix><h(owner)>`: each identity's own zone. A record of the rule's
+        /// type in another identity's zone is owned by nobody.
+        case ownersZone(prefix: String)
 
         func matches(_ zone: ZoneName) -> Bool {
             switch self {
             case .any: true
             case .named(let name): zone.rawValue == name
-            case .prefixed(let prefix): zone.rawValue.hasPrefix(prefix)
+            case .prefixed(let prefix), .ownersZone(let prefix): zone.rawValue.hasPrefix(prefix)
             }
         }
     }
@@ -65,6 +68,14 @@ public struct OwnershipRule: Sendable, Hashable {
 
     /// The owner of a record this rule covers, or why the record does not name one consistently.
     func owner(of record: Record) -> Result<String, RejectionReason> {
+        let found = owner(named: record)
+        if case .ownersZone(let prefix) = zones, case .success(let identity) = found, record.id.zone.rawValue != prefix + Self.identityHash(identity) {
+            return .failure(.notOwnedByID(recordType: record.recordType))
+        }
+        return found
+    }
+
+    private func owner(named record: Record) -> Result<String, RejectionReason> {
         let suffix = String(record.id.name.dropFirst(owner.prefix.count))
         switch owner {
         case .name(_, let field):

@@ -23,11 +23,16 @@ public final class RecordPolicy: Sendable {
     }
     private let pins: Mutex<Pins>
 
-    /// The rule every policy has for ``KeyRotation`` records, before its own rules.
-    static let rotationRule = OwnershipRule(recordType: KeyRotation.recordType, owner: .hashedName(prefix: KeyRotation.namePrefix, field: KeyRotation.identityField))
+    /// The rules every policy has, before its own: an identity's key records (``KeyRotation``,
+    /// ``DeviceCertificate``, ``DeviceRevocation``), each named with the identity's hash.
+    public static let keyRules = [
+        OwnershipRule(recordType: KeyRotation.recordType, owner: .hashedName(prefix: KeyRotation.namePrefix, field: KeyRotation.identityField)),
+        OwnershipRule(recordType: DeviceCertificate.recordType, owner: .hashedName(prefix: DeviceCertificate.namePrefix, field: DeviceCertificate.identityField)),
+        OwnershipRule(recordType: DeviceRevocation.recordType, owner: .hashedName(prefix: DeviceRevocation.namePrefix, field: DeviceRevocation.identityField)),
+    ]
 
     public init(rules: [OwnershipRule] = [], requiresOwner: Bool = false, pinnedKeys: [String: KeyChain] = [:]) {
-        self.rules = [Self.rotationRule] + rules
+        self.rules = Self.keyRules + rules
         self.requiresOwner = requiresOwner
         self.ownedTypes = Set(self.rules.map(\.recordType))
         self.pins = Mutex(Pins(chains: pinnedKeys))
@@ -45,6 +50,9 @@ public final class RecordPolicy: Sendable {
         }
     }
 
+    /// The identities whose chains changed since the last ``takeChangedChains()``.
+    public var changedIdentities: Set<String> { pins.withLock { $0.changed } }
+
     /// Installs chains read back from storage (whole: retired keys stay valid for what they signed).
     public func install(_ chains: [String: KeyChain]) {
         pins.withLock { pins in pins.chains.merge(chains) { _, stored in stored } }
@@ -55,11 +63,11 @@ public final class RecordPolicy: Sendable {
         pins.withLock { $0.changed.formUnion(chains.keys) }
     }
 
-    /// Whether `key` speaks for `identity` now: the chain's current key, or nothing is pinned
-    /// yet and `key` is pinned now (trust on first use).
+    /// Whether `key` speaks for `identity` now: the chain's current key or a certified device
+    /// not revoked, or nothing is pinned yet and `key` is pinned now (trust on first use).
     public func bind(identity: String, key: Data) -> Bool {
         pins.withLock { pins in
-            if let chain = pins.chains[identity] { return key == chain.current }
+            if let chain = pins.chains[identity] { return chain.allowsNow(key) }
             pins.chains[identity] = KeyChain(current: key)
             pins.changed.insert(identity)
             return true
@@ -225,10 +233,16 @@ public final class RecordPolicy: Sendable {
         case .success(let owner)?: identity = owner
         }
         if conflicted.contains(identity) { return .identityConflict(identity: identity) }
-        if record.recordType == KeyRotation.recordType { return applyRotation(record, identity: identity) }
+        switch record.recordType {
+        case KeyRotation.recordType: return applyRotation(record, identity: identity)
+        case DeviceCertificate.recordType: return applyDevice(record, identity: identity)
+        case DeviceRevocation.recordType: return applyRevocation(record, identity: identity)
+        default: break
+        }
         return pins.withLock { pins in
             if let chain = pins.chains[identity] {
-                return chain.allows(record.authorKey, at: record.clock) ? nil : .keyConflict(identity: identity)
+                if chain.allows(record.authorKey, at: record.clock) { return nil }
+                return chain.device(record.authorKey) != nil ? .deviceRevoked(identity: identity) : .keyConflict(identity: identity)
             }
             pins.chains[identity] = KeyChain(current: record.authorKey)
             pins.changed.insert(identity)
@@ -262,7 +276,7 @@ public final class RecordPolicy: Sendable {
         return pins.withLock { pins in
             var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
             if chain.current == newKey || chain.retired.contains(where: { $0.key == newKey }) { return nil }
-            guard chain.allows(record.authorKey, at: record.clock) else { return .keyConflict(identity: identity) }
+            guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else { return .keyConflict(identity: identity) }
             if chain.current == record.authorKey {
                 chain.retired.append(KeyChain.RetiredKey(key: chain.current, until: record.clock))
                 chain.current = newKey
@@ -271,6 +285,65 @@ public final class RecordPolicy: Sendable {
             pins.changed.insert(identity)
             return nil
         }
+    }
+
+    /// Admits a device certificate: its invitation must be signed by a key the identity's chain
+    /// allows as the identity (or pinned now, on first use), and its link code must not have
+    /// certified another device.
+    private func applyDevice(_ record: Record, identity: String) -> RejectionReason? {
+        let parts: DeviceCertificate.Parts
+        switch DeviceCertificate.verify(record, identity: identity) {
+        case .failure(let reason): return reason
+        case .success(let verified): parts = verified
+        }
+        return pins.withLock { pins in
+            var chain = pins.chains[identity] ?? KeyChain(current: parts.certifier)
+            guard chain.allowsIdentityKey(parts.certifier, at: record.clock) else { return .keyConflict(identity: identity) }
+            if chain.devices.contains(where: { $0.enrollment == record.authorKey && $0.key != parts.device }) {
+                return .deviceNotCertified("its link code certified another device already")
+            }
+            if let index = chain.devices.firstIndex(where: { $0.key == parts.device }) {
+                guard chain.devices[index].enrollment == nil else { return nil }
+                chain.devices[index].enrollment = record.authorKey  // known from its revocation first
+            } else {
+                chain.devices.append(KeyChain.DeviceKey(key: parts.device, revokedAfter: nil, enrollment: record.authorKey))
+            }
+            pins.chains[identity] = chain
+            pins.changed.insert(identity)
+            return nil
+        }
+    }
+
+    /// Admits a device revocation signed by the identity key: the device may sign only up to
+    /// the earliest `revokedAfter` seen, even when its certificate comes later.
+    private func applyRevocation(_ record: Record, identity: String) -> RejectionReason? {
+        let device: Data, revokedAfter: RecordClock
+        switch DeviceRevocation.parts(record) {
+        case .failure(let reason): return reason
+        case .success(let parts): (device, revokedAfter) = parts
+        }
+        return pins.withLock { pins in
+            var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
+            guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else {
+                return chain.device(record.authorKey) != nil ? .deviceNotCertified("a device cannot revoke devices") : .keyConflict(identity: identity)
+            }
+            if let index = chain.devices.firstIndex(where: { $0.key == device }) {
+                let earliest = min(chain.devices[index].revokedAfter ?? revokedAfter, revokedAfter)
+                guard chain.devices[index].revokedAfter != earliest else { return nil }
+                chain.devices[index].revokedAfter = earliest
+            } else {
+                chain.devices.append(KeyChain.DeviceKey(key: device, revokedAfter: revokedAfter, enrollment: nil))
+            }
+            pins.chains[identity] = chain
+            pins.changed.insert(identity)
+            return nil
+        }
+    }
+
+    /// Whether `key` is a device of `identity` that has been revoked (a server refuses anything
+    /// such a device saves, whatever clock it claims).
+    public func isRevokedDevice(_ key: Data, of identity: String) -> Bool {
+        pins.withLock { $0.chains[identity]?.device(key)?.revokedAfter != nil }
     }
 }
 

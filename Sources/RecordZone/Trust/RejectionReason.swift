@@ -19,6 +19,11 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     /// The reader has no key pinned for the identity, and the records it read claim it with
     /// unrelated keys: held back until a ref or the app settles which key is the identity's.
     case identityConflict(identity: String)
+    /// A device certificate that does not hold (an invitation not signed by the identity, an
+    /// expired or reused link code), or a revocation not signed by the identity key.
+    case deviceNotCertified(String)
+    /// Signed by a device of the identity after its revocation's clock.
+    case deviceRevoked(identity: String)
     /// A segment file that is incomplete or damaged; nothing in it was applied.
     case corruptSegment(String)
     /// Refused by the backend (a server), which gave this reason.
@@ -34,6 +39,8 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .ownerFieldMismatch(let field): "field '\(field)' names someone other than the owner the record ID names"
         case .keyConflict(let identity): "signed by a key that does not speak for '\(identity)'"
         case .identityConflict(let identity): "'\(identity)' is claimed with unrelated keys; held back until one is trusted"
+        case .deviceNotCertified(let why): "device not certified: \(why)"
+        case .deviceRevoked(let identity): "signed by a device of '\(identity)' after it was revoked"
         case .corruptSegment(let why): "corrupt segment: \(why)"
         case .refusedByBackend(let why): "refused by the backend: \(why)"
         }
@@ -43,7 +50,7 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     /// pins, may decide otherwise), not about the record itself.
     public var isAboutKeys: Bool {
         switch self {
-        case .keyConflict, .identityConflict: true
+        case .keyConflict, .identityConflict, .deviceRevoked: true
         default: false
         }
     }
@@ -59,6 +66,8 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .ownerFieldMismatch: "ownerFieldMismatch"
         case .keyConflict: "keyConflict"
         case .identityConflict: "identityConflict"
+        case .deviceNotCertified: "deviceNotCertified"
+        case .deviceRevoked: "deviceRevoked"
         case .corruptSegment: "corruptSegment"
         case .refusedByBackend: "refusedByBackend"
         }
@@ -80,6 +89,8 @@ extension RejectionReason: Codable {
         case "ownerFieldMismatch": self = .ownerFieldMismatch(field: detail)
         case "keyConflict": self = .keyConflict(identity: detail)
         case "identityConflict": self = .identityConflict(identity: detail)
+        case "deviceNotCertified": self = .deviceNotCertified(detail)
+        case "deviceRevoked": self = .deviceRevoked(identity: detail)
         case "corruptSegment": self = .corruptSegment(detail)
         default: self = .refusedByBackend(detail)
         }
@@ -92,7 +103,7 @@ extension RejectionReason: Codable {
         case .unsigned, .invalidSignature: break
         case .malformed(let detail), .corruptSegment(let detail), .refusedByBackend(let detail),
             .notOwnedByID(let detail), .ownerFieldMissing(let detail), .ownerFieldMismatch(let detail), .keyConflict(let detail),
-            .identityConflict(let detail):
+            .identityConflict(let detail), .deviceNotCertified(let detail), .deviceRevoked(let detail):
             try c.encode(detail, forKey: .detail)
         }
     }

@@ -48,6 +48,9 @@ final class Authenticator: Sendable {
         guard RequestSignature.verify(credentials, method: request.method, path: request.path, query: request.query, body: request.body) else {
             throw .unauthenticated("request signature does not verify")
         }
+        if let certificate = request.headers[RequestSignature.deviceHeader.lowercased()] {
+            try enroll(certificate, credentials, at: clock)
+        }
         guard policy.bind(identity: credentials.identity, key: credentials.publicKey) else {
             throw .unauthenticated("'\(credentials.identity)' is bound to another key")
         }
@@ -75,5 +78,21 @@ final class Authenticator: Sendable {
         }
         if let outcome { throw outcome }
         return credentials.identity
+    }
+
+    /// Admits the device certificate a newly linked device sends with its requests, so its key
+    /// is bound through the identity's chain before its first save (only when it is not yet).
+    private func enroll(_ header: String, _ credentials: RequestSignature.Credentials, at clock: Date) throws(Failure) {
+        if policy.chain(for: credentials.identity)?.allowsNow(credentials.publicKey) == true { return }
+        guard let bytes = Data(base64Encoded: header), let record = try? Record(canonical: bytes),
+            record.recordType == DeviceCertificate.recordType, record[DeviceCertificate.keyField]?.bytesValue == credentials.publicKey,
+            record[DeviceCertificate.identityField]?.stringValue == credentials.identity, let expires = DeviceCertificate.expiry(of: record)
+        else { throw .unauthenticated("the \(RequestSignature.deviceHeader) header is not this device's certificate") }
+        guard Double(expires.milliseconds) >= clock.timeIntervalSince1970 * 1000 else {
+            throw .unauthenticated("the device certificate's link code expired")
+        }
+        if case .failure(let rejected) = policy.admit(encoded: bytes, source: "request") {
+            throw .unauthenticated("the device certificate is refused: \(rejected.reason)")
+        }
     }
 }

@@ -43,10 +43,12 @@ extension ZoneServer {
             var results = [Result<Record, RecordZoneError>?](repeating: nil, count: body.records.count)
             var allowed = [(Int, Record)]()
             for (index, record) in body.records.enumerated() {
-                if access.canWrite(record, as: identity) {
-                    allowed.append((index, record))
-                } else {
+                if !access.canWrite(record, as: identity) {
                     results[index] = .failure(RecordZoneError(.notAuthorized, "'\(identity)' may not write \(record.id)", recordID: record.id))
+                } else if let refusal = refusalByServerTime(record) {
+                    results[index] = .failure(refusal)
+                } else {
+                    allowed.append((index, record))
                 }
             }
             let saved = try storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
@@ -95,6 +97,19 @@ extension ZoneServer {
             let data = try storage.asset(try assetParameter(matched, size: UInt64(size)))
             return HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: data)
         }
+    }
+
+    /// What only a server can refuse, by its own clock rather than the record's: a device
+    /// certificate whose link code has expired, and anything a revoked device signs (a stolen
+    /// device that backdates its clock still cannot save).
+    private func refusalByServerTime(_ record: Record) -> RecordZoneError? {
+        if let expires = DeviceCertificate.expiry(of: record), Double(expires.milliseconds) < configuration.now().timeIntervalSince1970 * 1000 {
+            return RecordZoneError(.notAuthorized, "the device certificate's link code expired", recordID: record.id)
+        }
+        if case .success(let owner)? = storage.policy.owner(of: record), storage.policy.isRevokedDevice(record.authorKey, of: owner) {
+            return RecordZoneError(.notAuthorized, RejectionReason.deviceRevoked(identity: owner).description, recordID: record.id)
+        }
+        return nil
     }
 
     // MARK: Parameters

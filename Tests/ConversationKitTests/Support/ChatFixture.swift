@@ -70,6 +70,11 @@ final class ChatFixture: @unchecked Sendable {
         }
     }
 
+    /// A speaker's own zone: profile, devices, revocations.
+    static func speakerZone(_ identifier: String) throws -> ZoneName {
+        try ZoneName("s-" + OwnershipRule.identityHash(identifier))
+    }
+
     /// The key of a store's local speaker, as its key file holds it.
     func key(of identifier: String) throws -> SigningKey { try KeyFile.load(from: storePath(identifier) + "/speaker.key") }
 

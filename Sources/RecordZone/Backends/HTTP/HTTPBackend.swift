@@ -19,6 +19,8 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     public let identity: String
     public let policy: RecordPolicy
     let key: SigningKey
+    /// A linked device's certificate, sent with every request (``RequestSignature/deviceHeader``).
+    let deviceCertificate: Data?
     let session: URLSession
     let now: @Sendable () -> Date
     /// How many times a 429 or 503 is retried before it surfaces.
@@ -26,11 +28,14 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     /// The longest wait before such a retry.
     let maximumRetryDelay: Double
 
-    public init(url: URL, identity: String, key: SigningKey, policy: RecordPolicy = RecordPolicy(),
+    /// - Parameter deviceCertificate: on a linked device, its ``DeviceCertificate`` (canonical
+    ///   bytes): a server binds the device's key from it.
+    public init(url: URL, identity: String, key: SigningKey, policy: RecordPolicy = RecordPolicy(), deviceCertificate: Data? = nil,
                 maximumRetries: Int = 2, maximumRetryDelay: Double = 2, now: @escaping @Sendable () -> Date = { Date() }) {
         baseURL = url
         self.identity = identity
         self.key = key
+        self.deviceCertificate = deviceCertificate
         self.policy = policy
         self.maximumRetries = maximumRetries
         self.maximumRetryDelay = maximumRetryDelay
@@ -231,6 +236,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         request.setValue(contentType, forHTTPHeaderField: "Content-Type")
         request.setValue(RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: identity, key: key, now: now()),
                          forHTTPHeaderField: "Authorization")
+        if let deviceCertificate { request.setValue(deviceCertificate.base64EncodedString(), forHTTPHeaderField: RequestSignature.deviceHeader) }
         do {
             let (data, response) = try await session.data(for: request)
             guard let http = response as? HTTPURLResponse else { throw RecordZoneError(.networkUnavailable, "not an HTTP answer") }

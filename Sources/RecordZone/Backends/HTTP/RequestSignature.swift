@@ -13,6 +13,9 @@ import Foundation
 /// more than ``maximumClockSkew`` seconds away from its clock, and any nonce it has seen.
 public enum RequestSignature {
     public static let scheme = "ConvKit-Ed25519"
+    /// The header a linked device sends its ``DeviceCertificate`` in (base64 of its canonical
+    /// bytes), so a server that has not seen it yet can bind the device's key from it.
+    public static let deviceHeader = "ConvKit-Device"
     public static let maximumClockSkew: Double = 300
 
     /// The parts of an `Authorization` header.
