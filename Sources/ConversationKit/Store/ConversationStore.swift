@@ -183,7 +183,8 @@ public final class ConversationStore: Sendable {
     ///   cannot be reached; whatever was pushed or pulled before that stays committed.
     @discardableResult
     public func sync() async throws(ConversationError) -> SyncReport {
-        try await engine.sync(localSpeaker: try requireIdentity().identifier, backend: try backend())
+        let local = try requireIdentity()
+        return try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: try backend())
     }
 
     /// How many local changes wait in the outbox.

@@ -46,12 +46,35 @@ actor SyncEngine {
         self.configuration = configuration
     }
 
-    func sync(localSpeaker: String, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
+    func sync(localSpeaker: String, deviceKey: Data, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
         connected = backend
         var report = SyncReport()
         try await push(&report, localSpeaker: localSpeaker)
         try await pull(&report, localSpeaker: localSpeaker)
+        try failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
         return report
+    }
+
+    /// Once this device learns it was revoked, what it signed after the revocation is marked
+    /// failed (a folder may have taken it, but no reader will) and never pushed again.
+    private func failRevoked(localSpeaker: String, deviceKey: Data) throws(ConversationError) {
+        guard let revokedAfter = database.policy.chain(for: localSpeaker)?.device(deviceKey)?.revokedAfter else { return }
+        let clock = Int64(bitPattern: revokedAfter.rawValue)
+        try write { applier in
+            let why = "this device was revoked; nobody accepts what it signs after \(revokedAfter)"
+            let late = try applier.db.rows("""
+                SELECT m.zone, m.name FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
+                WHERE r.author = ? AND r.clock > ? AND m.sync_state != ?
+                """, [deviceKey, clock, SyncStateColumn.failed.rawValue]) { ($0.text(0), $0.text(1)) }
+            for (zone, name) in late {
+                try applier.db.execute("UPDATE messages SET sync_state = ?, sync_error = ? WHERE zone = ? AND name = ?", [SyncStateColumn.failed.rawValue, why, zone, name])
+                applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
+            }
+            try applier.db.execute("""
+                DELETE FROM ck_outbox WHERE id IN
+                    (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name WHERE r.author = ? AND r.clock > ?)
+                """, [deviceKey, clock])
+        }
     }
 
     // MARK: Push

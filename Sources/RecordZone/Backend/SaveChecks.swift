@@ -3,13 +3,19 @@ import Foundation
 /// The checks a backend makes before it stores a version, shared so every backend refuses the
 /// same records with the same codes.
 package enum SaveChecks {
-    /// Refuses versions that are too large, unsigned, forged or not their author's to write.
+    /// Refuses versions that are too large, unsigned, forged or not their author's to write, and
+    /// anything signed by a device the backend knows is revoked, whatever clock it claims (a
+    /// stolen device cannot backdate its way in; readers accept what it signed before).
     /// Signatures are verified in parallel; ownership in order, as readers would.
     /// - Returns: per record, its canonical encoding ready to store, or why it was refused.
     package static func admit(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
         let verified = RecordPolicy.parallelMap(records, encodeAndVerify)
         return zip(records, verified).map { record, outcome in
-            guard case .success = outcome, let reason = policy.checkOwnership(record) else { return outcome }
+            guard case .success = outcome else { return outcome }
+            if case .success(let owner)? = policy.owner(of: record), policy.isRevokedDevice(record.authorKey, of: owner) {
+                return .failure(error(for: .deviceRevoked(identity: owner), recordID: record.id))
+            }
+            guard let reason = policy.checkOwnership(record) else { return outcome }
             return .failure(error(for: reason, recordID: record.id))
         }
     }

@@ -100,14 +100,10 @@ extension ZoneServer {
     }
 
     /// What only a server can refuse, by its own clock rather than the record's: a device
-    /// certificate whose link code has expired, and anything a revoked device signs (a stolen
-    /// device that backdates its clock still cannot save).
+    /// certificate whose link code has expired (signed with a backdated clock).
     private func refusalByServerTime(_ record: Record) -> RecordZoneError? {
         if let expires = DeviceCertificate.expiry(of: record), Double(expires.milliseconds) < configuration.now().timeIntervalSince1970 * 1000 {
             return RecordZoneError(.notAuthorized, "the device certificate's link code expired", recordID: record.id)
-        }
-        if case .success(let owner)? = storage.policy.owner(of: record), storage.policy.isRevokedDevice(record.authorKey, of: owner) {
-            return RecordZoneError(.notAuthorized, RejectionReason.deviceRevoked(identity: owner).description, recordID: record.id)
         }
         return nil
     }

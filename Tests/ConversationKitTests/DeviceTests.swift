@@ -1,0 +1,162 @@
+import ConversationKit
+import Foundation
+@testable import RecordZone
+import Testing
+import TestSupport
+
+/// One speaker on several devices: linking with a code, sending from both, revoking one.
+@Suite struct DeviceTests {
+    /// Links a second store of alice's ("laptop") from her first store's code.
+    func linkLaptop(_ fixture: ChatFixture, from alice: ConversationStore, configuration: StoreConfiguration = StoreConfiguration()) async throws -> ConversationStore {
+        let laptop = try ConversationStore(directory: fixture.storePath("alice-laptop"), backend: fixture.factory(device: "alice-laptop"), configuration: configuration)
+        try await laptop.setupLocalSpeaker(linking: try alice.linkDevice(), label: "laptop")
+        return laptop
+    }
+
+    /// Alice links her laptop to her first device, sends from both: bob sees one alice, and
+    /// alice's two stores show the same conversation, her messages as her own on both.
+    @Test(arguments: ChatBackend.allCases)
+    func aSpeakerOnTwoDevicesIsOneSpeaker(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice")
+        let bob = try fixture.store("bob")
+        try alice.send("from the phone", to: "bob")
+        try await syncAll([alice, bob])
+
+        let laptop = try await linkLaptop(fixture, from: alice)
+        #expect(laptop.localSpeakerIdentifier == "alice")
+        #expect(laptop.localPublicKey != alice.localPublicKey)
+        #expect(try laptop.localSpeaker?.name == "Alice")
+        #expect(try laptop.localSpeaker?.publicKey == alice.localPublicKey, "the identity key, the same on both")
+        // The laptop has the conversation already: linking synced it.
+        let conversation = try #require(try laptop.existingConversation(with: "bob"))
+        #expect(try laptop.messages(in: conversation.id).messages.map(\.content) == ["from the phone"])
+
+        try laptop.send("from the laptop", to: "bob")
+        try await syncAll([laptop, alice, bob])
+
+        #expect(try bob.allKnownSpeakers().map(\.identifier) == ["alice"])
+        #expect(try bob.quarantine().isEmpty)
+        let seenByBob = try bob.messages(in: conversation.id).messages
+        #expect(seenByBob.map(\.content) == ["from the phone", "from the laptop"])
+        #expect(seenByBob.allSatisfy { $0.speaker == "alice" })
+        for store in [alice, laptop] {
+            #expect(try store.conversations().map(\.id) == [conversation.id])
+            let messages = try store.messages(in: conversation.id).messages
+            #expect(messages.map(\.content) == ["from the phone", "from the laptop"])
+            #expect(messages.allSatisfy { $0.speaker == "alice" && $0.syncState == .synced })
+            #expect(try store.quarantine().isEmpty)
+        }
+        // Both list both devices; each knows which one it is.
+        for (store, label) in [(alice, "first device"), (laptop, "laptop")] {
+            let devices = try store.devices()
+            #expect(Set(devices.map(\.label)) == ["first device", "laptop"])
+            #expect(devices.filter(\.isThisDevice).map(\.label) == [label])
+            #expect(devices.filter(\.holdsIdentityKey).map(\.label) == ["first device"])
+        }
+        // Only the first device links and revokes.
+        #expect(throws: ConversationError.self) { try laptop.linkDevice() }
+    }
+
+    /// Alice revokes her laptop: what it signed before stays; what it signs later is refused by
+    /// the backend and by every store, and a server refuses it even when the laptop backdates it.
+    @Test(arguments: ChatBackend.allCases)
+    func aRevokedDevicesLaterRecordsAreRefusedEverywhere(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice")
+        let bob = try fixture.store("bob")
+        let laptop = try await linkLaptop(fixture, from: alice)
+        try laptop.send("before", to: "bob")
+        try await syncAll([laptop, alice, bob])
+
+        let device = try #require(try alice.devices().first { $0.label == "laptop" })
+        try alice.revokeDevice(device)
+        try await alice.sync()
+        #expect(try alice.devices().first { $0.label == "laptop" }?.revokedAfter != nil)
+
+        let late = try laptop.send("after the revocation", to: "bob")
+        if kind == .http {
+            // The server no longer takes the laptop's key at all.
+            await #expect(throws: ConversationError.self) { try await laptop.sync() }
+        } else {
+            try await laptop.sync()
+        }
+        try await syncAll([alice, bob])
+        let conversation = late.id.conversation
+        #expect(try bob.messages(in: conversation).messages.map(\.content) == ["before"])
+        #expect(try alice.messages(in: conversation).messages.map(\.content) == ["before"])
+        #expect(try laptop.messages(in: conversation).messages.first { $0.id == late.id }?.syncState != .synced)
+        if kind == .filesystem {
+            // A folder takes whatever its writers write; every reader refuses it.
+            #expect(try bob.quarantine().contains { $0.reason.contains("after it was revoked") })
+            #expect(try alice.quarantine().contains { $0.reason.contains("after it was revoked") })
+        }
+
+        // The laptop's key, stolen, backdates a message to before the revocation.
+        var backdated = Record(id: try RecordID(zone: try ZoneName(conversation), name: "m.\(OwnershipRule.identityHash("alice")).0001-backdated"), type: "Message", fields: [
+            "speaker": .string("alice"), "listener": .string("bob"), "content": .string("backdated"), "spokenAt": .date(milliseconds: 1_800_000_000_000),
+        ])
+        try backdated.sign(with: try KeyFile.load(from: fixture.storePath("alice-laptop") + "/device.key"), clock: RecordClock(milliseconds: 1, counter: 0))
+        if kind != .filesystem {
+            let raw = try fixture.rawBackend("alice", key: try KeyFile.load(from: fixture.storePath("alice-laptop") + "/device.key"))
+            if kind == .http {
+                await #expect { try await raw.save([backdated]) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+            } else {
+                guard case .failure(let error) = try await raw.save([backdated])[0] else { Issue.record("the backdated message was saved"); return }
+                #expect(error.code == .notAuthorized)
+            }
+        }
+    }
+
+    /// A link code past its expiry, altered, or signed by a key that is not the identity's is
+    /// refused with a typed error, and leaves the new store without a speaker.
+    @Test(arguments: ChatBackend.allCases)
+    func badLinkCodesAreRefusedWithTypedErrors(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try fixture.store("alice")
+        try await alice.sync()
+        func newStore(_ name: String, now: Date = Date()) throws -> ConversationStore {
+            var configuration = StoreConfiguration()
+            configuration.now = { now }
+            return try ConversationStore(directory: fixture.storePath(name), backend: fixture.factory(device: name), configuration: configuration)
+        }
+        func refusal(_ code: String, on store: ConversationStore) async -> ConversationError.Code? {
+            do {
+                try await store.setupLocalSpeaker(linking: code)
+                return nil
+            } catch {
+                return error.code
+            }
+        }
+
+        let code = try alice.linkDevice(lifetime: 60)
+        let late = try newStore("late", now: Date().addingTimeInterval(120))
+        #expect(await refusal(code, on: late) == .linkCodeExpired)
+        #expect(late.localSpeakerIdentifier == nil)
+
+        var altered = Array(code)
+        let index = altered.count - 20
+        altered[index] = altered[index] == "A" ? "B" : "A"
+        let tampered = try newStore("tampered")
+        #expect(await refusal(String(altered), on: tampered) == .invalidLinkCode)
+        #expect(await refusal("convkit-link-1:nonsense", on: tampered) == .invalidLinkCode)
+        #expect(await refusal("hello", on: tampered) == .invalidLinkCode)
+
+        // Mallory signs a code for "alice" with her own key.
+        let mallory = SigningKey.generate()
+        let forged = LinkCode.issue(identity: "alice", identityKey: mallory, expires: RecordClock(milliseconds: UInt64(Date().timeIntervalSince1970 * 1000) + 60_000, counter: 0))
+        let victim = try newStore("victim")
+        #expect(await refusal(forged.text, on: victim) == .keyConflict)
+        #expect(victim.localSpeakerIdentifier == nil)
+
+        // A code links one device only.
+        let first = try newStore("first")
+        try await first.setupLocalSpeaker(linking: code)
+        #expect(first.localSpeakerIdentifier == "alice")
+        let second = try newStore("second")
+        #expect(await refusal(code, on: second) != nil)
+        #expect(second.localSpeakerIdentifier == nil)
+        try await alice.sync()
+        #expect(try alice.devices().count == 2)
+    }
+}
