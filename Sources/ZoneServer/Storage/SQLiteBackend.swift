@@ -272,6 +272,16 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
 
     // MARK: Test support
 
+    /// Creates many zones in one transaction (seeding a large server for a test).
+    func createZones(_ zones: [ZoneName]) throws(RecordZoneError) {
+        try write { db in
+            let sequence = try Self.nextDatabaseSequence(db)
+            for zone in zones {
+                try db.execute("INSERT INTO zones (name, incarnation, changed_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING", [zone.rawValue, UUID().uuidString, sequence])
+            }
+        }
+    }
+
     /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
     func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) throws(RecordZoneError) {
         try write { db in
