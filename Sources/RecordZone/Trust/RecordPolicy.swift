@@ -140,9 +140,19 @@ public final class RecordPolicy: Sendable {
         let signatures = Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }
         let owners = zip(records, signatures).map { $1 == nil ? owner(of: $0) : nil }
         let conflicted = detectConflicts(records, owners: owners, elsewhere: nil)
-        return records.indices.map { index in
-            signatures[index] ?? checkOwnership(records[index], owner: owners[index], conflicted: conflicted)
+        var reasons = signatures
+        for index in Self.keyRecordsFirst(records) where signatures[index] == nil {
+            reasons[index] = checkOwnership(records[index], owner: owners[index], conflicted: conflicted)
         }
+        return reasons
+    }
+
+    /// The order in which a batch's ownership is decided: an identity's key records (rotations,
+    /// device certificates, revocations) before the records they make valid, whatever order
+    /// they were read in.
+    static func keyRecordsFirst(_ records: [Record?]) -> [Int] {
+        let isKeyRecord = { (record: Record?) in keyRules.contains { $0.recordType == record?.recordType } }
+        return records.indices.filter { isKeyRecord(records[$0]) } + records.indices.filter { !isKeyRecord(records[$0]) }
     }
 
     /// Decodes and checks a batch: signatures are verified in parallel across cores, then
@@ -161,17 +171,20 @@ public final class RecordPolicy: Sendable {
         let records = verified.map { try? $0.get() }
         let owners = records.map { $0.flatMap(owner(of:)) }
         let conflicted = detectConflicts(records, owners: owners, elsewhere: claimsElsewhere)
-        return verified.enumerated().map { index, outcome in
-            switch outcome {
+        var results = [Result<Record, RejectedRecord>?](repeating: nil, count: batch.count)
+        for index in Self.keyRecordsFirst(records) {
+            switch verified[index] {
             case .failure(let rejection):
-                return .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source(index)))
+                results[index] = .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source(index)))
             case .success(let record):
                 if let reason = checkOwnership(record, owner: owners[index], conflicted: conflicted) {
-                    return .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index), data: batch[index]))
+                    results[index] = .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index), data: batch[index]))
+                } else {
+                    results[index] = .success(record)
                 }
-                return .success(record)
             }
         }
+        return results.map { $0! }
     }
 
     /// The identities with no pin that these records (nil: refused already) — with the claims
