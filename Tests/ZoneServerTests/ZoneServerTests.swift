@@ -85,6 +85,38 @@ extension Result where Failure == RecordZoneError {
         #expect(try await second.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice).status == 401)
     }
 
+    /// A linked device's first request carries its certificate: the server binds the device key
+    /// through alice's chain (persisted: a restart keeps it). An expired code, a certificate for
+    /// another key, or one signed by a key that is not alice's get 401; so does a revoked device.
+    @Test func aDeviceIsBoundThroughItsCertificate() async throws {
+        let directory = try TemporaryDirectory("devices")
+        let own = try ZoneName("s-" + OwnershipRule.identityHash("alice"))
+        let laptop = Keys.key(31)
+        let now = Date()
+        func certificate(_ device: SigningKey, by key: SigningKey = Keys.alice, expiresIn seconds: Double = 600) throws -> Data {
+            let expires = RecordClock(milliseconds: UInt64((now.timeIntervalSince1970 + seconds) * 1000), counter: 0)
+            let code = LinkCode.issue(identity: "alice", identityKey: key, expires: expires)
+            return try DeviceCertificate.record(code: code, device: device, label: "laptop", zone: own,
+                                                clock: RecordClock(milliseconds: UInt64((now.timeIntervalSince1970 + min(0, seconds) - 1) * 1000), counter: 0)).encoded()
+        }
+        let first = try ServerFixture(directory: directory)
+        try await first.client("alice", key: Keys.alice).createZone(own)
+        #expect(try await first.signed("GET", "/v1/zones", identity: "alice", key: laptop).status == 401)
+        let expired = try await first.signed("GET", "/v1/zones", identity: "alice", key: laptop, device: try certificate(laptop, expiresIn: -5))
+        #expect(expired.status == 401 && expired.text.contains("expired"))
+        #expect(try await first.signed("GET", "/v1/zones", identity: "alice", key: laptop, device: try certificate(Keys.key(32))).status == 401)
+        #expect(try await first.signed("GET", "/v1/zones", identity: "alice", key: laptop, device: try certificate(laptop, by: Keys.mallory)).status == 401)
+        #expect(try await first.signed("GET", "/v1/zones", identity: "alice", key: laptop, device: try certificate(laptop)).status == 200)
+        await first.server.stop()
+
+        let second = try ServerFixture(directory: directory)
+        #expect(try await second.signed("GET", "/v1/zones", identity: "alice", key: laptop).status == 200, "bound before the restart")
+        let revocation = try DeviceRevocation.record(identity: "alice", device: laptop.publicKey, revokedAfter: HybridLogicalClock().now(), zone: own,
+                                                     identityKey: Keys.alice, clock: HybridLogicalClock().now())
+        _ = try await second.client("alice", key: Keys.alice).save([revocation]).map { try $0.get() }
+        #expect(try await second.signed("GET", "/v1/zones", identity: "alice", key: laptop).status == 401)
+    }
+
     @Test func anOutsiderGets403OnAConversationZone() async throws {
         let fixture = try ServerFixture()
         let zone = try conversationZone("alice", "bob")
