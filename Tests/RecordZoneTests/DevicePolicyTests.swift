@@ -23,7 +23,7 @@ import TestSupport
         let certificate = try DeviceCertificate.record(code: code(), device: laptop, label: "laptop", zone: zone, clock: RecordClock(rawValue: 10))
         #expect(policy.check(certificate) == nil)
         #expect(policy.check(try note("hello", key: laptop, clock: 20)) == nil)
-        #expect(policy.bind(identity: "alice", key: laptop.publicKey))
+        #expect(policy.pins.bind(identity: "alice", key: laptop.publicKey))
 
         // A device signs the identity's records, never its keys: no rotation, device or revocation.
         let rotation = try KeyRotation.record(identity: "alice", zone: zone, from: laptop, to: Keys.key(22), clock: RecordClock(rawValue: 30))
@@ -37,15 +37,15 @@ import TestSupport
         #expect(policy.check(revocation) == nil)
         #expect(policy.check(try note("earlier", key: laptop, clock: 40)) == nil, "signed before the revocation: still valid")
         #expect(policy.check(try note("later", key: laptop, clock: 41)) == .deviceRevoked(identity: "alice"))
-        #expect(!policy.bind(identity: "alice", key: laptop.publicKey))
-        #expect(policy.isRevokedDevice(laptop.publicKey, of: "alice"))
+        #expect(!policy.pins.bind(identity: "alice", key: laptop.publicKey))
+        #expect(policy.pins.isRevokedDevice(laptop.publicKey, of: "alice"))
         // A later revocation cannot widen the window; the certificate read again does not undo it.
         let wider = try DeviceRevocation.record(identity: "alice", device: laptop.publicKey, revokedAfter: RecordClock(rawValue: 90), zone: zone,
                                                 identityKey: Keys.alice, clock: RecordClock(rawValue: 91))
         #expect(policy.check(wider) == nil && policy.check(certificate) == nil)
-        #expect(policy.chain(for: "alice")?.device(laptop.publicKey)?.revokedAfter == RecordClock(rawValue: 40))
+        #expect(policy.pins.chain(for: "alice")?.device(laptop.publicKey)?.revokedAfter == RecordClock(rawValue: 40))
         // The chain survives a restart whole.
-        let restored = makePolicy(pinnedKeys: try JSONDecoder().decode([String: KeyChain].self, from: JSONEncoder().encode(["alice": try #require(policy.chain(for: "alice"))])))
+        let restored = makePolicy(pinnedKeys: try JSONDecoder().decode([String: KeyChain].self, from: JSONEncoder().encode(["alice": try #require(policy.pins.chain(for: "alice"))])))
         #expect(restored.check(try note("later", key: laptop, clock: 41)) == .deviceRevoked(identity: "alice"))
         #expect(restored.check(try note("earlier", key: laptop, clock: 40)) == nil)
     }
@@ -92,7 +92,7 @@ import TestSupport
         for order in [[profile, certificate, fromLaptop], [fromLaptop, certificate, profile]] {
             let fresh = makePolicy()
             #expect(fresh.check(order) == [nil, nil, nil])
-            #expect(fresh.conflictedIdentities.isEmpty && fresh.chain(for: "alice")?.current == Keys.alice.publicKey)
+            #expect(fresh.pins.conflictedIdentities.isEmpty && fresh.pins.chain(for: "alice")?.current == Keys.alice.publicKey)
         }
         let forgedInvitation = code(by: Keys.mallory)
         var stolen = try DeviceCertificate.record(code: forgedInvitation, device: Keys.mallory, label: "", zone: zone, clock: RecordClock(rawValue: 10))
@@ -101,7 +101,7 @@ import TestSupport
         let forgedProfile = try signed(zone, "p.alice", type: "Profile", key: Keys.mallory, clock: RecordClock(rawValue: 2))
         let fresh = makePolicy()
         _ = fresh.check([profile, forgedProfile, stolen, fromLaptop])
-        #expect(fresh.conflictedIdentities == ["alice"])
+        #expect(fresh.pins.conflictedIdentities == ["alice"])
     }
 
     @Test func linkCodesRoundTripAndRefuseAlteration() throws {

@@ -16,7 +16,7 @@ import TestSupport
         // A note claiming bob as owner but signed by mallory is refused too: same identity.
         let note = try note(profiles, "n", owner: "bob", key: Keys.mallory, clock: RecordClock(rawValue: 3))
         #expect(policy.check(note) == .keyConflict(identity: "bob"))
-        #expect(policy.chain(for: "bob")?.current == Keys.bob.publicKey)
+        #expect(policy.pins.chain(for: "bob")?.current == Keys.bob.publicKey)
     }
 
     @Test func unsignedAlteredAndWrongKeyRecordsAreRefused() throws {
@@ -54,20 +54,20 @@ import TestSupport
         let thread = try signed(profiles, "t.carol", type: "Thread", fields: ["author": .string("alice")], clock: RecordClock(rawValue: 7))
         #expect(policy.check(thread) == .ownerFieldMismatch(field: "author"))
         // A closed policy refuses records no rule covers.
-        let closed = RecordPolicy(rules: policy.rules, requiresOwner: true)
+        let closed = RecordPolicy(rules: OwnershipRules(Array(policy.rules.all.dropFirst(OwnershipRules.keyRules.count)), requiresOwner: true))
         #expect(closed.check(try signed(profiles, "free", clock: RecordClock(rawValue: 8))) == .notOwnedByID(recordType: "Shared"))
     }
 
     @Test func chainsChangedByAdmissionAreHandedOutOnce() throws {
         let policy = makePolicy(pinnedKeys: ["carol": KeyChain(current: Keys.carol.publicKey)])
-        #expect(policy.takeChangedChains().isEmpty)
+        #expect(policy.pins.takeChangedChains().isEmpty)
         #expect(policy.check(try note(profiles, "a", owner: "alice", clock: RecordClock(rawValue: 1))) == nil)
         #expect(policy.check(try note(profiles, "b", owner: "bob", key: Keys.bob, clock: RecordClock(rawValue: 1))) == nil)
-        let changed = policy.takeChangedChains()
+        let changed = policy.pins.takeChangedChains()
         #expect(Set(changed.keys) == ["alice", "bob"])
-        #expect(policy.takeChangedChains().isEmpty)
-        policy.restoreChangedChains(changed)
-        #expect(Set(policy.takeChangedChains().keys) == ["alice", "bob"])
+        #expect(policy.pins.takeChangedChains().isEmpty)
+        policy.pins.restoreChangedChains(changed)
+        #expect(Set(policy.pins.takeChangedChains().keys) == ["alice", "bob"])
     }
 
     @Test func tombstonesKeepTheirOwnerAndMustBeSignedByIt() throws {
@@ -118,7 +118,7 @@ import TestSupport
         let afterRotation = try signed(profiles, "p.alice", type: "Profile", key: newKey, clock: RecordClock(rawValue: 30))
         let fresh = makePolicy()
         #expect(fresh.check([realProfile, rotation, afterRotation]) == [nil, nil, nil])
-        #expect(fresh.chain(for: "alice")?.current == newKey.publicKey)
+        #expect(fresh.pins.chain(for: "alice")?.current == newKey.publicKey)
     }
 
     @Test func mergeRuleIsDeterministic() throws {

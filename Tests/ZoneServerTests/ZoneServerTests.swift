@@ -45,7 +45,7 @@ extension Result where Failure == RecordZoneError {
         #expect(relabelled != signedAsAlice)
         let asDave = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/v1/zones", headers: ["Authorization": relabelled])
         #expect(asDave.status == 401 && asDave.errorCode == "notAuthenticated")
-        #expect(fixture.server.storage.policy.chain(for: "dave") == nil)
+        #expect(fixture.server.storage.policy.pins.chain(for: "dave") == nil)
         #expect(try await fixture.signed("GET", "/v1/zones", identity: "dave", key: Keys.key(44)).status == 200)
     }
 

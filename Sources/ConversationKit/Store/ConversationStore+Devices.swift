@@ -61,7 +61,7 @@ extension ConversationStore {
         guard now <= link.expires else {
             throw ConversationError(.linkCodeExpired, "the link code expired at \(Date(timeIntervalSince1970: Double(link.expires.milliseconds) / 1000))")
         }
-        if let pinned = policy.chain(for: link.identity), pinned.current != link.certifier {
+        if let pinned = policy.pins.chain(for: link.identity), pinned.current != link.certifier {
             throw ConversationError(.keyConflict, "this store holds another key for '\(link.identity)' than the one that signed the link code")
         }
         let deviceKey: SigningKey
@@ -79,7 +79,7 @@ extension ConversationStore {
         let pulled = try await publish(certificate, bytes: certificateBytes, for: link, key: deviceKey)
 
         let local = LocalIdentity(identifier: link.identity, key: deviceKey, certificate: certificateBytes)
-        guard policy.pinVerified(link.certifier, for: link.identity) else {
+        guard policy.pins.pinVerified(link.certifier, for: link.identity) else {
             throw ConversationError(.keyConflict, "this store holds another key for '\(link.identity)'")
         }
         let policy = self.policy
@@ -142,7 +142,7 @@ extension ConversationStore {
     /// with revocations.
     public func devices() throws(ConversationError) -> [Device] {
         let local = try requireIdentity()
-        let chain = policy.chain(for: local.identifier)
+        let chain = policy.pins.chain(for: local.identifier)
         let labels = try read { db in
             try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [ChatRecords.speakerZone(local.identifier).rawValue, DeviceCertificate.recordType]) {
                 $0.blob(0)
@@ -171,7 +171,7 @@ extension ConversationStore {
         guard let identityKey = local.identityKey else {
             throw ConversationError(.notIdentityDevice, "only the first device of '\(local.identifier)', which holds its identity key, can revoke devices")
         }
-        guard policy.chain(for: local.identifier)?.device(device.publicKey) != nil else {
+        guard policy.pins.chain(for: local.identifier)?.device(device.publicKey) != nil else {
             throw ConversationError(.unknownDevice, "'\(local.identifier)' has no device with this key")
         }
         let now = clock.now()

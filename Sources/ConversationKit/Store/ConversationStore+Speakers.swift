@@ -22,7 +22,7 @@ extension ConversationStore {
             let key: SigningKey
             do { key = try KeyFile.loadOrCreate(at: keyFile) } catch { throw ConversationError(.storeNotWritable, "cannot keep the speaker key: \(error.message)", backendError: error) }
             local = LocalIdentity(identifier: identifier, key: key, identityKey: key)
-            guard policy.pinVerified(key.publicKey, for: identifier) else {
+            guard policy.pins.pinVerified(key.publicKey, for: identifier) else {
                 throw ConversationError(.keyConflict, "this store holds another key for '\(identifier)'")
             }
         }
@@ -36,7 +36,7 @@ extension ConversationStore {
             for record in records { try commitLocal(record, as: local, in: &applier) }
         }
         identity.withLock { $0 = local }
-        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: policy.chain(for: identifier)?.current, trust: .verified)
+        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: policy.pins.chain(for: identifier)?.current, trust: .verified)
     }
 
     /// Changes the local speaker's name and tags (a new signed version of its Speaker record).
@@ -112,7 +112,7 @@ extension ConversationStore {
         return try rows.map { identifier, name in
             let tags = try db.rows("SELECT tag FROM speaker_tags WHERE identifier = ? ORDER BY tag", [identifier]) { $0.text(0) }
             return Speaker(identifier: identifier, name: name.isEmpty ? identifier : name, tags: tags, isLocalSpeaker: identifier == local,
-                           publicKey: policy.chain(for: identifier)?.current, trust: trust(of: identifier))
+                           publicKey: policy.pins.chain(for: identifier)?.current, trust: trust(of: identifier))
         }
     }
 }

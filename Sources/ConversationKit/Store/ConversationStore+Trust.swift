@@ -6,8 +6,8 @@ extension ConversationStore {
     /// How far this store trusts `identifier`'s key: verified, pinned on first use, conflicted
     /// (claimed with unrelated keys; its records held back), or unknown.
     public func trust(of identifier: String) -> SpeakerTrust {
-        if let chain = policy.chain(for: identifier) { return chain.isVerified ? .verified : .firstUse }
-        return policy.conflictedIdentities.contains(identifier) ? .conflicted : .unknown
+        if let chain = policy.pins.chain(for: identifier) { return chain.isVerified ? .verified : .firstUse }
+        return policy.pins.conflictedIdentities.contains(identifier) ? .conflicted : .unknown
     }
 
     /// The fingerprints of the keys that claim a conflicted identity, for the app to compare
@@ -32,7 +32,7 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/keyConflict`` when no key seen for the identity has
     ///   this fingerprint, or another key is pinned already.
     public func trust(_ identifier: String, fingerprint: String) throws(ConversationError) {
-        let keys = Set(try heldBack(identifier).map(\.record.authorKey) + (policy.chain(for: identifier).map { [$0.current] } ?? []))
+        let keys = Set(try heldBack(identifier).map(\.record.authorKey) + (policy.pins.chain(for: identifier).map { [$0.current] } ?? []))
         guard let key = keys.first(where: { KeyChain.fingerprint(identity: identifier, key: $0) == fingerprint }) else {
             throw ConversationError(.keyConflict, "no key seen for '\(identifier)' has the fingerprint \(fingerprint)")
         }
@@ -41,7 +41,7 @@ extension ConversationStore {
 
     /// Pins `key` for `identifier` as verified and admits what was held back for it.
     private func settle(_ identifier: String, key: Data) throws(ConversationError) {
-        guard policy.pinVerified(key, for: identifier) else {
+        guard policy.pins.pinVerified(key, for: identifier) else {
             throw ConversationError(.keyConflict, "the store holds another key for '\(identifier)'")
         }
         let held = try heldBack(identifier)

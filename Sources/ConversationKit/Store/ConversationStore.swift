@@ -68,7 +68,7 @@ public final class ConversationStore: Sendable {
                  try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'identityConflict' AND identity IS NOT NULL") { $0.text(0) })
             }
             policy = ChatRecords.policy(pinnedKeys: pinned)
-            policy.markConflicted(conflicted)
+            policy.pins.markConflicted(conflicted)
             let (local, certificate) = try queue.read { db in
                 (try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) },
                  try db.first("SELECT value FROM ck_meta WHERE key = 'device_certificate'") { $0.blob(0) })

@@ -28,9 +28,9 @@ final class StoreDatabase: Sendable {
                 let local = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
                 var applier = RecordApplier(db: db, localSpeaker: local)
                 let result = try body(&applier)
-                try applier.readmitKeyConflicts(of: policy.changedIdentities, policy: policy)
+                try applier.readmitKeyConflicts(of: policy.pins.changedIdentities, policy: policy)
                 try applier.finish()
-                try PinTable.saveChanges(of: policy, in: db)
+                try PinTable.saveChanges(of: policy.pins, in: db)
                 return (result, applier.events)
             }
             hub.publish(events)

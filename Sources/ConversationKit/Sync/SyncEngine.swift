@@ -58,7 +58,7 @@ actor SyncEngine {
     /// Once this device learns it was revoked, what it signed after the revocation is marked
     /// failed (a folder may have taken it, but no reader will) and never pushed again.
     private func failRevoked(localSpeaker: String, deviceKey: Data) throws(ConversationError) {
-        guard let revokedAfter = database.policy.chain(for: localSpeaker)?.device(deviceKey)?.revokedAfter else { return }
+        guard let revokedAfter = database.policy.pins.chain(for: localSpeaker)?.device(deviceKey)?.revokedAfter else { return }
         let clock = Int64(bitPattern: revokedAfter.rawValue)
         try write { applier in
             let why = "this device was revoked; nobody accepts what it signs after \(revokedAfter)"

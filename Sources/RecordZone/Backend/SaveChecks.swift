@@ -12,7 +12,7 @@ package enum SaveChecks {
         let verified = RecordPolicy.parallelMap(records, encodeAndVerify)
         return zip(records, verified).map { record, outcome in
             guard case .success = outcome else { return outcome }
-            if case .success(let owner)? = policy.owner(of: record), policy.isRevokedDevice(record.authorKey, of: owner) {
+            if case .success(let owner)? = policy.rules.owner(of: record), policy.pins.isRevokedDevice(record.authorKey, of: owner) {
                 return .failure(error(for: .deviceRevoked(identity: owner), recordID: record.id))
             }
             guard let reason = policy.checkOwnership(record) else { return outcome }

@@ -20,10 +20,10 @@ public enum PinTable {
         return chains
     }
 
-    /// Writes the chains `policy` changed since the last call, inside the caller's transaction.
-    /// When the write fails, the chains are handed back to the policy for the next transaction.
-    public static func saveChanges(of policy: RecordPolicy, in db: Database) throws {
-        let changed = policy.takeChangedChains()
+    /// Writes the chains changed since the last call, inside the caller's transaction. When the
+    /// write fails, the chains are handed back to the pins for the next transaction.
+    public static func saveChanges(of pins: KeyPins, in db: Database) throws {
+        let changed = pins.takeChangedChains()
         guard !changed.isEmpty else { return }
         do {
             let encoder = JSONEncoder()
@@ -33,7 +33,7 @@ public enum PinTable {
                                [identity, try encoder.encode(chain)])
             }
         } catch {
-            policy.restoreChangedChains(changed)
+            pins.restoreChangedChains(changed)
             throw error
         }
     }

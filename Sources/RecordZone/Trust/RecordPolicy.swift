@@ -1,125 +1,30 @@
 import Foundation
-import Synchronization
 
 /// The checks every reader applies to every inbound record: a valid Ed25519 signature by the
-/// author key, and ownership — the record's ID names its owner (``OwnershipRule``), and the
-/// author key must speak for that owner: the key pinned for it (the first key seen, trust on
-/// first use), or one a ``KeyRotation`` signed by the pinned key moved the pin to.
+/// author key, and ownership — the record's ID names its owner (``OwnershipRules``), and the
+/// author key must speak for that owner in its chain (``KeyPins``): the identity key pinned for
+/// it (the first key seen, trust on first use, or a verified one), a key a ``KeyRotation``
+/// moved the pin to, or a device it certified (``DeviceCertificate``) and did not revoke.
 ///
-/// The rules are fixed; the pins grow as records are admitted. Whoever stores records persists
-/// ``takeChangedChains()`` in the same transaction as the records that made them.
+/// The rules are a fixed value; the pins grow as records are admitted. Whoever stores records
+/// persists ``KeyPins/takeChangedChains()`` in the same transaction as the records that made
+/// them (``PinTable``).
 public final class RecordPolicy: Sendable {
-    public let rules: [OwnershipRule]
-    /// Whether a record whose ID no rule covers is refused (a closed schema, like the chat's).
-    public let requiresOwner: Bool
-    private let ownedTypes: Set<String>
+    public let rules: OwnershipRules
+    public let pins: KeyPins
 
-    private struct Pins {
-        var chains: [String: KeyChain]
-        var changed = Set<String>()
-        /// Unpinned identities seen with unrelated keys: nothing is pinned for them on first use
-        /// until ``pinVerified(_:for:)`` settles them.
-        var conflicted = Set<String>()
-    }
-    private let pins: Mutex<Pins>
-
-    /// The rules every policy has, before its own: an identity's key records (``KeyRotation``,
-    /// ``DeviceCertificate``, ``DeviceRevocation``), each named with the identity's hash.
-    public static let keyRules = [
-        OwnershipRule(recordType: KeyRotation.recordType, owner: .hashedName(prefix: KeyRotation.namePrefix, field: KeyRotation.identityField)),
-        OwnershipRule(recordType: DeviceCertificate.recordType, owner: .hashedName(prefix: DeviceCertificate.namePrefix, field: DeviceCertificate.identityField)),
-        OwnershipRule(recordType: DeviceRevocation.recordType, owner: .hashedName(prefix: DeviceRevocation.namePrefix, field: DeviceRevocation.identityField)),
-    ]
-
-    public init(rules: [OwnershipRule] = [], requiresOwner: Bool = false, pinnedKeys: [String: KeyChain] = [:]) {
-        self.rules = Self.keyRules + rules
-        self.requiresOwner = requiresOwner
-        self.ownedTypes = Set(self.rules.map(\.recordType))
-        self.pins = Mutex(Pins(chains: pinnedKeys))
+    public init(rules: OwnershipRules, pins: KeyPins = KeyPins()) {
+        self.rules = rules
+        self.pins = pins
     }
 
-    /// The chain pinned for one identity.
-    public func chain(for identity: String) -> KeyChain? { pins.withLock { $0.chains[identity] } }
-
-    /// The chains added or changed since the last call. Persist them in the transaction that
-    /// stores the records that made them; on failure, hand them back with ``restoreChangedChains(_:)``.
-    public func takeChangedChains() -> [String: KeyChain] {
-        pins.withLock { pins in
-            defer { pins.changed.removeAll() }
-            return Dictionary(uniqueKeysWithValues: pins.changed.compactMap { id in pins.chains[id].map { (id, $0) } })
-        }
-    }
-
-    /// The identities whose chains changed since the last ``takeChangedChains()``.
-    public var changedIdentities: Set<String> { pins.withLock { $0.changed } }
-
-    /// Installs chains read back from storage (whole: retired keys stay valid for what they signed).
-    public func install(_ chains: [String: KeyChain]) {
-        pins.withLock { pins in pins.chains.merge(chains) { _, stored in stored } }
-    }
-
-    /// Marks chains as changed again (their transaction did not commit).
-    public func restoreChangedChains(_ chains: [String: KeyChain]) {
-        pins.withLock { $0.changed.formUnion(chains.keys) }
-    }
-
-    /// Whether `key` speaks for `identity` now: the chain's current key or a certified device
-    /// not revoked, or nothing is pinned yet and `key` is pinned now (trust on first use).
-    public func bind(identity: String, key: Data) -> Bool {
-        pins.withLock { pins in
-            if let chain = pins.chains[identity] { return chain.allowsNow(key) }
-            pins.chains[identity] = KeyChain(current: key)
-            pins.changed.insert(identity)
-            return true
-        }
-    }
-
-    /// Identities held in conflict (no pin, claimed with unrelated keys), as read or as restored
-    /// from storage.
-    public var conflictedIdentities: Set<String> { pins.withLock { $0.conflicted } }
-
-    /// Holds identities in conflict again after a restart.
-    public func markConflicted(_ identities: some Sequence<String>) {
-        pins.withLock { $0.conflicted.formUnion(identities) }
-    }
-
-    /// Pins `key` for `identity` as verified (a ref carried it, or the app compared its
-    /// fingerprint). - Returns: false when another key is pinned: a pin never switches silently.
-    public func pinVerified(_ key: Data, for identity: String) -> Bool {
-        pins.withLock { pins in
-            if let chain = pins.chains[identity] {
-                guard chain.current == key else { return false }
-                if chain.isVerified { return true }
-                pins.chains[identity]?.isVerified = true
-            } else {
-                pins.chains[identity] = KeyChain(current: key, isVerified: true)
-            }
-            pins.conflicted.remove(identity)
-            pins.changed.insert(identity)
-            return true
-        }
-    }
-
-    /// The rule that covers a record ID, if any.
-    public func rule(for id: RecordID) -> OwnershipRule? {
-        rules.first { $0.matches(id) }
-    }
-
-    /// The identity that owns a record, as its ID names it (nil when no rule covers it).
-    public func owner(of record: Record) -> Result<String, RejectionReason>? {
-        guard let rule = rule(for: record.id) else { return nil }
-        guard rule.recordType == record.recordType else { return .failure(.notOwnedByID(recordType: record.recordType)) }
-        return rule.owner(of: record)
-    }
-
-    /// The fields a tombstone of this record keeps.
-    public func tombstoneFields(for record: Record) -> Set<String> {
-        rule(for: record.id)?.tombstoneFields ?? []
+    public convenience init(rules: [OwnershipRule] = [], requiresOwner: Bool = false, pinnedKeys: [String: KeyChain] = [:]) {
+        self.init(rules: OwnershipRules(rules, requiresOwner: requiresOwner), pins: KeyPins(pinnedKeys))
     }
 
     /// Signs a tombstone for `record` that keeps the fields its owner check needs.
     public func tombstone(for record: Record, signedWith key: SigningKey, clock: RecordClock) throws(RecordZoneError) -> Record {
-        try record.tombstone(keeping: tombstoneFields(for: record), signedWith: key, clock: clock)
+        try record.tombstone(keeping: rules.tombstoneFields(for: record), signedWith: key, clock: clock)
     }
 
     /// Checks a record; pins its owner's key on first sight. Returns the reason when refused.
@@ -138,7 +43,7 @@ public final class RecordPolicy: Sendable {
     /// - Returns: per record, why it is refused, or nil.
     public func check(_ records: [Record]) -> [RejectionReason?] {
         let signatures = Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }
-        let owners = zip(records, signatures).map { $1 == nil ? owner(of: $0) : nil }
+        let owners = zip(records, signatures).map { $1 == nil ? rules.owner(of: $0) : nil }
         let conflicted = detectConflicts(records, owners: owners, elsewhere: nil)
         var reasons = signatures
         for index in Self.keyRecordsFirst(records) where signatures[index] == nil {
@@ -151,7 +56,7 @@ public final class RecordPolicy: Sendable {
     /// device certificates, revocations) before the records they make valid, whatever order
     /// they were read in.
     static func keyRecordsFirst(_ records: [Record?]) -> [Int] {
-        let isKeyRecord = { (record: Record?) in keyRules.contains { $0.recordType == record?.recordType } }
+        let isKeyRecord = { (record: Record?) in OwnershipRules.keyRules.contains { $0.recordType == record?.recordType } }
         return records.indices.filter { isKeyRecord(records[$0]) } + records.indices.filter { !isKeyRecord(records[$0]) }
     }
 
@@ -169,7 +74,7 @@ public final class RecordPolicy: Sendable {
     func admit(batch: [Data], source: (Int) -> String, claimsElsewhere: (() -> KeyClaims)?) -> [Result<Record, RejectedRecord>] {
         let verified = Self.parallelMap(batch, Self.decodeAndVerify)
         let records = verified.map { try? $0.get() }
-        let owners = records.map { $0.flatMap(owner(of:)) }
+        let owners = records.map { $0.flatMap(rules.owner(of:)) }
         let conflicted = detectConflicts(records, owners: owners, elsewhere: claimsElsewhere)
         var results = [Result<Record, RejectedRecord>?](repeating: nil, count: batch.count)
         for index in Self.keyRecordsFirst(records) {
@@ -196,10 +101,10 @@ public final class RecordPolicy: Sendable {
             guard let record, case .success(let identity)? = owner else { continue }
             claims.add(record, owner: identity)
         }
-        let unpinned = pins.withLock { pins in claims.identities.filter { pins.chains[$0] == nil } }
+        let unpinned = pins.update { pins in claims.identities.filter { pins.chains[$0] == nil } }
         guard !unpinned.isEmpty else { return [] }
         if let elsewhere { claims.merge(elsewhere()) }
-        return pins.withLock { pins in
+        return pins.update { pins in
             let found = unpinned.filter { pins.chains[$0] == nil && (pins.conflicted.contains($0) || claims.isConflicted($0)) }
             pins.conflicted.formUnion(found)
             return Set(found)
@@ -239,9 +144,9 @@ public final class RecordPolicy: Sendable {
     /// - Parameter owner: the record's ``owner(of:)``, when the caller has computed it already.
     func checkOwnership(_ record: Record, owner known: Result<String, RejectionReason>?? = nil, conflicted: Set<String> = []) -> RejectionReason? {
         let identity: String
-        switch known ?? owner(of: record) {
+        switch known ?? rules.owner(of: record) {
         case nil:
-            return requiresOwner || ownedTypes.contains(record.recordType) ? .notOwnedByID(recordType: record.recordType) : nil
+            return rules.refusalOfUnowned(record)
         case .failure(let reason)?: return reason
         case .success(let owner)?: identity = owner
         }
@@ -252,13 +157,12 @@ public final class RecordPolicy: Sendable {
         case DeviceRevocation.recordType: return applyRevocation(record, identity: identity)
         default: break
         }
-        return pins.withLock { pins in
+        return pins.update { pins in
             if let chain = pins.chains[identity] {
                 if chain.allows(record.authorKey, at: record.clock) { return nil }
                 return chain.device(record.authorKey) != nil ? .deviceRevoked(identity: identity) : .keyConflict(identity: identity)
             }
-            pins.chains[identity] = KeyChain(current: record.authorKey)
-            pins.changed.insert(identity)
+            pins.set(KeyChain(current: record.authorKey), for: identity)
             return nil
         }
     }
@@ -286,7 +190,7 @@ public final class RecordPolicy: Sendable {
         }
         // Without the new key's acceptance anyone could claim to be an identity's earlier key.
         guard KeyRotation.isAccepted(record, identity: identity) else { return .invalidSignature }
-        return pins.withLock { pins in
+        return pins.update { pins in
             var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
             if chain.current == newKey || chain.retired.contains(where: { $0.key == newKey }) { return nil }
             guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else { return .keyConflict(identity: identity) }
@@ -294,8 +198,7 @@ public final class RecordPolicy: Sendable {
                 chain.retired.append(KeyChain.RetiredKey(key: chain.current, until: record.clock))
                 chain.current = newKey
             }
-            pins.chains[identity] = chain
-            pins.changed.insert(identity)
+            pins.set(chain, for: identity)
             return nil
         }
     }
@@ -309,7 +212,7 @@ public final class RecordPolicy: Sendable {
         case .failure(let reason): return reason
         case .success(let verified): parts = verified
         }
-        return pins.withLock { pins in
+        return pins.update { pins in
             var chain = pins.chains[identity] ?? KeyChain(current: parts.certifier)
             guard chain.allowsIdentityKey(parts.certifier, at: record.clock) else { return .keyConflict(identity: identity) }
             if chain.devices.contains(where: { $0.enrollment == record.authorKey && $0.key != parts.device }) {
@@ -321,8 +224,7 @@ public final class RecordPolicy: Sendable {
             } else {
                 chain.devices.append(KeyChain.DeviceKey(key: parts.device, revokedAfter: nil, enrollment: record.authorKey))
             }
-            pins.chains[identity] = chain
-            pins.changed.insert(identity)
+            pins.set(chain, for: identity)
             return nil
         }
     }
@@ -335,7 +237,7 @@ public final class RecordPolicy: Sendable {
         case .failure(let reason): return reason
         case .success(let parts): (device, revokedAfter) = parts
         }
-        return pins.withLock { pins in
+        return pins.update { pins in
             var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
             guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else {
                 return chain.device(record.authorKey) != nil ? .deviceNotCertified("a device cannot revoke devices") : .keyConflict(identity: identity)
@@ -347,50 +249,8 @@ public final class RecordPolicy: Sendable {
             } else {
                 chain.devices.append(KeyChain.DeviceKey(key: device, revokedAfter: revokedAfter, enrollment: nil))
             }
-            pins.chains[identity] = chain
-            pins.changed.insert(identity)
+            pins.set(chain, for: identity)
             return nil
         }
-    }
-
-    /// Whether `key` is a device of `identity` that has been revoked (a server refuses anything
-    /// such a device saves, whatever clock it claims).
-    public func isRevokedDevice(_ key: Data, of identity: String) -> Bool {
-        pins.withLock { $0.chains[identity]?.device(key)?.revokedAfter != nil }
-    }
-}
-
-/// A record that moves an identity's pinned key to a new key. It must be signed by a key the
-/// identity's chain allows, and carry the new key's signature accepting the move (so nobody can
-/// claim to be an identity's earlier key by "rotating" to the real one); versions signed by the
-/// old key up to the rotation's clock stay valid. Its name is `rotation.<h(identity)>.<clock>`,
-/// so it is the identity's by its ID.
-public enum KeyRotation {
-    public static let recordType = "KeyRotation"
-    public static let namePrefix = "rotation."
-    public static let identityField = "identity"
-    public static let newKeyField = "newKey"
-    /// The new key's signature over ``acceptance(identity:oldKey:newKey:clock:)``.
-    public static let acceptanceField = "acceptance"
-
-    /// Makes and signs a rotation of `identity` from `oldKey` to `newKey`, accepted by `newKey`.
-    public static func record(identity: String, zone: ZoneName, from oldKey: SigningKey, to newKey: SigningKey, clock: RecordClock) throws(RecordZoneError) -> Record {
-        let name = namePrefix + OwnershipRule.identityHash(identity) + ".\(clock.rawValue)"
-        let accepted = newKey.sign(acceptance(identity: identity, oldKey: oldKey.publicKey, newKey: newKey.publicKey, clock: clock))
-        var record = Record(id: try RecordID(zone: zone, name: name), type: recordType,
-                            fields: [identityField: .string(identity), newKeyField: .bytes(newKey.publicKey), acceptanceField: .bytes(accepted)])
-        try record.sign(with: oldKey, clock: clock)
-        return record
-    }
-
-    /// Whether the rotation's new key signed its acceptance of this move.
-    static func isAccepted(_ record: Record, identity: String) -> Bool {
-        guard let newKey = record[newKeyField]?.bytesValue, let accepted = record[acceptanceField]?.bytesValue else { return false }
-        return Sodium.verify(signature: accepted, message: acceptance(identity: identity, oldKey: record.authorKey, newKey: newKey, clock: record.clock),
-                             publicKey: newKey)
-    }
-
-    static func acceptance(identity: String, oldKey: Data, newKey: Data, clock: RecordClock) -> Data {
-        Data("convkit-rotation-v1\n\(identity)\n\(clock.rawValue)\n".utf8) + oldKey + newKey
     }
 }

@@ -51,7 +51,7 @@ final class Authenticator: Sendable {
         if let certificate = request.headers[RequestSignature.deviceHeader.lowercased()] {
             try enroll(certificate, credentials, at: clock)
         }
-        guard policy.bind(identity: credentials.identity, key: credentials.publicKey) else {
+        guard policy.pins.bind(identity: credentials.identity, key: credentials.publicKey) else {
             throw .unauthenticated("'\(credentials.identity)' is bound to another key")
         }
         let replayKey = credentials.publicKey + credentials.nonce
@@ -83,7 +83,7 @@ final class Authenticator: Sendable {
     /// Admits the device certificate a newly linked device sends with its requests, so its key
     /// is bound through the identity's chain before its first save (only when it is not yet).
     private func enroll(_ header: String, _ credentials: RequestSignature.Credentials, at clock: Date) throws(Failure) {
-        if policy.chain(for: credentials.identity)?.allowsNow(credentials.publicKey) == true { return }
+        if policy.pins.chain(for: credentials.identity)?.allowsNow(credentials.publicKey) == true { return }
         guard let bytes = Data(base64Encoded: header), let record = try? Record(canonical: bytes),
             record.recordType == DeviceCertificate.recordType, record[DeviceCertificate.keyField]?.bytesValue == credentials.publicKey,
             record[DeviceCertificate.identityField]?.stringValue == credentials.identity, let expires = DeviceCertificate.expiry(of: record)

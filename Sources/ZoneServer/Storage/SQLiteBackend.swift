@@ -59,7 +59,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         // Chains bound before a restart stay bound, whole: nobody can claim an identity by being
         // first after it, and what a retired key signed before its rotation stays valid.
         do {
-            policy.install(try queue.read { db in try PinTable.load(from: db) })
+            policy.pins.install(try queue.read { db in try PinTable.load(from: db) })
         } catch {
             throw RecordZoneError(.ioError, "cannot read the key pins in \(directory): \(error)")
         }
@@ -68,7 +68,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     /// Writes the pins made outside a save (a request that bound its identity) before the
     /// request is answered.
     public func persistPins() throws(RecordZoneError) {
-        try write { db in try PinTable.saveChanges(of: policy, in: db) }
+        try write { db in try PinTable.saveChanges(of: policy.pins, in: db) }
     }
 
     // MARK: Zones
@@ -213,7 +213,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                 results.append(.success(stored))
             }
             // The pins this batch made commit with its records, or not at all.
-            try PinTable.saveChanges(of: policy, in: db)
+            try PinTable.saveChanges(of: policy.pins, in: db)
             if !touched.isEmpty {
                 let changedAt = try Self.nextDatabaseSequence(db)
                 for zone in touched {

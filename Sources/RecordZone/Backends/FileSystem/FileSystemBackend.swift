@@ -288,7 +288,7 @@ public actor FileSystemBackend: RecordZoneBackend {
                 let data = try? FileIO.read(layout.segmentFile(zone, generation, device: device, sequence: last + 1)),
                 case .success(let encoded) = Segment.decode(data) {
                 for bytes in encoded {
-                    guard let record = try? Record(canonical: bytes), case .success(let identity)? = policy.owner(of: record) else { continue }
+                    guard let record = try? Record(canonical: bytes), case .success(let identity)? = policy.rules.owner(of: record) else { continue }
                     // Any key can sign a claim of its own; a rotation relates keys only when it is genuine.
                     if record.recordType == KeyRotation.recordType, !record.hasValidSignature() { continue }
                     state.claims.add(record, owner: identity)

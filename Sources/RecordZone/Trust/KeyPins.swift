@@ -1,0 +1,94 @@
+import Foundation
+import Synchronization
+
+/// The keys a reader holds for identities: one ``KeyChain`` each (identity key, retired keys,
+/// devices, revocations), pinned on first use or verified, and the identities held in conflict.
+/// The half of a ``RecordPolicy`` that grows as records are admitted; ``PinTable`` keeps it, one
+/// row per identity, written in the transaction that stores the records that changed it.
+public final class KeyPins: Sendable {
+    struct State {
+        var chains: [String: KeyChain]
+        var changed = Set<String>()
+        /// Unpinned identities seen with unrelated keys: nothing is pinned for them on first use
+        /// until ``KeyPins/pinVerified(_:for:)`` settles them.
+        var conflicted = Set<String>()
+
+        /// Replaces an identity's chain and marks it changed.
+        mutating func set(_ chain: KeyChain, for identity: String) {
+            chains[identity] = chain
+            changed.insert(identity)
+        }
+    }
+    private let state: Mutex<State>
+
+    public init(_ chains: [String: KeyChain] = [:]) {
+        state = Mutex(State(chains: chains))
+    }
+
+    /// Runs `body` on the pins, atomically (admission decides and pins in one step).
+    func update<R>(_ body: (inout State) -> R) -> R { state.withLock { body(&$0) } }
+
+    /// The chain pinned for one identity.
+    public func chain(for identity: String) -> KeyChain? { state.withLock { $0.chains[identity] } }
+
+    /// The chains added or changed since the last call. Persist them in the transaction that
+    /// stores the records that made them; on failure, hand them back with ``restoreChangedChains(_:)``.
+    public func takeChangedChains() -> [String: KeyChain] {
+        state.withLock { state in
+            defer { state.changed.removeAll() }
+            return Dictionary(uniqueKeysWithValues: state.changed.compactMap { id in state.chains[id].map { (id, $0) } })
+        }
+    }
+
+    /// The identities whose chains changed since the last ``takeChangedChains()``.
+    public var changedIdentities: Set<String> { state.withLock { $0.changed } }
+
+    /// Marks chains as changed again (their transaction did not commit).
+    public func restoreChangedChains(_ chains: [String: KeyChain]) {
+        state.withLock { $0.changed.formUnion(chains.keys) }
+    }
+
+    /// Installs chains read back from storage (whole: retired keys stay valid for what they signed).
+    public func install(_ chains: [String: KeyChain]) {
+        state.withLock { state in state.chains.merge(chains) { _, stored in stored } }
+    }
+
+    /// Whether `key` speaks for `identity` now: the chain's current key or a certified device
+    /// not revoked, or nothing is pinned yet and `key` is pinned now (trust on first use).
+    public func bind(identity: String, key: Data) -> Bool {
+        state.withLock { state in
+            if let chain = state.chains[identity] { return chain.allowsNow(key) }
+            state.set(KeyChain(current: key), for: identity)
+            return true
+        }
+    }
+
+    /// Pins `key` for `identity` as verified (a ref carried it, or the app compared its
+    /// fingerprint). - Returns: false when another key is pinned: a pin never switches silently.
+    public func pinVerified(_ key: Data, for identity: String) -> Bool {
+        state.withLock { state in
+            var chain = state.chains[identity] ?? KeyChain(current: key)
+            guard chain.current == key else { return false }
+            if chain.isVerified { return true }
+            chain.isVerified = true
+            state.set(chain, for: identity)
+            state.conflicted.remove(identity)
+            return true
+        }
+    }
+
+    /// Identities held in conflict (no pin, claimed with unrelated keys), as read or as restored
+    /// from storage.
+    public var conflictedIdentities: Set<String> { state.withLock { $0.conflicted } }
+
+    /// Holds identities in conflict again after a restart.
+    public func markConflicted(_ identities: some Sequence<String>) {
+        state.withLock { $0.conflicted.formUnion(identities) }
+    }
+
+    /// Whether `key` is a device of `identity` that has been revoked (a backend refuses anything
+    /// such a device saves, whatever clock it claims).
+    public func isRevokedDevice(_ key: Data, of identity: String) -> Bool {
+        state.withLock { $0.chains[identity]?.device(key)?.revokedAfter != nil }
+    }
+}
