@@ -23,6 +23,21 @@ import TestSupport
         try alice.send("from the phone", to: "bob")
         try await syncAll([alice, bob])
 
+        let laptopKey = try await laptopSendsToo(fixture, alice: alice, bob: bob)
+
+        // Reopened (the first instance is gone, as after a restart), the laptop is still alice's
+        // laptop, and still sends as alice.
+        let reopened = try ConversationStore(directory: fixture.storePath("alice-laptop"), backend: fixture.factory(device: "alice-laptop"))
+        #expect(reopened.localSpeakerIdentifier == "alice" && reopened.localPublicKey == laptopKey)
+        try reopened.send("after a restart", to: "bob")
+        try await syncAll([reopened, bob])
+        let conversation = try #require(try bob.existingConversation(with: "alice"))
+        #expect(try bob.messages(in: conversation.id).messages.map(\.content) == ["from the phone", "from the laptop", "after a restart"])
+    }
+
+    /// Links alice's laptop, sends from it, and checks that bob and alice's two stores agree.
+    /// - Returns: the laptop's key.
+    func laptopSendsToo(_ fixture: ChatFixture, alice: ConversationStore, bob: ConversationStore) async throws -> Data? {
         let laptop = try await linkLaptop(fixture, from: alice)
         #expect(laptop.localSpeakerIdentifier == "alice")
         #expect(laptop.localPublicKey != alice.localPublicKey)
@@ -56,6 +71,8 @@ import TestSupport
         }
         // Only the first device links and revokes.
         #expect(throws: ConversationError.self) { try laptop.linkDevice() }
+        #expect(throws: ConversationError.self) { try laptop.revokeDevice(try #require(try laptop.devices().first { $0.isThisDevice })) }
+        return laptop.localPublicKey
     }
 
     /// Alice revokes her laptop: what it signed before stays; what it signs later is refused by
