@@ -43,15 +43,14 @@ public struct LinkCode: Sendable, Hashable {
         self.signature = signature
     }
 
-    /// The code as text: `convkit-link-1:` and base64url of its parts.
+    /// The code as text: `convkit-link-1:` and base64url of the identity (length-prefixed), the
+    /// certifier (32 bytes), the enrollment seed (32), the signature (64) and the expiry (8).
     public var text: String {
-        var bytes = Data()
-        for part in [Data(identity.utf8), certifier, enrollment.seed, signature] {
-            bytes.append(contentsOf: withUnsafeBytes(of: UInt16(part.count).bigEndian, Array.init))
-            bytes.append(part)
-        }
-        bytes.append(contentsOf: withUnsafeBytes(of: expires.rawValue.bigEndian, Array.init))
-        return Self.prefix + bytes.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+        var w = ByteWriter()
+        w.string16(identity)
+        for part in [certifier, enrollment.seed, signature] { w.append(part) }
+        w.u64(expires.rawValue)
+        return Self.prefix + Data(w.bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
     }
 
@@ -62,26 +61,22 @@ public struct LinkCode: Sendable, Hashable {
         guard trimmed.hasPrefix(Self.prefix) else { throw .invalid("a link code starts with \(Self.prefix)") }
         var base64 = trimmed.dropFirst(Self.prefix.count).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
         base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        guard var bytes = Data(base64Encoded: base64).map({ [UInt8]($0)[...] }) else { throw .invalid("the link code is not base64url") }
-        func take(_ count: Int) throws(Failure) -> Data {
-            guard bytes.count >= count else { throw .invalid("the link code is truncated") }
-            defer { bytes = bytes.dropFirst(count) }
-            return Data(bytes.prefix(count))
+        guard let bytes = Data(base64Encoded: base64) else { throw .invalid("the link code is not base64url") }
+        let parts = bytes.withUnsafeBytes { raw -> (String, Data, Data, Data, RecordClock)? in
+            var r = ByteReader(raw)
+            guard let identity = try? r.string16(what: "identity"), let certifier = try? r.data(Sodium.publicKeyLength),
+                let seed = try? r.data(Sodium.seedLength), let signature = try? r.data(Sodium.signatureLength),
+                let expires = try? r.u64(), r.remaining == 0
+            else { return nil }
+            return (identity, certifier, seed, signature, RecordClock(rawValue: expires))
         }
-        var parts = [Data]()
-        for _ in 0..<4 {
-            let length = try take(2).reduce(0) { $0 << 8 | Int($1) }
-            parts.append(try take(length))
+        guard let (identity, certifier, seed, signature, expires) = parts, let enrollment = try? SigningKey(seed: seed) else {
+            throw .invalid("the link code is truncated or malformed")
         }
-        let expires = RecordClock(rawValue: try take(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
-        guard bytes.isEmpty else { throw .invalid("the link code has trailing bytes") }
-        guard let identity = String(data: parts[0], encoding: .utf8), parts[1].count == Sodium.publicKeyLength,
-            let enrollment = try? SigningKey(seed: parts[2]), parts[3].count == Sodium.signatureLength
-        else { throw .invalid("the link code's parts are malformed") }
-        guard Sodium.verify(signature: parts[3], message: DeviceCertificate.invitation(identity: identity, enrollmentKey: enrollment.publicKey, expires: expires),
-                            publicKey: parts[1])
+        guard Sodium.verify(signature: signature, message: DeviceCertificate.invitation(identity: identity, enrollmentKey: enrollment.publicKey, expires: expires),
+                            publicKey: certifier)
         else { throw .invalid("the link code's signature does not verify (altered?)") }
-        self.init(identity: identity, certifier: parts[1], enrollment: enrollment, expires: expires, signature: parts[3])
+        self.init(identity: identity, certifier: certifier, enrollment: enrollment, expires: expires, signature: signature)
     }
 
     public static func == (a: LinkCode, b: LinkCode) -> Bool { a.text == b.text }
