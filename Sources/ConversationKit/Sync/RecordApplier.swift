@@ -216,8 +216,11 @@ struct RecordApplier {
     }
 
     /// Follows a speaker: its own zone (profile, devices, revocations) is pulled from now on.
-    func follow(_ identifier: String) throws {
-        try db.execute("INSERT INTO ck_zone_state (zone) VALUES (?) ON CONFLICT (zone) DO NOTHING", [ChatRecords.speakerZone(identifier).rawValue])
+    func follow(_ identifier: String) throws { try follow(zone: ChatRecords.speakerZone(identifier)) }
+
+    /// Follows a speaker's own zone, known by name (a conversation zone's name holds both hashes).
+    func follow(zone: ZoneName) throws {
+        try db.execute("INSERT INTO ck_zone_state (zone) VALUES (?) ON CONFLICT (zone) DO NOTHING", [zone.rawValue])
     }
 
     private mutating func ensureConversation(zone: String, other: String) throws {

@@ -28,9 +28,10 @@ public struct SyncReport: Sendable, Hashable {
 /// version again and never duplicates a message.
 ///
 /// Pull: the database change feed names the zones that moved; the own zones of the speakers the
-/// store follows come first, then each conversation the local speaker takes part in: pages of changes (verified by the backend's reader with the store's policy,
-/// signatures in parallel) are applied with their new token in one transaction, so a crash
-/// never skips or repeats a change.
+/// store follows come first, then each conversation the local speaker takes part in: pages of
+/// changes (verified by the backend's reader with the store's policy, signatures in parallel)
+/// are applied with their new token in one transaction, so a crash never skips or repeats a
+/// change.
 actor SyncEngine {
     let database: StoreDatabase
     let configuration: StoreConfiguration
@@ -214,9 +215,7 @@ actor SyncEngine {
         let changed = Set(changes.changedZones)
         let followed = try write { applier in
             try applier.follow(localSpeaker)
-            for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) {
-                try applier.db.execute("INSERT INTO ck_zone_state (zone) VALUES (?) ON CONFLICT (zone) DO NOTHING", [zone.rawValue])
-            }
+            for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
             return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
         }
         let speakerZones = followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } }
