@@ -289,8 +289,9 @@ public actor FileSystemBackend: RecordZoneBackend {
                 case .success(let encoded) = Segment.decode(data) {
                 for bytes in encoded {
                     guard let record = try? Record(canonical: bytes), case .success(let identity)? = policy.rules.owner(of: record) else { continue }
-                    // Any key can sign a claim of its own; a rotation relates keys only when it is genuine.
-                    if record.recordType == KeyRotation.recordType, !record.hasValidSignature() { continue }
+                    // Any key can sign a claim of its own; a key record (rotation, device) relates
+                    // keys only when it is genuine.
+                    if OwnershipRules.keyRules.contains(where: { $0.recordType == record.recordType }), !record.hasValidSignature() { continue }
                     state.claims.add(record, owner: identity)
                 }
                 last += 1
