@@ -49,6 +49,7 @@ extension Record {
             }
         }
         self = try result.get()
+        signedBytes = data
     }
 }
 

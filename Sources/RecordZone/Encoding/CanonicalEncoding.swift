@@ -36,8 +36,10 @@ extension Record {
         return Data(writer.bytes)
     }
 
-    /// The full canonical encoding: the signed body followed by the signature.
+    /// The full canonical encoding: the signed body followed by the signature. For a record
+    /// decoded or signed here, the very bytes it was decoded from or signed as, with no work.
     public func encoded() throws(RecordZoneError) -> Data {
+        if let signedBytes { return signedBytes }
         var writer = ByteWriter()
         try writeBody(into: &writer)
         writer.u8(UInt8(signature.count))

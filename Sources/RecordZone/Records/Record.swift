@@ -18,22 +18,27 @@ public struct Record: Hashable, Sendable {
     /// The longest record type name.
     public static let maximumTypeLength = 255
 
-    public var id: RecordID
-    public var recordType: String
+    public var id: RecordID { didSet { signedBytes = nil } }
+    public var recordType: String { didSet { signedBytes = nil } }
     /// The fields, by name. Use the subscript to read and write single fields.
-    public var fields: [String: FieldValue]
+    public var fields: [String: FieldValue] { didSet { signedBytes = nil } }
 
     /// The author's Ed25519 public key (32 bytes); empty until signed.
-    public var authorKey: Data
+    public var authorKey: Data { didSet { signedBytes = nil } }
     /// The hybrid-logical-clock version; with ``authorKey`` it orders versions (``MergeRule``).
-    public var clock: RecordClock
+    public var clock: RecordClock { didSet { signedBytes = nil } }
     /// Whether this version is a tombstone: the record was deleted.
-    public var isDeleted: Bool
+    public var isDeleted: Bool { didSet { signedBytes = nil } }
     /// The detached Ed25519 signature (64 bytes) over ``canonicalBytes()``; empty when unsigned.
-    public var signature: Data
+    public var signature: Data { didSet { signedBytes = nil } }
 
     /// Metadata the backend keeps about the stored record. Never encoded, never signed.
     public var serverMetadata: ServerMetadata?
+
+    /// The exact canonical encoding this version was decoded from or signed as, kept so that no
+    /// layer encodes it again (``encoded()`` returns it) and a signature is checked over the very
+    /// bytes received. Any change to the record drops it.
+    var signedBytes: Data?
 
     public init(id: RecordID, type: String, fields: [String: FieldValue] = [:]) {
         self.id = id
@@ -63,7 +68,9 @@ public struct Record: Hashable, Sendable {
         guard body.count + Sodium.signatureLength + 1 <= Self.maximumEncodedSize else {
             throw RecordZoneError(.limitExceeded, "record \(id) is \(body.count) bytes; the limit is \(Self.maximumEncodedSize)", recordID: id)
         }
-        signature = key.sign(body)
+        let signature = key.sign(body)
+        self.signature = signature
+        signedBytes = body + [UInt8(signature.count)] + signature
     }
 
     /// Returns a signed tombstone for this record: same ID and type, no fields except those
@@ -77,7 +84,14 @@ public struct Record: Hashable, Sendable {
 
     /// Whether the signature is a valid Ed25519 signature by ``authorKey`` over the canonical bytes.
     public func hasValidSignature() -> Bool {
-        guard isSigned, authorKey.count == Sodium.publicKeyLength, let body = try? canonicalBytes() else { return false }
+        guard isSigned, authorKey.count == Sodium.publicKeyLength else { return false }
+        let body: Data
+        if let signedBytes {
+            body = signedBytes.prefix(signedBytes.count - 1 - signature.count)
+        } else {
+            guard let encoded = try? canonicalBytes() else { return false }
+            body = encoded
+        }
         return Sodium.verify(signature: signature, message: body, publicKey: authorKey)
     }
 
