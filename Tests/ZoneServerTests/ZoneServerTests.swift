@@ -227,7 +227,7 @@ extension Result where Failure == RecordZoneError {
         try valid.sign(with: Keys.alice, clock: HybridLogicalClock().now())
         let seeds = [try JSONEncoder().encode(Wire.Modify(records: [valid], policy: .merge)),
                      try JSONEncoder().encode(Wire.Fetch(ids: [Wire.ID(valid.id)])),
-                     Data(#"{"recordType":"Item","predicates":[{"range":{"field":"n","lower":{"int":0}}}],"sort":[{"field":"n","ascending":true}],"limit":5}"#.utf8)]
+                     Data(#"{"recordType":"Item","predicates":[{"range":{"field":"n","lower":{"int":"0"}}}],"sort":[{"field":"n","ascending":true}],"limit":5}"#.utf8)]
         var rng = SeededRandom(seed: 42)
         let routes = ["/v1/records/modify", "/v1/records/fetch", "/v1/zones/fuzz/query"]
         for round in 0..<90 {

@@ -1,12 +1,14 @@
 import Foundation
 
-/// The JSON form of records, for the wire and for tools. Bytes are base64, dates are
-/// milliseconds since 1970, and each field value is an object with one key naming its type:
+/// The readable JSON form of records, for people and tools (the wire carries the canonical
+/// bytes themselves: ``Wire``). Bytes are base64, dates are milliseconds since 1970, 64-bit
+/// integers (the clock, int values) are decimal strings so that every JSON parser reads them
+/// exactly, and each field value is an object with one key naming its type:
 ///
 /// ```json
-/// {"zone":"notes","name":"n1","type":"Note","author":"<base64>","clock":7095310565998592,
+/// {"zone":"notes","name":"n1","type":"Note","author":"<base64>","clock":"7095310565998592",
 ///  "deleted":false,"signature":"<base64>",
-///  "fields":{"title":{"string":"Hello"},"tags":{"list":[{"string":"a"}]},"when":{"date":1700000000000}}}
+///  "fields":{"title":{"string":"Hello"},"count":{"int":"3"},"when":{"date":1700000000000}}}
 /// ```
 ///
 /// The signature never depends on JSON formatting: it covers the canonical bytes, which the
@@ -26,7 +28,10 @@ extension Record: Codable {
         }
         self.init(id: id, type: try c.decode(String.self, forKey: .type), fields: try c.decodeIfPresent([String: FieldValue].self, forKey: .fields) ?? [:])
         authorKey = try c.decodeIfPresent(Data.self, forKey: .author) ?? Data()
-        clock = RecordClock(rawValue: try c.decodeIfPresent(UInt64.self, forKey: .clock) ?? 0)
+        if let text = try c.decodeIfPresent(String.self, forKey: .clock) {
+            guard let value = UInt64(text) else { throw DecodingError.dataCorruptedError(forKey: .clock, in: c, debugDescription: "clock is not a decimal uint64") }
+            clock = RecordClock(rawValue: value)
+        }
         isDeleted = try c.decodeIfPresent(Bool.self, forKey: .deleted) ?? false
         signature = try c.decodeIfPresent(Data.self, forKey: .signature) ?? Data()
         serverMetadata = try c.decodeIfPresent(ServerMetadata.self, forKey: .server)
@@ -38,7 +43,7 @@ extension Record: Codable {
         try c.encode(id.name, forKey: .name)
         try c.encode(recordType, forKey: .type)
         try c.encode(authorKey, forKey: .author)
-        try c.encode(clock.rawValue, forKey: .clock)
+        try c.encode(String(clock.rawValue), forKey: .clock)
         try c.encode(isDeleted, forKey: .deleted)
         try c.encode(signature, forKey: .signature)
         try c.encode(fields, forKey: .fields)
@@ -96,7 +101,9 @@ extension FieldValue: Codable {
         }
         switch key {
         case .string: self = .string(try c.decode(String.self, forKey: key))
-        case .int: self = .int(try c.decode(Int64.self, forKey: key))
+        case .int:
+            guard let value = Int64(try c.decode(String.self, forKey: key)) else { throw corrupt("an int is a decimal int64 in a string") }
+            self = .int(value)
         case .double:
             let d = try c.decode(Double.self, forKey: key)
             guard d.isFinite else { throw corrupt("double must be finite") }
@@ -127,7 +134,7 @@ extension FieldValue: Codable {
         var c = encoder.container(keyedBy: Keys.self)
         switch self {
         case .string(let v): try c.encode(v, forKey: .string)
-        case .int(let v): try c.encode(v, forKey: .int)
+        case .int(let v): try c.encode(String(v), forKey: .int)
         case .double(let v): try c.encode(v, forKey: .double)
         case .bool(let v): try c.encode(v, forKey: .bool)
         case .date(let v): try c.encode(FieldValue.milliseconds(v), forKey: .date)

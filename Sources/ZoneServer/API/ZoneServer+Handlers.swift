@@ -29,7 +29,7 @@ extension ZoneServer {
         case .zoneChanges:
             let zone = try readableZone(matched, identity)
             let limit = try intParameter(request, "limit") ?? 200
-            return .json(try storage.fetchChanges(in: zone, since: try tokenParameter(request), limit: limit))
+            return wire(try storage.changes(in: zone, since: try tokenParameter(request), limit: limit), for: request)
         case .waitForChanges:
             let zone = try readableZone(matched, identity)
             let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))
@@ -42,7 +42,12 @@ extension ZoneServer {
             }
             var results = [Result<Record, RecordZoneError>?](repeating: nil, count: body.records.count)
             var allowed = [(Int, Record)]()
-            for (index, record) in body.records.enumerated() {
+            for (index, signed) in body.records.enumerated() {
+                let record: Record
+                do { record = try signed.decoded() } catch {
+                    results[index] = .failure(RecordZoneError(.malformed, "record \(index) is not a canonical record: \(error)"))
+                    continue
+                }
                 if !access.canWrite(record, as: identity) {
                     results[index] = .failure(RecordZoneError(.notAuthorized, "'\(identity)' may not write \(record.id)", recordID: record.id))
                 } else if let refusal = refusalByServerTime(record) {
@@ -53,25 +58,32 @@ extension ZoneServer {
             }
             let saved = try storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
             for ((index, _), result) in zip(allowed, saved) { results[index] = result }
-            return .json(Wire.Outcomes(results: results.map { Wire.Outcome($0 ?? .failure(RecordZoneError(.internalError, "no result"))) }))
+            return wire(Wire.Outcomes(results: results.map { Wire.Outcome($0 ?? .failure(RecordZoneError(.internalError, "no result"))) }), for: request)
         case .fetch:
             let body = try decode(Wire.Fetch.self, request)
             guard body.ids.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) IDs")
             }
-            var outcomes = [Wire.Outcome]()
-            for id in body.ids {
+            var outcomes = [Wire.Outcome?](repeating: nil, count: body.ids.count)
+            var readable = [(Int, RecordID)]()
+            for (index, id) in body.ids.enumerated() {
                 guard let recordID = try? RecordID(zone: id.zone, name: id.name) else {
-                    outcomes.append(Wire.Outcome(.failure(RecordZoneError(.invalidArguments, "invalid record ID \(id.zone)/\(id.name)"))))
+                    outcomes[index] = Wire.Outcome(.failure(RecordZoneError(.invalidArguments, "invalid record ID \(id.zone)/\(id.name)")))
                     continue
                 }
                 guard access.canRead(zone: recordID.zone, as: identity) else {
-                    outcomes.append(Wire.Outcome(.failure(RecordZoneError(.notAuthorized, "'\(identity)' may not read \(recordID.zone)", recordID: recordID))))
+                    outcomes[index] = Wire.Outcome(.failure(RecordZoneError(.notAuthorized, "'\(identity)' may not read \(recordID.zone)", recordID: recordID)))
                     continue
                 }
-                outcomes.append(Wire.Outcome(try storage.fetch([recordID])[0]))
+                readable.append((index, recordID))
             }
-            return .json(Wire.Outcomes(results: outcomes))
+            for ((index, _), result) in zip(readable, try storage.stored(readable.map(\.1))) {
+                switch result {
+                case .success(let signed): outcomes[index] = Wire.Outcome(record: signed)
+                case .failure(let error): outcomes[index] = Wire.Outcome(.failure(error))
+                }
+            }
+            return wire(Wire.Outcomes(results: outcomes.map { $0 ?? Wire.Outcome(.failure(RecordZoneError(.internalError, "no result"))) }), for: request)
         case .query:
             let zone = try readableZone(matched, identity)
             let body = try decode(Wire.Query.self, request)
@@ -81,7 +93,8 @@ extension ZoneServer {
             }
             let result = try storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
                                                  cursor: cursor, limit: body.limit ?? 100)
-            return .json(Wire.QueryResults(records: result.records, cursor: result.cursor?.data.base64EncodedString()))
+            let records = result.records.compactMap { try? Wire.SignedRecord($0) }
+            return wire(Wire.QueryResults(records: records, cursor: result.cursor?.data.base64EncodedString()), for: request)
         case .putAsset:
             let expected = try assetParameter(matched, size: UInt64(request.body.count))
             let stored = Result { () throws(RecordZoneError) in try storage.putAsset(request.body, expected: expected) }
@@ -146,11 +159,20 @@ extension ZoneServer {
         return reference
     }
 
+    /// Decodes a request body in the form its `Content-Type` names (``Wire``).
     private func decode<T: Decodable>(_ type: T.Type, _ request: HTTPRequest) throws(APIError) -> T {
+        let binary = request.headers["content-type"]?.lowercased().hasPrefix(Wire.recordsType) ?? false
         do {
-            return try JSONDecoder().decode(type, from: request.body)
+            return try Wire.decode(type, from: request.body, binary: binary)
         } catch {
-            throw APIError(400, RecordZoneError.Code.malformed.rawValue, "malformed JSON body: \(Record.describe(error))")
+            throw APIError(400, RecordZoneError.Code.malformed.rawValue, "malformed \(binary ? "binary" : "JSON") body: \(Record.describe(error))")
         }
+    }
+
+    /// A body that carries records, in the binary form when the request's `Accept` asks for it.
+    private func wire<T: Encodable>(_ value: T, for request: HTTPRequest) -> HTTPResponse {
+        let binary = request.headers["accept"]?.lowercased().contains(Wire.recordsType) ?? false
+        guard let body = try? Wire.encode(value, binary: binary) else { return APIError(500, "internalError", "cannot encode the response").response }
+        return HTTPResponse(status: 200, headers: [("Content-Type", binary ? Wire.recordsType : Wire.jsonType)], body: body)
     }
 }

@@ -9,7 +9,8 @@ import Synchronization
 /// incarnation, both kept in the database, so tokens survive a restart and expire when a zone
 /// is recreated.
 ///
-/// Every record is checked on write (signature, ownership) and verified again on read.
+/// Every record is verified once, on write (signature, ownership, pins), and stored as its
+/// canonical bytes; reads serve those bytes as they are (readers verify what they receive).
 public final class SQLiteBackend: RecordZoneBackend, Sendable {
     static let kind = "server"
 
@@ -125,31 +126,33 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     // MARK: Changes
 
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
+        let page = try changes(in: zone, since: token, limit: limit)
+        var records = [Record](), rejected = [RejectedRecord]()
+        for signed in page.records {
+            do { records.append(try signed.decoded()) } catch {
+                rejected.append(RejectedRecord(recordID: nil, reason: .malformed(error.description), source: "server #\(signed.changeTag ?? "?")"))
+            }
+        }
+        return ZoneChanges(records: records, rejected: rejected, token: page.token, moreComing: page.moreComing)
+    }
+
+    /// One page of a zone's changes as stored: the records' bytes, not decoded or verified again.
+    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> Wire.Changes {
         let limit = BackendLimits.clampPage(limit)
         let (incarnation, zoneSequence, rows) = try read { db in
             guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
             let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation).map { Int64(bitPattern: SequencePosition.decode($0)) } ?? 0
-            let rows = try db.rows("SELECT record, sequence FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?", [zone.rawValue, since, limit + 1]) {
-                ($0.blob(0), $0.int(1))
-            }
+            let rows = try db.rows("SELECT record, sequence, received_at FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+                                   [zone.rawValue, since, limit + 1]) { Wire.SignedRecord(bytes: $0.blob(0), changeTag: String($0.int(1)), receivedAt: $0.int(2)) }
             return (incarnation, sequence, rows)
         }
         let moreComing = rows.count > limit
         let page = Array(rows.prefix(limit))
-        var records = [Record](), rejected = [RejectedRecord]()
-        for (row, outcome) in zip(page, policy.admit(batch: page.map(\.0), source: { "server #\(page[$0].1)" })) {
-            switch outcome {
-            case .success(var record):
-                record.serverMetadata = ServerMetadata(changeTag: String(row.1))
-                records.append(record)
-            case .failure(let rejection): rejected.append(rejection)
-            }
-        }
-        let position = moreComing ? (page.last?.1 ?? 0) : zoneSequence
+        let position = moreComing ? (page.last?.changeTag.flatMap { Int64($0) } ?? 0) : zoneSequence
         let next = TokenContents(kind: .zone, backend: Self.kind, zone: zone.rawValue, incarnation: incarnation, position: SequencePosition.encode(UInt64(position)))
-        return ZoneChanges(records: records, rejected: rejected, token: next.token, moreComing: moreComing)
+        return Wire.Changes(records: page, token: next.token, moreComing: moreComing)
     }
 
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
@@ -227,17 +230,31 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     public func fetch(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try stored(ids).map { result in
+            result.flatMap { signed in
+                Result { () throws(RecordDecodingError) in try signed.decoded() }.mapError { RecordZoneError(.malformed, "stored record: \($0)") }
+            }
+        }
+    }
+
+    /// The stored bytes of each record, in one read transaction.
+    public func stored(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
         try BackendLimits.checkBatch(ids.count)
         return try read { db in
-            try ids.map { id in
-                guard try db.first("SELECT 1 FROM zones WHERE name = ?", [id.zone.rawValue], { _ in true }) != nil else {
+            var zones = [ZoneName: Bool]()
+            return try ids.map { id in
+                if zones[id.zone] == nil {
+                    zones[id.zone] = try db.first("SELECT 1 FROM zones WHERE name = ?", [id.zone.rawValue], { _ in true }) != nil
+                }
+                guard zones[id.zone] == true else {
                     return .failure(RecordZoneError(.zoneNotFound, "zone '\(id.zone)' does not exist", recordID: id))
                 }
-                guard let record = try Self.current(id, in: db) else {
+                guard let signed = try db.first("SELECT record, sequence, received_at FROM records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name], {
+                    Wire.SignedRecord(bytes: $0.blob(0), changeTag: String($0.int(1)), receivedAt: $0.int(2))
+                }) else {
                     return .failure(RecordZoneError(.unknownItem, "no record \(id)", recordID: id))
                 }
-                if let reason = policy.check(record) { return .failure(SaveChecks.error(for: reason, recordID: id)) }
-                return .success(record)
+                return .success(signed)
             }
         }
     }
@@ -249,10 +266,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
             }
             return try db.rows("SELECT record, sequence FROM records WHERE zone = ? AND type = ?", [query.zone.rawValue, query.recordType]) { ($0.blob(0), $0.int(1)) }
         }
-        let records = zip(rows, policy.admit(batch: rows.map(\.0), source: { "server #\(rows[$0].1)" })).compactMap { row, outcome -> Record? in
-            guard case .success(var record) = outcome else { return nil }
-            record.serverMetadata = ServerMetadata(changeTag: String(row.1))
-            return record
+        let records = rows.compactMap { row -> Record? in
+            try? Wire.SignedRecord(bytes: row.0, changeTag: String(row.1)).decoded()
         }
         return try query.run(over: records, cursor: cursor, limit: limit)
     }

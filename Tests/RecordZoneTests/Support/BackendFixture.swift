@@ -5,9 +5,10 @@ import TestSupport
 @testable import ZoneServer
 
 /// The backends the conformance suite runs against. Each test takes a kind as its argument,
-/// so the same test definition runs against every backend.
+/// so the same test definition runs against every backend; HTTP runs in both wire forms
+/// (`http`: records as a binary table, the client's default; `httpJSON`: base64 in JSON).
 enum BackendKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
-    case memory, filesystem, http
+    case memory, filesystem, http, httpJSON
     var testDescription: String { rawValue }
 }
 
@@ -33,7 +34,7 @@ final class BackendFixture: @unchecked Sendable {
             memory = nil
             directory = try TemporaryDirectory("fszone")
             server = nil
-        case .http:
+        case .http, .httpJSON:
             memory = nil
             let directory = try TemporaryDirectory("httpzone")
             self.directory = directory
@@ -56,10 +57,11 @@ final class BackendFixture: @unchecked Sendable {
         switch kind {
         case .memory: made = try #require(memory)
         case .filesystem: made = try FileSystemBackend(root: root, device: writer, policy: makePolicy(pinnedKeys: pinnedKeys), pollInterval: .milliseconds(5))
-        case .http:
+        case .http, .httpJSON:
             let port = try #require(server?.port)
             made = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: writer,
-                               key: Keys.key(UInt8(truncatingIfNeeded: writer.hashValue) | 0x80), policy: makePolicy(pinnedKeys: pinnedKeys))
+                               key: Keys.key(UInt8(truncatingIfNeeded: writer.hashValue) | 0x80), policy: makePolicy(pinnedKeys: pinnedKeys),
+                               wireForm: kind == .http ? .binary : .json)
         }
         opened[writer] = made
         return made
@@ -75,7 +77,7 @@ final class BackendFixture: @unchecked Sendable {
             let generation = try layout.zoneState(zone).generation
             forgerSequence += 1
             try layout.writeSegment(Segment.encode([data]), zone: zone, generation: generation, device: "forger", sequence: forgerSequence)
-        case .http:
+        case .http, .httpJSON:
             forgerSequence += 1
             try #require(server).storage.injectUnchecked(data, into: zone, name: "planted-\(forgerSequence)")
         }

@@ -15,7 +15,12 @@ import FoundationNetworking
 /// let backend = HTTPBackend(url: URL(string: "http://127.0.0.1:8080")!, identity: "alice", key: key, policy: policy)
 /// ```
 public final class HTTPBackend: RecordZoneBackend, Sendable {
+    /// How records travel (``Wire``): as a binary table of canonical bytes (the default), or
+    /// base64 inside JSON.
+    public enum WireForm: Sendable { case binary, json }
+
     public let baseURL: URL
+    public let wireForm: WireForm
     public let identity: String
     public let policy: RecordPolicy
     let key: SigningKey
@@ -31,8 +36,9 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     /// - Parameter deviceCertificate: on a linked device, its ``DeviceCertificate`` (canonical
     ///   bytes): a server binds the device's key from it.
     public init(url: URL, identity: String, key: SigningKey, policy: RecordPolicy = RecordPolicy(), deviceCertificate: Data? = nil,
-                maximumRetries: Int = 2, maximumRetryDelay: Double = 2, now: @escaping @Sendable () -> Date = { Date() }) {
+                wireForm: WireForm = .binary, maximumRetries: Int = 2, maximumRetryDelay: Double = 2, now: @escaping @Sendable () -> Date = { Date() }) {
         baseURL = url
+        self.wireForm = wireForm
         self.identity = identity
         self.key = key
         self.deviceCertificate = deviceCertificate
@@ -70,25 +76,25 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
         var query = [("limit", String(limit))]
         if let token { query.append(("token", token.base64)) }
-        var changes = try await get(ZoneChanges.self, "/v1/zones/\(zone.rawValue)/changes", query: query)
-        // What the server sent is verified again here. So are the records it refused for a key it
-        // does not hold for their owner: whose key is whose is this reader's pins' to decide.
-        var forOurPins = [Record](), standing = [RejectedRecord]()
-        for rejection in changes.rejected {
-            if rejection.reason.isAboutKeys, let bytes = rejection.data, let record = try? Record(canonical: bytes) {
-                forOurPins.append(record)
+        let page = try await get(Wire.Changes.self, "/v1/zones/\(zone.rawValue)/changes", query: query, records: true)
+        // What the server sent is verified here, once, over the bytes received. So are the records
+        // it refused for a key it does not hold for their owner: whose key is whose is this
+        // reader's pins' to decide.
+        var received = page.records, standing = [RejectedRecord]()
+        for rejection in page.rejected {
+            if rejection.reason.isAboutKeys, let bytes = rejection.data {
+                received.append(Wire.SignedRecord(bytes: bytes))
             } else {
                 standing.append(rejection)
             }
         }
-        let (records, rejected) = verify(changes.records + forOurPins)
-        changes.records = records
-        changes.rejected = standing + rejected
-        return changes
+        let (records, rejected) = admit(received)
+        return ZoneChanges(records: records, rejected: standing + rejected, token: page.token, moreComing: page.moreComing)
     }
 
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
-        let seconds = max(0, Int(timeout.components.seconds))
+        // The server waits whole seconds: a shorter wait rounds up, never down to none.
+        let seconds = max(0, Int((Double(timeout.components.attoseconds) / 1e18 + Double(timeout.components.seconds)).rounded(.up)))
         var query = [("timeout", String(seconds))]
         if let token { query.append(("token", token.base64)) }
         return try await get(Wire.Wait.self, "/v1/zones/\(zone.rawValue)/wait", query: query, timeout: Double(seconds) + 15).changed
@@ -98,18 +104,20 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try BackendLimits.checkBatch(records.count)
-        let body = try await post(Wire.Outcomes.self, "/v1/records/modify", Wire.Modify(records: records, policy: savePolicy))
+        let request = try Wire.Modify(records: records, policy: savePolicy)
+        let body = try await post(Wire.Outcomes.self, "/v1/records/modify", request)
         guard body.results.count == records.count else {
             throw RecordZoneError(.malformed, "the server answered \(body.results.count) results for \(records.count) records")
         }
-        return zip(records, body.results).map { record, outcome in
-            // Our own version came back: keep our bytes (nothing to verify), take the server's metadata.
-            if let winner = outcome.record, winner.signature == record.signature, winner.authorKey == record.authorKey {
-                var ours = record
-                ours.serverMetadata = winner.serverMetadata
-                return .success(ours)
+        return zip(zip(records, request.records), body.results).map { sent, outcome in
+            let (record, ours) = sent
+            // Our own version came back: keep it (nothing to verify), with the server's metadata.
+            if let winner = outcome.record, winner.bytes == ours.bytes {
+                var kept = record
+                kept.serverMetadata = winner.serverMetadata
+                return .success(kept)
             }
-            return checked(outcome.result(for: record.id))
+            return checked(outcome, id: record.id)
         }
     }
 
@@ -119,7 +127,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         guard body.results.count == ids.count else {
             throw RecordZoneError(.malformed, "the server answered \(body.results.count) results for \(ids.count) IDs")
         }
-        return zip(ids, body.results).map { id, outcome in checked(outcome.result(for: id)) }
+        return zip(ids, body.results).map { id, outcome in checked(outcome, id: id) }
     }
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
@@ -130,7 +138,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
             guard let data = Data(base64Encoded: text) else { throw RecordZoneError(.malformed, "the server sent a malformed cursor") }
             return QueryCursor(data: data)
         }
-        return QueryResult(records: verify(body.records).records, cursor: next)
+        return QueryResult(records: admit(body.records).records, cursor: next)
     }
 
     // MARK: Assets
@@ -149,46 +157,55 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
 
     // MARK: Verification
 
-    /// Splits records read from the server into those that pass the client's policy and those that do not.
-    private func verify(_ records: [Record]) -> (records: [Record], rejected: [RejectedRecord]) {
+    /// Decodes and verifies records read from the server, once each, over the bytes received
+    /// (signatures on all cores), and splits them into those that pass the client's policy and
+    /// those that do not.
+    private func admit(_ received: [Wire.SignedRecord]) -> (records: [Record], rejected: [RejectedRecord]) {
         var valid = [Record](), rejected = [RejectedRecord]()
-        for (record, reason) in zip(records, policy.check(records)) {
-            if let reason {
-                rejected.append(RejectedRecord(recordID: record.id, reason: reason, source: "http", data: try? record.encoded()))
-            } else {
+        for (signed, outcome) in zip(received, policy.admit(batch: received.map(\.bytes), source: { _ in "http" })) {
+            switch outcome {
+            case .success(var record):
+                record.serverMetadata = signed.serverMetadata
                 valid.append(record)
+            case .failure(let rejection): rejected.append(rejection)
             }
         }
         return (valid, rejected)
     }
 
-    private func checked(_ result: Result<Record, RecordZoneError>) -> Result<Record, RecordZoneError> {
-        switch result {
-        case .success(let record):
-            if let reason = policy.check(record) { return .failure(SaveChecks.error(for: reason, recordID: record.id)) }
-            return .success(record)
-        case .failure(var error):
-            if let server = error.serverRecord, policy.check(server) != nil { error.serverRecord = nil }
-            return .failure(error)
+    /// One record's outcome from the server, its record verified (a server record that comes
+    /// with an error is dropped when it does not verify).
+    private func checked(_ outcome: Wire.Outcome, id: RecordID) -> Result<Record, RecordZoneError> {
+        if let signed = outcome.record {
+            let (records, rejected) = admit([signed])
+            if let record = records.first { return .success(record) }
+            return .failure(SaveChecks.error(for: rejected.first?.reason ?? .malformed("no record"), recordID: id))
         }
+        guard var error = outcome.error?.error(recordID: id) else { return .failure(RecordZoneError(.internalError, "empty outcome", recordID: id)) }
+        if let server = error.serverRecord, policy.check(server) != nil { error.serverRecord = nil }
+        return .failure(error)
     }
 
     // MARK: Transport
 
-    private func get<T: Decodable>(_ type: T.Type, _ path: String, query: [(String, String)] = [], timeout: Double = 60) async throws(RecordZoneError) -> T {
-        try decode(type, try await send("GET", path, query: query, timeout: timeout))
+    /// A GET; `records`: the answer carries records, in the wire form this client chose.
+    private func get<T: Decodable>(_ type: T.Type, _ path: String, query: [(String, String)] = [], timeout: Double = 60,
+                                   records: Bool = false) async throws(RecordZoneError) -> T {
+        try decode(type, try await send("GET", path, query: query, timeout: timeout), binary: records && wireForm == .binary)
     }
 
+    /// A POST whose body and answer carry records, in the wire form this client chose.
     private func post<T: Decodable, B: Encodable>(_ type: T.Type, _ path: String, _ body: B) async throws(RecordZoneError) -> T {
+        let binary = wireForm == .binary
         let data: Data
-        do { data = try JSONEncoder().encode(body) } catch {
+        do { data = try Wire.encode(body, binary: binary) } catch {
             throw RecordZoneError(.invalidArguments, "cannot encode the request: \(error)")
         }
-        return try decode(type, try await send("POST", path, body: data))
+        return try decode(type, try await send("POST", path, body: data, contentType: binary ? Wire.recordsType : Wire.jsonType), binary: binary)
     }
 
-    private func decode<T: Decodable>(_ type: T.Type, _ data: Data) throws(RecordZoneError) -> T {
-        do { return try JSONDecoder().decode(type, from: data) } catch {
+    private func decode<T: Decodable>(_ type: T.Type, _ data: Data, binary: Bool) throws(RecordZoneError) -> T {
+        do { return try Wire.decode(type, from: data, binary: binary) } catch {
             throw RecordZoneError(.malformed, "the server sent a malformed answer: \(Record.describe(error))")
         }
     }
@@ -234,6 +251,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         request.httpMethod = method
         if !body.isEmpty || method == "POST" || method == "PUT" { request.httpBody = body }
         request.setValue(contentType, forHTTPHeaderField: "Content-Type")
+        request.setValue(wireForm == .binary ? "\(Wire.recordsType), \(Wire.jsonType)" : Wire.jsonType, forHTTPHeaderField: "Accept")
         request.setValue(RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: identity, key: key, now: now()),
                          forHTTPHeaderField: "Authorization")
         if let deviceCertificate { request.setValue(deviceCertificate.base64EncodedString(), forHTTPHeaderField: RequestSignature.deviceHeader) }

@@ -1,9 +1,100 @@
 import Foundation
 
-/// The JSON bodies of the zone server's API (version 1), shared by the server and the client.
-/// Records use their JSON form (``Record``'s `Codable`); tokens and cursors are base64.
-/// ``ZoneChanges`` and ``DatabaseChanges`` travel as they are (they are `Codable`).
+/// The bodies of the zone server's API (version 1), shared by the server and the client.
+///
+/// Records travel as their canonical bytes, exactly as signed (``SignedRecord``), in one of two
+/// forms chosen by `Content-Type` / `Accept`:
+/// - `application/json`: each record is `{"bytes": "<base64>", "changeTag", "receivedAt"}`;
+/// - `application/vnd.convkit.records` (the client's default): `"CKW" 0x01`, a u32 count, then
+///   per record a u32 length and its canonical bytes (big-endian), then the same JSON document,
+///   in which each record's `bytes` is replaced by `"i": <its index in the table>`.
+/// Tokens and cursors are base64; times are unix milliseconds; no number in a body exceeds 2^53.
 public enum Wire {
+    public static let jsonType = "application/json"
+    public static let recordsType = "application/vnd.convkit.records"
+
+    /// A record as it travels: its canonical bytes and the server's metadata. Decoding it
+    /// verifies nothing; the reader's policy does (``RecordPolicy/admit(batch:source:)``).
+    public struct SignedRecord: Sendable, Hashable {
+        public var bytes: Data
+        public var changeTag: String?
+        /// When the server received it, in unix milliseconds.
+        public var receivedAt: Int64?
+
+        public init(bytes: Data, changeTag: String? = nil, receivedAt: Int64? = nil) {
+            self.bytes = bytes
+            self.changeTag = changeTag
+            self.receivedAt = receivedAt
+        }
+
+        public init(_ record: Record) throws(RecordZoneError) {
+            self.init(bytes: try record.encoded(), changeTag: record.serverMetadata?.changeTag,
+                      receivedAt: record.serverMetadata?.receivedAt.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) })
+        }
+
+        /// The server's metadata, as records carry it.
+        public var serverMetadata: ServerMetadata? {
+            changeTag.map { ServerMetadata(changeTag: $0, receivedAt: receivedAt.map { Date(timeIntervalSince1970: Double($0) / 1000) }) }
+        }
+
+        /// The record these bytes encode, with the server's metadata (not verified).
+        public func decoded() throws(RecordDecodingError) -> Record {
+            var record = try Record(canonical: bytes)
+            record.serverMetadata = serverMetadata
+            return record
+        }
+    }
+
+    /// Encodes a body in the JSON or the binary form.
+    public static func encode<T: Encodable>(_ value: T, binary: Bool) throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        guard binary else { return try encoder.encode(value) }
+        let table = RecordTable()
+        encoder.userInfo[RecordTable.key] = table
+        let document = try encoder.encode(value)
+        var w = ByteWriter()
+        w.append(binaryMagic)
+        w.u32(UInt32(table.records.count))
+        for bytes in table.records {
+            w.u32(UInt32(bytes.count))
+            w.append(bytes)
+        }
+        w.append(document)
+        return Data(w.bytes)
+    }
+
+    /// Decodes a body in the JSON or the binary form.
+    /// - Throws: a `DecodingError` (or ``RecordDecodingError``) for any malformed body.
+    public static func decode<T: Decodable>(_ type: T.Type, from data: Data, binary: Bool) throws -> T {
+        let decoder = JSONDecoder()
+        guard binary else { return try decoder.decode(type, from: data) }
+        let table: Result<([Data], Int), RecordDecodingError> = data.withUnsafeBytes { raw in
+            var r = ByteReader(raw)
+            do throws(RecordDecodingError) {
+                guard r.remaining >= 4, Array(try r.raw(4)) == binaryMagic else { throw .badMagic }
+                let count = Int(try r.u32())
+                // Each record takes at least its 4-byte length: a count beyond that is a lie.
+                guard count <= r.remaining / 4 else { throw .invalidLength(what: "record table", length: count) }
+                var records = [Data]()
+                records.reserveCapacity(count)
+                for _ in 0..<count {
+                    let length = Int(try r.u32())
+                    guard length <= Record.maximumEncodedSize else { throw .tooLarge(size: length) }
+                    records.append(try r.data(length))
+                }
+                return .success((records, r.offset))
+            } catch {
+                return .failure(error)
+            }
+        }
+        let (records, documentStart) = try table.get()
+        decoder.userInfo[RecordTable.key] = RecordTable(records)
+        return try decoder.decode(type, from: data.suffix(from: data.startIndex + documentStart))
+    }
+
+    static let binaryMagic: [UInt8] = [0x43, 0x4B, 0x57, 0x01]  // "CKW" 1
+
     public struct ErrorBody: Codable, Sendable {
         public var error: Failure
         public init(_ error: Failure) { self.error = error }
@@ -13,10 +104,10 @@ public enum Wire {
     public struct Failure: Codable, Sendable {
         public var code: String
         public var message: String
-        public var serverRecord: Record?
+        public var serverRecord: SignedRecord?
         public var retryAfter: Double?
 
-        public init(code: String, message: String, serverRecord: Record? = nil, retryAfter: Double? = nil) {
+        public init(code: String, message: String, serverRecord: SignedRecord? = nil, retryAfter: Double? = nil) {
             self.code = code
             self.message = message
             self.serverRecord = serverRecord
@@ -24,12 +115,14 @@ public enum Wire {
         }
 
         public init(_ error: RecordZoneError) {
-            self.init(code: error.code.rawValue, message: error.message, serverRecord: error.serverRecord, retryAfter: error.retryAfter)
+            self.init(code: error.code.rawValue, message: error.message, serverRecord: error.serverRecord.flatMap { try? SignedRecord($0) },
+                      retryAfter: error.retryAfter)
         }
 
+        /// The error, with the server's record decoded (not verified: the caller checks it).
         public func error(recordID: RecordID? = nil) -> RecordZoneError {
             RecordZoneError(RecordZoneError.Code(rawValue: code) ?? .internalError, message, recordID: recordID,
-                            serverRecord: serverRecord, retryAfter: retryAfter)
+                            serverRecord: serverRecord.flatMap { try? $0.decoded() }, retryAfter: retryAfter)
         }
     }
 
@@ -44,27 +137,25 @@ public enum Wire {
     }
 
     public struct Modify: Codable, Sendable {
-        public var records: [Record]
+        public var records: [SignedRecord]
         public var policy: SavePolicy?
-        public init(records: [Record], policy: SavePolicy) {
-            self.records = records
+        public init(records: [Record], policy: SavePolicy) throws(RecordZoneError) {
+            self.records = try records.map { record throws(RecordZoneError) in try SignedRecord(record) }
             self.policy = policy
         }
     }
 
     /// One record's outcome: the record, or an error.
     public struct Outcome: Codable, Sendable {
-        public var record: Record?
+        public var record: SignedRecord?
         public var error: Failure?
+        public init(record: SignedRecord) { self.record = record }
         public init(_ result: Result<Record, RecordZoneError>) {
             switch result {
-            case .success(let record): self.record = record
+            case .success(let record):
+                do { self.record = try SignedRecord(record) } catch { self.error = Failure(error) }
             case .failure(let error): self.error = Failure(error)
             }
-        }
-        public func result(for id: RecordID?) -> Result<Record, RecordZoneError> {
-            if let record { return .success(record) }
-            return .failure(error?.error(recordID: id) ?? RecordZoneError(.internalError, "empty outcome", recordID: id))
         }
     }
 
@@ -103,11 +194,26 @@ public enum Wire {
     }
 
     public struct QueryResults: Codable, Sendable {
-        public var records: [Record]
+        public var records: [SignedRecord]
         public var cursor: String?
-        public init(records: [Record], cursor: String?) {
+        public init(records: [SignedRecord], cursor: String?) {
             self.records = records
             self.cursor = cursor
+        }
+    }
+
+    /// One page of a zone's changes, as the server stores the records (it does not verify them
+    /// again: the reader does).
+    public struct Changes: Codable, Sendable {
+        public var records: [SignedRecord]
+        public var rejected: [RejectedRecord]
+        public var token: ChangeToken
+        public var moreComing: Bool
+        public init(records: [SignedRecord], rejected: [RejectedRecord] = [], token: ChangeToken, moreComing: Bool) {
+            self.records = records
+            self.rejected = rejected
+            self.token = token
+            self.moreComing = moreComing
         }
     }
 
@@ -173,24 +279,6 @@ extension ZoneName: Codable {
     }
 }
 
-extension ZoneChanges: Codable {
-    private enum Keys: String, CodingKey { case records, rejected, token, moreComing }
-
-    public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: Keys.self)
-        self.init(records: try c.decode([Record].self, forKey: .records), rejected: try c.decode([RejectedRecord].self, forKey: .rejected),
-                  token: try c.decode(ChangeToken.self, forKey: .token), moreComing: try c.decode(Bool.self, forKey: .moreComing))
-    }
-
-    public func encode(to encoder: any Encoder) throws {
-        var c = encoder.container(keyedBy: Keys.self)
-        try c.encode(records, forKey: .records)
-        try c.encode(rejected, forKey: .rejected)
-        try c.encode(token, forKey: .token)
-        try c.encode(moreComing, forKey: .moreComing)
-    }
-}
-
 extension DatabaseChanges: Codable {
     private enum Keys: String, CodingKey { case changedZones, deletedZones, token }
 
@@ -232,5 +320,49 @@ extension RejectedRecord: Codable {
         try c.encode(reason, forKey: .reason)
         try c.encode(source, forKey: .source)
         try c.encodeIfPresent(data, forKey: .record)
+    }
+}
+
+/// The binary form's record table, handed to the coder through `userInfo`.
+final class RecordTable: @unchecked Sendable {
+    static let key = CodingUserInfoKey(rawValue: "convkit.recordTable")!  // a constant, valid key
+    private(set) var records: [Data]
+    init(_ records: [Data] = []) { self.records = records }
+
+    func add(_ bytes: Data) -> Int {
+        records.append(bytes)
+        return records.count - 1
+    }
+
+    func bytes(at index: Int) -> Data? { records.indices.contains(index) ? records[index] : nil }
+}
+
+extension Wire.SignedRecord: Codable {
+    private enum Keys: String, CodingKey { case bytes, i, changeTag, receivedAt }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        if let table = decoder.userInfo[RecordTable.key] as? RecordTable {
+            let index = try c.decode(Int.self, forKey: .i)
+            guard let bytes = table.bytes(at: index) else {
+                throw DecodingError.dataCorruptedError(forKey: .i, in: c, debugDescription: "no record \(index) in the body's table")
+            }
+            self.bytes = bytes
+        } else {
+            bytes = try c.decode(Data.self, forKey: .bytes)
+        }
+        changeTag = try c.decodeIfPresent(String.self, forKey: .changeTag)
+        receivedAt = try c.decodeIfPresent(Int64.self, forKey: .receivedAt)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        if let table = encoder.userInfo[RecordTable.key] as? RecordTable {
+            try c.encode(table.add(bytes), forKey: .i)
+        } else {
+            try c.encode(bytes, forKey: .bytes)
+        }
+        try c.encodeIfPresent(changeTag, forKey: .changeTag)
+        try c.encodeIfPresent(receivedAt, forKey: .receivedAt)
     }
 }
