@@ -371,3 +371,38 @@ extension Result where Failure == RecordZoneError {
         }
     }
 }
+
+/// The server's query index of Speaker tags answers as a scan would: changed tags and tombstones
+/// leave it, and it is rebuilt when the declared fields change.
+@Suite struct QueryIndexTests {
+    @Test func tagQueriesFromTheIndexMatchAScan() async throws {
+        let directory = try TemporaryDirectory("index")
+        let zone = try ZoneName("speakers")
+        let clock = HybridLogicalClock()
+        func speaker(_ name: String, _ tags: [String], key: SigningKey) throws -> Record {
+            var record = Record(id: try RecordID(zone: zone, name: name), type: "Speaker", fields: ["name": .string(name), "tags": .list(tags.map { .string($0) })])
+            try record.sign(with: key, clock: clock.now())
+            return record
+        }
+        func found(_ storage: SQLiteBackend, _ tag: String) throws -> [String] {
+            try storage.query(RecordQuery(zone: zone, recordType: "Speaker", predicates: [.contains("tags", .string(tag))]), cursor: nil, limit: 100)
+                .records.map(\.id.name)
+        }
+        let keys = (0..<20).map { Keys.key(UInt8(100 + $0)) }
+        do {
+            let storage = try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy())  // no index yet
+            try storage.createZone(zone)
+            _ = try storage.save(try (0..<20).map { try speaker("s\($0)", $0 % 5 == 0 ? ["swift", "linux"] : ["rust"], key: keys[$0]) }, policy: .merge)
+            #expect(try found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted())
+        }
+        let storage = try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        #expect(try found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted(), "rebuilt from the stored records")
+        _ = try storage.save([try speaker("s5", ["rust"], key: keys[5]), try speaker("s3", ["swift"], key: keys[3])], policy: .merge)
+        let tombstone = try storage.policy.tombstone(for: try speaker("s10", [], key: keys[10]), signedWith: keys[10], clock: clock.now())
+        _ = try storage.save([tombstone], policy: .merge)
+        #expect(try found(storage, "swift") == ["s0", "s15", "s3"])
+        #expect(try found(storage, "linux") == ["s0", "s15"])
+        #expect(try found(storage, "rust").count == 16)
+        #expect(try found(storage, "nobody").isEmpty)
+    }
+}

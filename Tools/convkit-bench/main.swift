@@ -8,7 +8,7 @@ struct Options {
     var seconds = 1.0
     var json = false
     var sections: Set<String> = ["records", "store", "server", "registration"]
-    var identities = [100, 100_000]
+    var identities = [1_000, 100_000]
     var messages = 1_000_000
 }
 
@@ -31,7 +31,7 @@ func parseOptions() -> Options {
             options.messages = value
         case "--identities":
             let values = args.popFirst()?.split(separator: ",").compactMap { Int($0) } ?? []
-            guard !values.isEmpty, values.allSatisfy({ $0 >= 0 }) else { usageError("--identities takes counts separated by commas, e.g. 100,100000") }
+            guard !values.isEmpty, values.allSatisfy({ $0 >= 0 }) else { usageError("--identities takes counts separated by commas, e.g. 1000,100000") }
             options.identities = values
         case "-h", "--help":
             print("""
@@ -44,8 +44,8 @@ func parseOptions() -> Options {
                   --only <section>  Run one section: records, store, server or registration.
                   --messages <n>    Messages in the store for the newest-50 query (default 1000000).
                   --identities <n,n>
-                                    Identities the server holds before registration is measured
-                                    (default 100,100000).
+                                    Identities the server holds before registration and a tag query are measured
+                                    (default 1000,100000).
                   --json            Print the results as JSON.
                   -h, --help        Show help information.
                 """)

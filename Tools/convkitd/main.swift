@@ -88,7 +88,7 @@ func serve(_ rawArguments: [String]) async {
     signal(SIGPIPE, SIG_IGN)  // a client that goes away mid-answer must not stop the server
     let server: ZoneServer
     do {
-        let storage = try SQLiteBackend(directory: data, policy: ConversationStore.recordPolicy())
+        let storage = try SQLiteBackend(directory: data, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
         server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
         try server.start(host: listen.host, port: listen.port)
     } catch {

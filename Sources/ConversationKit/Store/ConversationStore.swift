@@ -110,6 +110,9 @@ public final class ConversationStore: Sendable {
     /// The ownership rules of chat records (which record IDs belong to whom).
     public static var ownershipRules: [OwnershipRule] { ChatRecords.rules }
 
+    /// The fields a chat server indexes for queries: Speaker `tags` (discovery by tag).
+    public static let queryIndexes: [String: Set<String>] = [ChatRecords.speakerType: ["tags"]]
+
     /// A fresh policy with the chat's rules, for a backend or server that checks chat records:
     /// every record must be owned by the identity its ID names.
     public static func recordPolicy() -> RecordPolicy { ChatRecords.policy() }

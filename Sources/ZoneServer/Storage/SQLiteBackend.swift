@@ -15,6 +15,9 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     static let kind = "server"
 
     public let policy: RecordPolicy
+    /// The fields queries find through an index, per record type (a chat server: Speaker `tags`):
+    /// an `equals` or `contains` on one of them costs the matches, not the zone.
+    public let indexedFields: [String: Set<String>]
     let queue: DatabaseQueue
     let assets: AssetFolder
     let instance: String
@@ -37,13 +40,21 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
             """),
         // Version 2: key chains in the table the stores use too, written with the saves that make them.
         Migration(version: 2, sql: PinTable.schema),
+        // Version 3: the values of indexed fields (list items one by one), for queries.
+        Migration(version: 3, sql: """
+            CREATE TABLE record_index (
+                zone TEXT NOT NULL, type TEXT NOT NULL, field TEXT NOT NULL, value BLOB NOT NULL, name TEXT NOT NULL,
+                PRIMARY KEY (zone, type, field, value, name)) STRICT, WITHOUT ROWID;
+            CREATE INDEX record_index_by_record ON record_index (zone, name);
+            """),
     ]
 
     /// Opens (creating if needed) the storage in `directory`.
     /// - Throws: ``RecordZoneError`` with ``RecordZoneError/Code/ioError`` when the directory or
     ///   database cannot be opened.
-    public init(directory: String, policy: RecordPolicy) throws(RecordZoneError) {
+    public init(directory: String, policy: RecordPolicy, indexedFields: [String: Set<String>] = [:]) throws(RecordZoneError) {
         self.policy = policy
+        self.indexedFields = indexedFields
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             queue = try DatabaseQueue(path: directory + "/zones.sqlite", migrations: Self.migrations)
@@ -64,6 +75,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         } catch {
             throw RecordZoneError(.ioError, "cannot read the key pins in \(directory): \(error)")
         }
+        try rebuildIndexIfDeclarationChanged()
     }
 
     /// Writes the pins made outside a save (a request that bound its identity) before the
@@ -211,6 +223,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                     ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
                         author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
                     """, [zone.rawValue, record.id.name, record.recordType, sequence, record.clock.rawValue, record.authorKey, record.signature, encoded, now])
+                try index(record, in: db)
                 var stored = record
                 stored.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
                 results.append(.success(stored))
@@ -260,9 +273,17 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
+        let lookup = indexLookup(for: query)
         let rows = try read { db in
             guard try db.first("SELECT 1 FROM zones WHERE name = ?", [query.zone.rawValue], { _ in true }) != nil else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(query.zone)' does not exist")
+            }
+            if let (field, value) = lookup {
+                // The index narrows to candidates; the query's own predicates decide below.
+                return try db.rows("""
+                    SELECT r.record, r.sequence FROM record_index i JOIN records r ON r.zone = i.zone AND r.name = i.name
+                    WHERE i.zone = ? AND i.type = ? AND i.field = ? AND i.value = ? AND r.type = ?
+                    """, [query.zone.rawValue, query.recordType, field, value, query.recordType]) { ($0.blob(0), $0.int(1)) }
             }
             return try db.rows("SELECT record, sequence FROM records WHERE zone = ? AND type = ?", [query.zone.rawValue, query.recordType]) { ($0.blob(0), $0.int(1)) }
         }
@@ -283,6 +304,59 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     /// How many records the server holds.
     public func recordCount() throws(RecordZoneError) -> Int {
         try read { db in Int(try db.first("SELECT count(*) FROM records") { $0.int(0) } ?? 0) }
+    }
+
+    // MARK: Query index
+
+    /// The key an indexed value is stored under: its JSON form, keys sorted (exact and stable).
+    private static func indexKey(_ value: FieldValue) -> Data? {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return try? encoder.encode(value)
+    }
+
+    /// An `equals` or `contains` predicate on an indexed field, as a lookup (nil: scan the type).
+    private func indexLookup(for query: RecordQuery) -> (String, Data)? {
+        guard let fields = indexedFields[query.recordType] else { return nil }
+        for predicate in query.predicates {
+            switch predicate {
+            case .equals(let field, let value) where fields.contains(field) && value.listValue == nil,
+                .contains(let field, let value) where fields.contains(field):
+                if let key = Self.indexKey(value) { return (field, key) }
+            default: continue
+            }
+        }
+        return nil
+    }
+
+    /// Replaces a record's index rows with those of this version (none for a tombstone).
+    private func index(_ record: Record, in db: Database) throws {
+        guard !indexedFields.isEmpty else { return }
+        try db.execute("DELETE FROM record_index WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name])
+        guard !record.isDeleted, let fields = indexedFields[record.recordType] else { return }
+        for field in fields.sorted() {
+            guard let value = record[field] else { continue }
+            for item in Set((value.listValue ?? [value]).compactMap(Self.indexKey)) {
+                try db.execute("INSERT OR IGNORE INTO record_index (zone, type, field, value, name) VALUES (?, ?, ?, ?, ?)",
+                               [record.id.zone.rawValue, record.recordType, field, item, record.id.name])
+            }
+        }
+    }
+
+    /// Rebuilds the index when the declared fields differ from those it was built for.
+    private func rebuildIndexIfDeclarationChanged() throws(RecordZoneError) {
+        let declaration = indexedFields.keys.sorted().map { "\($0):\(indexedFields[$0, default: []].sorted().joined(separator: ","))" }.joined(separator: ";")
+        try write { db in
+            guard try db.first("SELECT value FROM meta WHERE key = 'indexed_fields'", [], { $0.text(0) }) != declaration else { return }
+            try db.execute("DELETE FROM record_index")
+            for type in indexedFields.keys.sorted() {
+                let rows = try db.rows("SELECT record FROM records WHERE type = ?", [type]) { $0.blob(0) }
+                for bytes in rows {
+                    if let record = try? Record(canonical: bytes) { try index(record, in: db) }
+                }
+            }
+            try db.execute("INSERT INTO meta (key, value) VALUES ('indexed_fields', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [declaration])
+        }
     }
 
     // MARK: Test support

@@ -25,7 +25,7 @@ final class ChatFixture: @unchecked Sendable {
         directory = try TemporaryDirectory("chat")
         server = InMemoryBackend(policy: ConversationStore.recordPolicy())
         if kind == .http {
-            let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy())
+            let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
             let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
             try zoneServer.start(host: "127.0.0.1", port: 0)
             self.zoneServer = zoneServer
