@@ -64,15 +64,22 @@ public final class RecordPolicy: Sendable {
     /// ownership in order. An identity nothing is pinned for yet, claimed in the batch with
     /// unrelated keys, is pinned to none of them: its records come back as
     /// ``RejectionReason/identityConflict(identity:)``, whatever order they were read in.
-    public func admit(batch: [Data], source: (Int) -> String) -> [Result<Record, RejectedRecord>] {
-        admit(batch: batch, source: source, claimsElsewhere: nil)
+    /// - Parameter signedHere: whether the bytes at an index are exactly what this reader signed
+    ///   itself (its own versions coming back): their signature needs no second check; their
+    ///   ownership is decided like any other's.
+    public func admit(batch: [Data], source: (Int) -> String, signedHere: (Int) -> Bool = { _ in false }) -> [Result<Record, RejectedRecord>] {
+        admit(batch: batch, source: source, claimsElsewhere: nil, signedHere: signedHere)
     }
 
-    /// ``admit(batch:source:)`` for a reader that can tell what the rest of its store claims (a
-    /// folder: every device's segments), asked only when the batch holds an unpinned identity,
-    /// so a page boundary cannot split two claims of one identity.
-    func admit(batch: [Data], source: (Int) -> String, claimsElsewhere: (() -> KeyClaims)?) -> [Result<Record, RejectedRecord>] {
-        let verified = Self.parallelMap(batch, Self.decodeAndVerify)
+    /// ``admit(batch:source:signedHere:)`` for a reader that can tell what the rest of its store
+    /// claims (a folder: every device's segments), asked only when the batch holds an unpinned
+    /// identity, so a page boundary cannot split two claims of one identity.
+    func admit(batch: [Data], source: (Int) -> String, claimsElsewhere: (() -> KeyClaims)?,
+               signedHere: (Int) -> Bool = { _ in false }) -> [Result<Record, RejectedRecord>] {
+        let trusted = batch.indices.map(signedHere)
+        let verified = Self.parallelMap(Array(zip(batch, trusted))) { bytes, isOwn in
+            isOwn ? Self.decode(bytes) : Self.decodeAndVerify(bytes)
+        }
         let records = verified.map { try? $0.get() }
         let owners = records.map { $0.flatMap(rules.owner(of:)) }
         let conflicted = detectConflicts(records, owners: owners, elsewhere: claimsElsewhere)
@@ -116,14 +123,22 @@ public final class RecordPolicy: Sendable {
         var reason: RejectionReason
     }
 
+    /// Decodes canonical bytes, for bytes whose signature is known good.
+    static func decode(_ data: Data) -> Result<Record, SignatureFailure> {
+        do {
+            return .success(try Record(canonical: data))
+        } catch {
+            return .failure(SignatureFailure(id: nil, reason: .malformed(error.description)))
+        }
+    }
+
     /// Decodes canonical bytes and verifies the signature over exactly the bytes received (the
     /// decoder accepts canonical input only, so the body is the input less the signature).
     static func decodeAndVerify(_ data: Data) -> Result<Record, SignatureFailure> {
         let record: Record
-        do {
-            record = try Record(canonical: data)
-        } catch {
-            return .failure(SignatureFailure(id: nil, reason: .malformed(error.description)))
+        switch decode(data) {
+        case .failure(let failure): return .failure(failure)
+        case .success(let decoded): record = decoded
         }
         let body = data.prefix(data.count - 1 - record.signature.count)
         if let reason = checkSignature(record, signedBytes: body) {

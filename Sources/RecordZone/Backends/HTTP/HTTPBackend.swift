@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -26,6 +27,10 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     let key: SigningKey
     /// A linked device's certificate, sent with every request (``RequestSignature/deviceHeader``).
     let deviceCertificate: Data?
+    /// The bytes of versions this client saved lately, by signature: when a pull brings them
+    /// back, bytes equal to what it signed and saved need no second verification.
+    private let recentlySaved = Mutex<[Data: Data]>([:])
+    private static let recentlySavedLimit = 8192
     let session: URLSession
     let now: @Sendable () -> Date
     /// How many times a 429 or 503 is retried before it surfaces.
@@ -113,6 +118,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
             let (record, ours) = sent
             // Our own version came back: keep it (nothing to verify), with the server's metadata.
             if let winner = outcome.record, winner.bytes == ours.bytes {
+                remember(ours.bytes)
                 var kept = record
                 kept.serverMetadata = winner.serverMetadata
                 return .success(kept)
@@ -161,8 +167,10 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     /// (signatures on all cores), and splits them into those that pass the client's policy and
     /// those that do not.
     private func admit(_ received: [Wire.SignedRecord]) -> (records: [Record], rejected: [RejectedRecord]) {
+        // Our own versions coming back, byte for byte, were verified when we signed them.
+        let ours = recentlySaved.withLock { saved in received.map { saved[$0.bytes.suffix(Sodium.signatureLength)] == $0.bytes } }
         var valid = [Record](), rejected = [RejectedRecord]()
-        for (signed, outcome) in zip(received, policy.admit(batch: received.map(\.bytes), source: { _ in "http" })) {
+        for (signed, outcome) in zip(received, policy.admit(batch: received.map(\.bytes), source: { _ in "http" }, signedHere: { ours[$0] })) {
             switch outcome {
             case .success(var record):
                 record.serverMetadata = signed.serverMetadata
@@ -171,6 +179,13 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
             }
         }
         return (valid, rejected)
+    }
+
+    private func remember(_ bytes: Data) {
+        recentlySaved.withLock { saved in
+            if saved.count >= Self.recentlySavedLimit { saved.removeAll(keepingCapacity: true) }
+            saved[bytes.suffix(Sodium.signatureLength)] = bytes
+        }
     }
 
     /// One record's outcome from the server, its record verified (a server record that comes
