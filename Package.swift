@@ -22,11 +22,14 @@ let package = Package(
         .systemLibrary(
             name: "CLibMicroHTTPD", path: "Sources/CLibMicroHTTPD", pkgConfig: "libmicrohttpd",
             providers: [.apt(["libmicrohttpd-dev"])]),
+        .systemLibrary(
+            name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]),
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
         // The modules: tools → ConversationKit / ZoneServer → RecordZone → SQLiteKit → C.
-        .target(name: "RecordZone", dependencies: ["CSodium", "SQLiteKit"]),
+        .target(name: "RecordZone", dependencies: ["CSodium", "CCurl", "SQLiteKit"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
         .target(

@@ -1,8 +1,5 @@
 import Foundation
 import Synchronization
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 
 /// A backend that talks to a zone server (`convkitd serve`) over HTTP.
 ///
@@ -31,7 +28,8 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     /// back, bytes equal to what it signed and saved need no second verification.
     private let recentlySaved = Mutex<[Data: Data]>([:])
     private static let recentlySavedLimit = 8192
-    let session: URLSession
+    /// A PEM file of CA certificates for an HTTPS server (nil: the system's store).
+    let caFile: String?
     let now: @Sendable () -> Date
     /// How many times a 429 or 503 is retried before it surfaces.
     let maximumRetries: Int
@@ -41,9 +39,11 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     /// - Parameter deviceCertificate: on a linked device, its ``DeviceCertificate`` (canonical
     ///   bytes): a server binds the device's key from it.
     public init(url: URL, identity: String, key: SigningKey, policy: RecordPolicy = RecordPolicy(), deviceCertificate: Data? = nil,
-                wireForm: WireForm = .binary, maximumRetries: Int = 2, maximumRetryDelay: Double = 2, now: @escaping @Sendable () -> Date = { Date() }) {
+                wireForm: WireForm = .binary, caFile: String? = nil, maximumRetries: Int = 2, maximumRetryDelay: Double = 2,
+                now: @escaping @Sendable () -> Date = { Date() }) {
         baseURL = url
         self.wireForm = wireForm
+        self.caFile = caFile
         self.identity = identity
         self.key = key
         self.deviceCertificate = deviceCertificate
@@ -51,12 +51,12 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         self.maximumRetries = maximumRetries
         self.maximumRetryDelay = maximumRetryDelay
         self.now = now
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.httpMaximumConnectionsPerHost = 8
-        session = URLSession(configuration: configuration)
     }
 
-    deinit { session.finishTasksAndInvalidate() }
+    /// Whether the server answers its health check (`GET /healthz`).
+    public func isHealthy() async -> Bool {
+        (try? await send("GET", "/healthz", timeout: 10)) != nil
+    }
 
     // MARK: Zones
 
@@ -259,27 +259,16 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     private func exchange(_ method: String, _ path: String, query: [(String, String)], body: Data, contentType: String,
                           timeout: Double) async throws(RecordZoneError) -> (Int, Data, Double?) {
         let queryString = RequestSignature.canonicalQuery(query)
-        guard let url = URL(string: baseURL.absoluteString.trimmingSuffix("/") + path + (queryString.isEmpty ? "" : "?" + queryString)) else {
-            throw RecordZoneError(.invalidArguments, "cannot build a URL for \(path)")
-        }
-        var request = URLRequest(url: url, timeoutInterval: timeout)
-        request.httpMethod = method
-        if !body.isEmpty || method == "POST" || method == "PUT" { request.httpBody = body }
-        request.setValue(contentType, forHTTPHeaderField: "Content-Type")
-        request.setValue(wireForm == .binary ? "\(Wire.recordsType), \(Wire.jsonType)" : Wire.jsonType, forHTTPHeaderField: "Accept")
-        request.setValue(RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: identity, key: key, now: now()),
-                         forHTTPHeaderField: "Authorization")
-        if let deviceCertificate { request.setValue(deviceCertificate.base64EncodedString(), forHTTPHeaderField: RequestSignature.deviceHeader) }
-        do {
-            let (data, response) = try await session.data(for: request)
-            guard let http = response as? HTTPURLResponse else { throw RecordZoneError(.networkUnavailable, "not an HTTP answer") }
-            let retryAfter = http.value(forHTTPHeaderField: "Retry-After").flatMap(Double.init)
-            return (http.statusCode, data, retryAfter)
-        } catch let error as RecordZoneError {
-            throw error
-        } catch {
-            throw RecordZoneError(.networkUnavailable, "\(method) \(path): \(error.localizedDescription)")
-        }
+        var headers = [
+            ("Content-Type", contentType),
+            ("Accept", wireForm == .binary ? "\(Wire.recordsType), \(Wire.jsonType)" : Wire.jsonType),
+            ("Authorization", RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: identity, key: key, now: now())),
+        ]
+        if let deviceCertificate { headers.append((RequestSignature.deviceHeader, deviceCertificate.base64EncodedString())) }
+        let answer = try await CurlTransport.shared.perform(HTTPExchange(
+            method: method, url: baseURL.absoluteString.trimmingSuffix("/") + path + (queryString.isEmpty ? "" : "?" + queryString),
+            headers: headers, body: body, timeout: timeout, caFile: caFile))
+        return (answer.status, answer.body, answer.headers["retry-after"].flatMap(Double.init))
     }
 }
 
