@@ -1,24 +1,38 @@
 import Foundation
 
 /// The serial owner of a store's SQLite file: one writer connection and one reader
-/// connection. In WAL mode a read never waits for a write in progress (a sync applying pages),
-/// and writes are serialized. Closures run synchronously on the caller's thread under a lock.
+/// connection, each with its own serial dispatch queue. In WAL mode a read never waits for a
+/// write in progress (a sync applying pages), and writes are serialized.
+///
+/// The `async` variants run the closure on the connection's queue and resume the caller when it
+/// is done (as GRDB's `SerializedDatabase` does): a slow disk, an fsync or another process's
+/// lock holds that queue's thread, never Swift's cooperative pool. The synchronous variants
+/// block the caller until the queue has run the closure, for the few callers that cannot wait
+/// (opening, tests).
 public final class DatabaseQueue: Sendable {
-    /// A connection and the lock that serializes it. The connection never leaves the lock's
-    /// scope except as the parameter of a closure that runs inside it.
-    private final class Guarded: @unchecked Sendable {
-        private let lock = NSLock()
+    /// A connection and the queue that serializes it. The connection never leaves the queue
+    /// except as the parameter of a closure that runs on it.
+    private final class Serialized: @unchecked Sendable {
+        private let queue: DispatchQueue
         private let database: Database
-        init(_ database: Database) { self.database = database }
-        func with<T>(_ body: (Database) throws -> T) rethrows -> T {
-            lock.lock()
-            defer { lock.unlock() }
-            return try body(database)
+        init(_ database: Database, label: String) {
+            self.database = database
+            queue = DispatchQueue(label: label, qos: .userInitiated)
+        }
+
+        func sync<T>(_ body: (Database) throws -> T) rethrows -> T {
+            try queue.sync { try body(database) }
+        }
+
+        func async<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+            try await withCheckedThrowingContinuation { continuation in
+                queue.async { continuation.resume(with: Result { try body(self.database) }) }
+            }
         }
     }
 
-    private let writer: Guarded
-    private let reader: Guarded
+    private let writer: Serialized
+    private let reader: Serialized
     public let path: String
 
     /// Opens the file, sets WAL mode and durable commits, and runs `migrations` on the writer.
@@ -30,23 +44,36 @@ public final class DatabaseQueue: Sendable {
         try writer.execute("PRAGMA foreign_keys = ON")
         try Migration.run(migrations, on: writer)
         let reader = try Database(path: path, readOnly: true)
-        self.writer = Guarded(writer)
-        self.reader = Guarded(reader)
+        self.writer = Serialized(writer, label: "convkit.sqlite.writer")
+        self.reader = Serialized(reader, label: "convkit.sqlite.reader")
         self.path = path
     }
 
-    /// Runs `body` in a write transaction: all of it commits, or none of it.
-    public func write<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
-        try writer.with { db in try db.transaction { try body(db) } }
+    /// Runs `body` in a write transaction on the writer's queue: all of it commits, or none of it.
+    public func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await writer.async { db in try db.transaction { try body(db) } }
     }
 
-    /// Runs `body` in a read transaction on the reader connection: one consistent snapshot.
-    public func read<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
-        try reader.with { db in
-            try db.execute("BEGIN DEFERRED")
-            defer { try? db.execute("COMMIT") }
-            return try body(db)
-        }
+    /// Runs `body` in a read transaction on the reader's queue: one consistent snapshot.
+    public func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await reader.async { db in try Self.snapshot(db, body) }
+    }
+
+    /// ``write(_:)``, blocking the caller until it is done.
+    public func writeNow<T>(_ body: (Database) throws -> T) throws -> T {
+        try writer.sync { db in try db.transaction { try body(db) } }
+    }
+
+    /// ``read(_:)``, blocking the caller until it is done (reads are short and never wait for
+    /// a writer in WAL mode).
+    public func readNow<T>(_ body: (Database) throws -> T) throws -> T {
+        try reader.sync { db in try Self.snapshot(db, body) }
+    }
+
+    private static func snapshot<T>(_ db: Database, _ body: (Database) throws -> T) throws -> T {
+        try db.execute("BEGIN DEFERRED")
+        defer { try? db.execute("COMMIT") }
+        return try body(db)
     }
 }
 

@@ -9,14 +9,14 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func offlineSendsOnBothSidesEndInOneConversationInTheSameOrder(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         // Both offline: nothing synced yet, bob unknown to alice and the reverse.
-        let first = try alice.send("Hi Bob", to: "bob")
+        let first = try await alice.send("Hi Bob", to: "bob")
         #expect(first.syncState == .pending)
-        try alice.send("Are you there?", to: "bob")
-        try bob.send("Hello Alice", to: "alice")
-        try alice.send("Third from alice", to: "bob")
-        try bob.send("Second from bob", to: "alice")
+        try await alice.send("Are you there?", to: "bob")
+        try await bob.send("Hello Alice", to: "alice")
+        try await alice.send("Third from alice", to: "bob")
+        try await bob.send("Second from bob", to: "alice")
         #expect(try alice.pendingChangeCount() > 0)
 
         try await syncAll([alice, bob])
@@ -43,9 +43,9 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func bothStartingTheConversationOfflineGivesExactlyOne(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        let fromAlice = try alice.conversation(with: "bob")
-        let fromBob = try bob.conversation(with: "alice")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        let fromAlice = try await alice.conversation(with: "bob")
+        let fromBob = try await bob.conversation(with: "alice")
         #expect(fromAlice.id == fromBob.id)
         try await syncAll([alice, bob])
         for store in [alice, bob] {
@@ -63,21 +63,21 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func editsDeletesAndReadReceiptsReachTheOtherSide(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        let keep = try alice.send("first draft", to: "bob")
-        let drop = try alice.send("oops, wrong chat", to: "bob")
-        let reply = try bob.send("ok", to: "alice")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        let keep = try await alice.send("first draft", to: "bob")
+        let drop = try await alice.send("oops, wrong chat", to: "bob")
+        let reply = try await bob.send("ok", to: "alice")
         try await syncAll([alice, bob])
         #expect(try bob.unreadCount(in: keep.id.conversation) == 2)
 
-        let edited = try alice.edit(keep.id, content: "final text")
+        let edited = try await alice.edit(keep.id, content: "final text")
         #expect(edited.editedAt != nil && edited.syncState == .pending)
-        try alice.delete(drop.id)
+        try await alice.delete(drop.id)
         #expect(try alice.message(drop.id) == nil)
-        try bob.markAsRead(keep.id)
+        try await bob.markAsRead(keep.id)
         #expect(try bob.message(keep.id)?.readAt != nil)
-        #expect(throws: ConversationError.self) { try bob.edit(keep.id, content: "not mine") }
-        #expect(throws: ConversationError.self) { try alice.markAsRead(keep.id) }  // alice is not the listener
+        await #expect(throws: ConversationError.self) { try await bob.edit(keep.id, content: "not mine") }
+        await #expect(throws: ConversationError.self) { try await alice.markAsRead(keep.id) }  // alice is not the listener
         try await syncAll([alice, bob])
 
         let bobView = try history(bob, keep.id.conversation)
@@ -88,7 +88,7 @@ import ZoneServer
         #expect(aliceCopy.readAt != nil, "alice sees bob's receipt")
         #expect(try alice.message(reply.id)?.readAt == nil)
         #expect(try bob.unreadCount(in: keep.id.conversation) == 0)  // one read, one deleted
-        try alice.markAllAsRead(in: reply.id.conversation)
+        try await alice.markAllAsRead(in: reply.id.conversation)
         #expect(try alice.totalUnreadCount() == 0)
         try await syncAll([alice, bob])
         #expect(try bob.message(reply.id)?.readAt != nil)
@@ -97,9 +97,9 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func aTagQueryFindsBobAndNotCarol(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice", tags: ["swift"])
-        let bob = try fixture.store("bob", tags: ["swift", "linux"])
-        let carol = try fixture.store("carol", tags: ["rust"])
+        let alice = try await fixture.store("alice", tags: ["swift"])
+        let bob = try await fixture.store("bob", tags: ["swift", "linux"])
+        let carol = try await fixture.store("carol", tags: ["rust"])
         try await syncAll([bob, carol])  // they publish their profiles
         #expect(try alice.allKnownSpeakers().isEmpty)
         let events = alice.events()
@@ -111,7 +111,7 @@ import ZoneServer
         #expect(try alice.speaker(fromRef: SpeakerRef(identifier: "bob"))?.name == "Bob")
         #expect(try await alice.speakers(matching: SpeakerQuery(tag: "nobody")).isEmpty)
         // A profile update reaches those who know the speaker.
-        try bob.updateLocalSpeaker(name: "Robert", tags: ["swift"])
+        try await bob.updateLocalSpeaker(name: "Robert", tags: ["swift"])
         try await bob.sync()
         try await alice.sync()
         #expect(try alice.speaker(fromRef: SpeakerRef(identifier: "bob"))?.name == "Robert")
@@ -120,8 +120,8 @@ import ZoneServer
 
     @Test func aRecordAlteredInTheSharedFolderIsQuarantinedAndNeverShown() async throws {
         let fixture = try ChatFixture(.filesystem)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        try bob.send("pay 10 to carol", to: "alice")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await bob.send("pay 10 to carol", to: "alice")
         try await bob.sync()
         // A hostile folder edits bob's message and rewrites the segment with a valid checksum.
         let zone = try #require(try bob.conversations().first?.id)
@@ -149,13 +149,13 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func liveEventsAndObservedMessagesFollowChanges(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        let conversation = try alice.conversation(with: "bob")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        let conversation = try await alice.conversation(with: "bob")
         #expect(await firstElement(of: alice.observeMessages(in: conversation.id)) { _ in true } == [], "a new observer starts with the current page")
         let observed = alice.observeMessages(in: conversation.id)
         let events = alice.events()
-        let sent = try alice.send("hello", to: "bob")
-        try bob.send("hi alice", to: "alice")
+        let sent = try await alice.send("hello", to: "bob")
+        try await bob.send("hi alice", to: "alice")
         try await syncAll([bob, alice])
         let seen = Seen()
         #expect(await awaitEvents(events) { event in
@@ -178,9 +178,9 @@ import ZoneServer
         let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { context in
             flaky.connect(context.policy)
         }, configuration: configuration)
-        try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
-        let bob = try fixture.store("bob")
-        let message = try alice.send("survives the network", to: "bob")
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let bob = try await fixture.store("bob")
+        let message = try await alice.send("survives the network", to: "bob")
 
         // The save reaches the backend, then the answer is lost: the push must be retried.
         flaky.mode = .loseAnswer
@@ -203,9 +203,9 @@ import ZoneServer
         let fixture = try ChatFixture(.memory)
         let flaky = FlakyBackend(fixture.server)
         let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { flaky.connect($0.policy) })
-        try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
         try await alice.sync()
-        let message = try alice.send("refused", to: "bob")
+        let message = try await alice.send("refused", to: "bob")
         flaky.mode = .refuseMessages
         let report = try await alice.sync()
         #expect(report.failed == 1)
@@ -220,8 +220,8 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func aRecreatedZoneIsFetchedAgainFromTheStart(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        try bob.send("before", to: "alice")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await bob.send("before", to: "alice")
         try await syncAll([bob, alice])
         let zone = try ZoneName(try #require(try alice.conversations().first?.id))
         // Someone deletes and recreates the zone; bob writes into the new incarnation.
@@ -232,8 +232,8 @@ import ZoneServer
         }
         try await admin.deleteZone(zone)
         try await admin.createZone(zone)
-        try bob.send("after", to: "alice")
-        try bob.clearAllCachedData()
+        try await bob.send("after", to: "alice")
+        try await bob.clearAllCachedData()
         try await bob.sync()
         let report = try await alice.sync()
         #expect(report.refetchedZones == 1)
@@ -244,13 +244,13 @@ import ZoneServer
     @Test(arguments: ChatBackend.allCases)
     func clearingTheCacheKeepsUnsentMessagesAndSyncBringsTheRestBack(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        try bob.send("one", to: "alice")
-        try bob.send("two", to: "alice")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await bob.send("one", to: "alice")
+        try await bob.send("two", to: "alice")
         try await syncAll([bob, alice])
         let zone = try #require(try alice.conversations().first?.id)
-        let unsent = try alice.send("not sent yet", to: "bob")
-        try alice.clearAllCachedData()
+        let unsent = try await alice.send("not sent yet", to: "bob")
+        try await alice.clearAllCachedData()
         #expect(try history(alice, zone).map(\.content) == ["not sent yet"])
         #expect(try alice.message(unsent.id)?.syncState == .pending)
         try await alice.sync()

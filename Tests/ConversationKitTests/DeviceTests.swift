@@ -18,9 +18,9 @@ import TestSupport
     @Test(arguments: ChatBackend.allCases)
     func aSpeakerOnTwoDevicesIsOneSpeaker(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice")
-        let bob = try fixture.store("bob")
-        try alice.send("from the phone", to: "bob")
+        let alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
+        try await alice.send("from the phone", to: "bob")
         try await syncAll([alice, bob])
 
         let laptopKey = try await laptopSendsToo(fixture, alice: alice, bob: bob)
@@ -29,7 +29,7 @@ import TestSupport
         // laptop, and still sends as alice.
         let reopened = try ConversationStore(directory: fixture.storePath("alice-laptop"), backend: fixture.factory(device: "alice-laptop"))
         #expect(reopened.localSpeakerIdentifier == "alice" && reopened.localPublicKey == laptopKey)
-        try reopened.send("after a restart", to: "bob")
+        try await reopened.send("after a restart", to: "bob")
         try await syncAll([reopened, bob])
         let conversation = try #require(try bob.existingConversation(with: "alice"))
         #expect(try bob.messages(in: conversation.id).messages.map(\.content) == ["from the phone", "from the laptop", "after a restart"])
@@ -47,7 +47,7 @@ import TestSupport
         let conversation = try #require(try laptop.existingConversation(with: "bob"))
         #expect(try laptop.messages(in: conversation.id).messages.map(\.content) == ["from the phone"])
 
-        try laptop.send("from the laptop", to: "bob")
+        try await laptop.send("from the laptop", to: "bob")
         try await syncAll([laptop, alice, bob])
 
         #expect(try bob.allKnownSpeakers().map(\.identifier) == ["alice"])
@@ -71,7 +71,7 @@ import TestSupport
         }
         // Only the first device links and revokes.
         #expect(throws: ConversationError.self) { try laptop.linkDevice() }
-        #expect(throws: ConversationError.self) { try laptop.revokeDevice(try #require(try laptop.devices().first { $0.isThisDevice })) }
+        await #expect(throws: ConversationError.self) { try await laptop.revokeDevice(try #require(try laptop.devices().first { $0.isThisDevice })) }
         return laptop.localPublicKey
     }
 
@@ -80,18 +80,18 @@ import TestSupport
     @Test(arguments: ChatBackend.allCases)
     func aRevokedDevicesLaterRecordsAreRefusedEverywhere(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice")
-        let bob = try fixture.store("bob")
+        let alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
         let laptop = try await linkLaptop(fixture, from: alice)
-        try laptop.send("before", to: "bob")
+        try await laptop.send("before", to: "bob")
         try await syncAll([laptop, alice, bob])
 
         let device = try #require(try alice.devices().first { $0.label == "laptop" })
-        try alice.revokeDevice(device)
+        try await alice.revokeDevice(device)
         try await alice.sync()
         #expect(try alice.devices().first { $0.label == "laptop" }?.revokedAfter != nil)
 
-        let late = try laptop.send("after the revocation", to: "bob")
+        let late = try await laptop.send("after the revocation", to: "bob")
         if kind == .http {
             // The server no longer takes the laptop's key at all.
             await #expect(throws: ConversationError.self) { try await laptop.sync() }
@@ -130,7 +130,7 @@ import TestSupport
     @Test(arguments: ChatBackend.allCases)
     func badLinkCodesAreRefusedWithTypedErrors(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice")
+        let alice = try await fixture.store("alice")
         try await alice.sync()
         func newStore(_ name: String, now: Date = Date()) throws -> ConversationStore {
             var configuration = StoreConfiguration()

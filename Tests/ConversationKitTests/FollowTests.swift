@@ -56,7 +56,7 @@ import TestSupport
         let storage = try #require(fixture.zoneServer).storage
         let others = 10_000
         let names = (0..<others).map { "speaker-\($0)" }
-        try storage.createZones(try names.map { try ChatFixture.speakerZone($0) } + [try ZoneName("speakers")])
+        try await storage.createZones(try names.map { try ChatFixture.speakerZone($0) } + [try ZoneName("speakers")])
         let clock = HybridLogicalClock()
         let profiles = try names.enumerated().flatMap { index, name in
             let key = try SigningKey(seed: Sodium.sha256(Data(name.utf8)))
@@ -68,12 +68,12 @@ import TestSupport
             }
         }
         for start in stride(from: 0, to: profiles.count, by: Record.maximumBatchSize) {
-            let saved = try storage.save(Array(profiles[start..<min(start + Record.maximumBatchSize, profiles.count)]), policy: .merge)
+            let saved = try await storage.save(Array(profiles[start..<min(start + Record.maximumBatchSize, profiles.count)]), policy: .merge)
             #expect(saved.allSatisfy { (try? $0.get()) != nil })
         }
 
-        let bob = try fixture.store("bob")
-        try bob.send("hi carol", to: "carol")
+        let bob = try await fixture.store("bob")
+        try await bob.send("hi carol", to: "carol")
         try await bob.sync()
 
         let url = try #require(fixture.serverURL)
@@ -83,7 +83,7 @@ import TestSupport
             counted.withLock { $0 = backend }
             return backend
         })
-        try carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
+        try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
         try await carol.sync()
         let found = try await carol.speakers(matching: SpeakerQuery(tag: "rare"))
         #expect(found.map(\.identifier) == ["speaker-2507", "speaker-5007", "speaker-7", "speaker-7507"])

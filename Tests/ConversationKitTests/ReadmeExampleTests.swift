@@ -11,24 +11,24 @@ import TestSupport
         let root = directory.path
         // README-BEGIN
         let alice = try ConversationStore(directory: "\(root)/alice", backend: .folder("\(root)/shared", device: "alice-laptop"))
-        try alice.setupLocalSpeaker(identifier: "alice", name: "Alice", tags: ["swift"])
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice", tags: ["swift"])
         let bob = try ConversationStore(directory: "\(root)/bob", backend: .folder("\(root)/shared", device: "bob-phone"))
-        try bob.setupLocalSpeaker(identifier: "bob", name: "Bob", tags: ["swift", "linux"])
+        try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob", tags: ["swift", "linux"])
 
-        let sent = try alice.send("Hi Bob!", to: "bob")   // offline: committed with its outbox entry
-        try await alice.sync()                             // pushes the outbox
-        try await bob.sync()                               // pulls, verifies, applies
+        let sent = try await alice.send("Hi Bob!", to: "bob")  // offline: committed with its outbox entry
+        try await alice.sync()                                // pushes the outbox
+        try await bob.sync()                                  // pulls, verifies, applies
 
         guard let conversation = try bob.existingConversation(with: "alice") else { return }
         let page = try bob.messages(in: conversation.id, limit: 50)
-        print(page.messages.map(\.content))                // ["Hi Bob!"]
-        try bob.markAllAsRead(in: conversation.id)         // a signed receipt for alice
+        print(page.messages.map(\.content))                   // ["Hi Bob!"]
+        try await bob.markAllAsRead(in: conversation.id)      // a signed receipt for alice
         try await bob.sync()
         try await alice.sync()
-        print(try alice.message(sent.id)?.readAt as Any)   // when bob read it
+        print(try alice.message(sent.id)?.readAt as Any)      // when bob read it
 
         let swifties = try await alice.speakers(matching: SpeakerQuery(tag: "linux"))
-        print(swifties.map(\.name))                        // ["Bob"]
+        print(swifties.map(\.name))                           // ["Bob"]
         // README-END
         #expect(page.messages.map(\.content) == ["Hi Bob!"])
         #expect(try alice.message(sent.id)?.readAt != nil)

@@ -6,9 +6,9 @@ import TestSupport
 
 /// Bad input, identity switching and crashes: clear typed errors, nothing half-written, nothing lost.
 @Suite struct StoreRobustnessTests {
-    func code(_ body: () throws -> Void) -> ConversationError.Code? {
+    func code(_ body: () async throws -> Void) async -> ConversationError.Code? {
         do {
-            try body()
+            try await body()
             return nil
         } catch let error as ConversationError {
             return error.code
@@ -17,67 +17,67 @@ import TestSupport
         }
     }
 
-    @Test func badInputGetsTypedErrorsAndWritesNothing() throws {
+    @Test func badInputGetsTypedErrorsAndWritesNothing() async throws {
         let fixture = try ChatFixture(.memory)
         let store = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
-        #expect(code { try store.send("hi", to: "bob") } == .noLocalSpeaker)
-        #expect(code { try store.setupLocalSpeaker(identifier: "", name: "Nobody") } == .invalidIdentifier)
-        #expect(code { try store.setupLocalSpeaker(identifier: String(repeating: "x", count: 129), name: "Long") } == .invalidIdentifier)
-        #expect(code { try store.setupLocalSpeaker(identifier: "_system", name: "Reserved") } == .invalidIdentifier)
-        #expect(code { try store.setupLocalSpeaker(identifier: "tab\there", name: "Tab") } == .invalidIdentifier)
-        try store.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        #expect(await code { try await store.send("hi", to: "bob") } == .noLocalSpeaker)
+        #expect(await code { try await store.setupLocalSpeaker(identifier: "", name: "Nobody") } == .invalidIdentifier)
+        #expect(await code { try await store.setupLocalSpeaker(identifier: String(repeating: "x", count: 129), name: "Long") } == .invalidIdentifier)
+        #expect(await code { try await store.setupLocalSpeaker(identifier: "_system", name: "Reserved") } == .invalidIdentifier)
+        #expect(await code { try await store.setupLocalSpeaker(identifier: "tab\there", name: "Tab") } == .invalidIdentifier)
+        try await store.setupLocalSpeaker(identifier: "alice", name: "Alice")
         let pending = try store.pendingChangeCount()
-        #expect(code { try store.send(String(repeating: "x", count: 64 * 1024 + 1), to: "bob") } == .contentTooLarge)
-        #expect(code { try store.send("", to: "bob") } == .emptyContent)
-        #expect(code { try store.send("hi", to: "") } == .invalidIdentifier)
-        #expect(code { try store.send("hi", to: "alice") } == .invalidIdentifier)
-        #expect(code { _ = try store.unreadCount(in: "c-0000000000000000-0000000000000000") } == .unknownConversation)
-        #expect(code { try store.markAsRead(MessageID(conversation: "c-x", name: "nope")) } == .unknownMessage)
-        #expect(code { try store.delete(MessageID(conversation: "c-x", name: "nope")) } == .unknownMessage)
+        #expect(await code { try await store.send(String(repeating: "x", count: 64 * 1024 + 1), to: "bob") } == .contentTooLarge)
+        #expect(await code { try await store.send("", to: "bob") } == .emptyContent)
+        #expect(await code { try await store.send("hi", to: "") } == .invalidIdentifier)
+        #expect(await code { try await store.send("hi", to: "alice") } == .invalidIdentifier)
+        #expect(await code { _ = try store.unreadCount(in: "c-0000000000000000-0000000000000000") } == .unknownConversation)
+        #expect(await code { try await store.markAsRead(MessageID(conversation: "c-x", name: "nope")) } == .unknownMessage)
+        #expect(await code { try await store.delete(MessageID(conversation: "c-x", name: "nope")) } == .unknownMessage)
         // Nothing was half-written: no conversation, no outbox entry.
         #expect(try store.conversations().isEmpty)
         #expect(try store.pendingChangeCount() == pending)
         // Exactly 64 KiB is fine.
-        let big = try store.send(String(repeating: "y", count: 64 * 1024), to: "bob")
+        let big = try await store.send(String(repeating: "y", count: 64 * 1024), to: "bob")
         #expect(big.content.utf8.count == 64 * 1024)
     }
 
-    @Test func aStoreDirectoryThatCannotBeCreatedIsATypedError() throws {
+    @Test func aStoreDirectoryThatCannotBeCreatedIsATypedError() async throws {
         let dir = try TemporaryDirectory("blocked")
         let fixture = try ChatFixture(.memory)
         // A file where the directory should go: it cannot be created, whoever runs the test.
         let blocker = dir.path + "/file"
         try Data("x".utf8).write(to: URL(fileURLWithPath: blocker))
-        #expect(code { _ = try ConversationStore(directory: blocker + "/store", backend: fixture.factory(device: "a")) } == .storeNotWritable)
-        #expect(code { _ = try ConversationStore(directory: blocker, backend: fixture.factory(device: "a")) } == .storeNotWritable)
+        #expect(await code { _ = try ConversationStore(directory: blocker + "/store", backend: fixture.factory(device: "a")) } == .storeNotWritable)
+        #expect(await code { _ = try ConversationStore(directory: blocker, backend: fixture.factory(device: "a")) } == .storeNotWritable)
     }
 
-    @Test func aCorruptDatabaseFileIsATypedError() throws {
+    @Test func aCorruptDatabaseFileIsATypedError() async throws {
         let fixture = try ChatFixture(.memory)
         let path = fixture.storePath("alice")
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: path + "/store.sqlite"))
-        #expect(code { _ = try ConversationStore(directory: path, backend: fixture.factory(device: "alice")) } == .databaseCorrupt)
+        #expect(await code { _ = try ConversationStore(directory: path, backend: fixture.factory(device: "alice")) } == .databaseCorrupt)
     }
 
-    @Test func switchingIdentityNeverDropsAnotherSpeakersUnsentMessages() throws {
+    @Test func switchingIdentityNeverDropsAnotherSpeakersUnsentMessages() async throws {
         let fixture = try ChatFixture(.memory)
-        let alice = try fixture.store("alice")
-        let unsent = try alice.send("still in the outbox", to: "bob")
-        #expect(code { try alice.setupLocalSpeaker(identifier: "bob", name: "Bob") } == .storeBelongsToAnotherSpeaker)
+        let alice = try await fixture.store("alice")
+        let unsent = try await alice.send("still in the outbox", to: "bob")
+        #expect(await code { try await alice.setupLocalSpeaker(identifier: "bob", name: "Bob") } == .storeBelongsToAnotherSpeaker)
         // Reopening the directory is still alice's store, with her message.
         let reopened = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
         #expect(reopened.localSpeakerIdentifier == "alice")
         #expect(try reopened.message(unsent.id)?.syncState == .pending)
         #expect(try reopened.pendingChangeCount() == alice.pendingChangeCount())
         // Bob opens his own store beside it.
-        let bob = try fixture.store("bob")
+        let bob = try await fixture.store("bob")
         #expect(try bob.conversations().isEmpty)
         // Or per speaker under one root: each identity gets its own store.
         let root = fixture.directory.path + "/by-speaker"
         let first = try ConversationStore.open(speaker: "alice", in: root, backend: fixture.factory(device: "a"))
-        try first.setupLocalSpeaker(identifier: "alice", name: "Alice")
-        try first.send("from alice's store", to: "bob")
+        try await first.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await first.send("from alice's store", to: "bob")
         let second = try ConversationStore.open(speaker: "bob", in: root, backend: fixture.factory(device: "b"))
         #expect(second.localSpeakerIdentifier == nil && second.directory != first.directory)
         #expect(try ConversationStore.open(speaker: "alice", in: root, backend: fixture.factory(device: "a")).pendingChangeCount() == first.pendingChangeCount())
@@ -85,8 +85,8 @@ import TestSupport
 
     @Test func theKeyAndPinsSurviveAReopen() async throws {
         let fixture = try ChatFixture(.filesystem)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        try bob.send("hello", to: "alice")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await bob.send("hello", to: "alice")
         try await syncAll([bob, alice])
         let key = try #require(alice.localPublicKey)
         let reopened = try ConversationStore(directory: fixture.storePath("alice"), backend: .folder(fixture.folder, device: "alice-2"))
@@ -98,9 +98,9 @@ import TestSupport
 
     @Test func aSyncKilledMidPullAndRunAgainEndsWithEveryMessageExactlyOnce() async throws {
         let fixture = try ChatFixture(.filesystem)
-        let bob = try fixture.store("bob")
+        let bob = try await fixture.store("bob")
         let count = 1500
-        for i in 0..<count { try bob.send("message \(i)", to: "alice") }
+        for i in 0..<count { try await bob.send("message \(i)", to: "alice") }
         try await bob.sync()
 
         let tool = try builtProduct("convkit-store-sync")

@@ -12,12 +12,12 @@ import TestSupport
     @Test(arguments: ChatBackend.allCases)
     func aParticipantCannotRewriteOrEraseTheOthersRecords(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
-        let alice = try fixture.store("alice"), bob = try fixture.store("bob")
-        let sent = try alice.send("the original", to: "bob")
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        let sent = try await alice.send("the original", to: "bob")
         try await syncAll([alice, bob])
-        let reply = try bob.send("a reply", to: "alice")
+        let reply = try await bob.send("a reply", to: "alice")
         try await syncAll([alice, bob])
-        try alice.markAsRead(reply.id)
+        try await alice.markAsRead(reply.id)
         try await syncAll([alice, bob])
         #expect(try bob.message(reply.id)?.readAt != nil)
 
@@ -67,8 +67,8 @@ import TestSupport
     @Test(arguments: ["aaa-forger", "zzz-forger"])
     func aForgedProfileNeverBecomesTheSpeakerForAFreshReader(_ forgerDevice: String) async throws {
         let fixture = try ChatFixture(.filesystem)
-        let alice = try fixture.store("alice")
-        try alice.send("really me", to: "bob")
+        let alice = try await fixture.store("alice")
+        try await alice.send("really me", to: "bob")
         try await alice.sync()
         let mallory = SigningKey.generate()
         // The profile and its directory copy, both forged.
@@ -81,15 +81,15 @@ import TestSupport
         _ = try await forger.save(forged).map { try $0.get() }
 
         // Bob, with no pin: a conflict, nothing of alice's shown, until he trusts her fingerprint.
-        let bob = try fixture.store("bob")
+        let bob = try await fixture.store("bob")
         try await bob.sync()
         #expect(bob.trust(of: "alice") == .conflicted)
         #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name != "Mallory as Alice")
         #expect(try bob.existingConversation(with: "alice").map { try bob.messages(in: $0.id).messages.isEmpty } ?? true)
         let real = KeyChain.fingerprint(identity: "alice", key: try #require(alice.localPublicKey))
         #expect(try Set(bob.candidateFingerprints(for: "alice")) == [real, KeyChain.fingerprint(identity: "alice", key: mallory.publicKey)])
-        #expect(throws: ConversationError.self) { try bob.trust("alice", fingerprint: "00000 00000 00000 00000 00000 00000 00000 00000 00000 00000 00000 00000") }
-        try bob.trust("alice", fingerprint: real)
+        await #expect(throws: ConversationError.self) { try await bob.trust("alice", fingerprint: "00000 00000 00000 00000 00000 00000 00000 00000 00000 00000 00000 00000") }
+        try await bob.trust("alice", fingerprint: real)
         #expect(bob.trust(of: "alice") == .verified)
         let seen = try #require(try bob.speaker(fromRef: SpeakerRef(identifier: "alice")))
         #expect(seen.name == "Alice" && seen.fingerprint == real && seen.trust == .verified)
@@ -99,16 +99,16 @@ import TestSupport
         #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name == "Alice")
 
         // Carol starts from alice's ref (a contact card): the ref's key is pinned, the forgery refused.
-        let carol = try fixture.store("carol")
+        let carol = try await fixture.store("carol")
         let ref = try #require(try alice.localSpeaker?.speakerRef)
         #expect(ref.publicKey == alice.localPublicKey)
-        try carol.conversation(with: ref)
+        try await carol.conversation(with: ref)
         try await carol.sync()
         #expect(carol.trust(of: "alice") == .verified)
         #expect(try carol.speaker(fromRef: ref)?.name == "Alice")
         #expect(try carol.quarantine().contains { $0.reason.contains("does not speak for 'alice'") })
         // A ref with another key than the pinned one is an error, not a silent switch.
-        #expect(throws: ConversationError.self) { try carol.conversation(with: SpeakerRef(identifier: "alice", publicKey: mallory.publicKey)) }
+        await #expect(throws: ConversationError.self) { try await carol.conversation(with: SpeakerRef(identifier: "alice", publicKey: mallory.publicKey)) }
     }
 
     /// The forger pads its device's folder so that its forged profile and alice's real one fall
@@ -118,10 +118,10 @@ import TestSupport
         // Bob has synced before and has nothing to push: his next sync only pulls, page by page.
         var small = StoreConfiguration()
         small.pageSize = 20
-        let bob = try fixture.store("bob", configuration: small)
-        try bob.conversation(with: "alice")
+        let bob = try await fixture.store("bob", configuration: small)
+        try await bob.conversation(with: "alice")
         try await bob.sync()
-        let alice = try fixture.store("alice")
+        let alice = try await fixture.store("alice")
         try await alice.sync()
         let forger = try FileSystemBackend(root: fixture.folder, device: "aaa-forger", policy: RecordPolicy())
         let clock = HybridLogicalClock()
@@ -147,8 +147,8 @@ import TestSupport
     /// shows, instead of being lost behind a token that moved past it.
     @Test func recordsHeldBackOverHTTPComeBackOnceTheKeyIsTrusted() async throws {
         let fixture = try ChatFixture(.http)
-        let bob = try fixture.store("bob")
-        let conversation = try bob.conversation(with: "dave")
+        let bob = try await fixture.store("bob")
+        let conversation = try await bob.conversation(with: "dave")
         try await bob.sync()
         let dave = SigningKey.generate(), impostor = SigningKey.generate()
         let clock = HybridLogicalClock()
@@ -161,7 +161,7 @@ import TestSupport
             "speaker": .string("dave"), "listener": .string("bob"), "content": .string("hi bob, it's dave"), "spokenAt": .date(milliseconds: 1_800_000_000_000),
         ])
         try message.sign(with: dave, clock: clock.now())
-        try #require(fixture.zoneServer).storage.createZone(try ChatFixture.speakerZone("dave"))
+        try await #require(fixture.zoneServer).storage.createZone(try ChatFixture.speakerZone("dave"))
         try await fixture.plant(try profile(dave, "Dave").encoded(), in: try ChatFixture.speakerZone("dave"))
         try await fixture.plant(try profile(impostor, "Not Dave").encoded(), in: try ChatFixture.speakerZone("dave"))
         try await fixture.plant(try message.encoded(), in: try ZoneName(conversation.id))
@@ -171,7 +171,7 @@ import TestSupport
         #expect(try bob.messages(in: conversation.id).messages.isEmpty)
         let real = KeyChain.fingerprint(identity: "dave", key: dave.publicKey)
         #expect(try bob.candidateFingerprints(for: "dave").contains(real))
-        try bob.trust("dave", fingerprint: real)
+        try await bob.trust("dave", fingerprint: real)
         #expect(try bob.messages(in: conversation.id).messages.map(\.content) == ["hi bob, it's dave"])
         #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "dave"))?.name == "Dave")
     }

@@ -384,25 +384,25 @@ extension Result where Failure == RecordZoneError {
             try record.sign(with: key, clock: clock.now())
             return record
         }
-        func found(_ storage: SQLiteBackend, _ tag: String) throws -> [String] {
-            try storage.query(RecordQuery(zone: zone, recordType: "Speaker", predicates: [.contains("tags", .string(tag))]), cursor: nil, limit: 100)
+        func found(_ storage: SQLiteBackend, _ tag: String) async throws -> [String] {
+            try await storage.query(RecordQuery(zone: zone, recordType: "Speaker", predicates: [.contains("tags", .string(tag))]), cursor: nil, limit: 100)
                 .records.map(\.id.name)
         }
         let keys = (0..<20).map { Keys.key(UInt8(100 + $0)) }
         do {
             let storage = try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy())  // no index yet
-            try storage.createZone(zone)
-            _ = try storage.save(try (0..<20).map { try speaker("s\($0)", $0 % 5 == 0 ? ["swift", "linux"] : ["rust"], key: keys[$0]) }, policy: .merge)
-            #expect(try found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted())
+            try await storage.createZone(zone)
+            _ = try await storage.save(try (0..<20).map { try speaker("s\($0)", $0 % 5 == 0 ? ["swift", "linux"] : ["rust"], key: keys[$0]) }, policy: .merge)
+            #expect(try await found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted())
         }
         let storage = try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
-        #expect(try found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted(), "rebuilt from the stored records")
-        _ = try storage.save([try speaker("s5", ["rust"], key: keys[5]), try speaker("s3", ["swift"], key: keys[3])], policy: .merge)
+        #expect(try await found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted(), "rebuilt from the stored records")
+        _ = try await storage.save([try speaker("s5", ["rust"], key: keys[5]), try speaker("s3", ["swift"], key: keys[3])], policy: .merge)
         let tombstone = try storage.policy.tombstone(for: try speaker("s10", [], key: keys[10]), signedWith: keys[10], clock: clock.now())
-        _ = try storage.save([tombstone], policy: .merge)
-        #expect(try found(storage, "swift") == ["s0", "s15", "s3"])
-        #expect(try found(storage, "linux") == ["s0", "s15"])
-        #expect(try found(storage, "rust").count == 16)
-        #expect(try found(storage, "nobody").isEmpty)
+        _ = try await storage.save([tombstone], policy: .merge)
+        #expect(try await found(storage, "swift") == ["s0", "s15", "s3"])
+        #expect(try await found(storage, "linux") == ["s0", "s15"])
+        #expect(try await found(storage, "rust").count == 16)
+        #expect(try await found(storage, "nobody").isEmpty)
     }
 }

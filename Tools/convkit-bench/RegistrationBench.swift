@@ -16,7 +16,7 @@ import ZoneServer
         defer { try? FileManager.default.removeItem(atPath: root) }
         let storage = try SQLiteBackend(directory: root, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
         let speakers = try ZoneName("speakers")
-        try storage.createZone(speakers)
+        try await storage.createZone(speakers)
         let clock = HybridLogicalClock()
         // Fill in-process, 400 profiles per transaction, each signed by its own key.
         var filled = 0

@@ -15,8 +15,11 @@ import RecordZone
 
     // 1. Sends, each its own durable transaction, against one-row raw transactions plus a raw sign.
     let bob = try ConversationStore(directory: root + "/bob", backend: .memory(server))
-    try bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
-    let sends = try rate(seconds: seconds) { try bob.send(content, to: "alice") }
+    try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+    let sends = try await rateAsync(seconds: seconds, batch: 1) {
+        try await bob.send(content, to: "alice")
+        return true
+    }
     let raw = try RawSQLite(path: root + "/raw.sqlite")
     try raw.exec("CREATE TABLE t (zone TEXT NOT NULL, name TEXT NOT NULL, content TEXT NOT NULL, PRIMARY KEY (zone, name)) STRICT")
     let insert = try raw.prepare("INSERT INTO t (zone, name, content) VALUES (?, ?, ?)")
@@ -40,7 +43,7 @@ import RecordZone
     // 2. Pull: bob's messages into a fresh store for alice, against raw verify + batched inserts.
     try await bob.sync()
     let alice = try ConversationStore(directory: root + "/alice", backend: .memory(server))
-    try alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+    try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
     let pullStart = ContinuousClock.now
     let report = try await alice.sync()
     let pullRate = Double(report.pulled) / secondsIn(ContinuousClock.now - pullStart)

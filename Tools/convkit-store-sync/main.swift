@@ -40,7 +40,7 @@ if let pageSize = options["page-size"] {
 do {
     let store = try ConversationStore(directory: storePath, backend: .folder(folder, device: device), configuration: configuration)
     if store.localSpeakerIdentifier == nil {
-        try store.setupLocalSpeaker(identifier: identifier, name: identifier)
+        try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
     }
     let events = store.events()
     let printer = Task {

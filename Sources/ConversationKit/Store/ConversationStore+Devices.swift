@@ -83,7 +83,7 @@ extension ConversationStore {
             throw ConversationError(.keyConflict, "this store holds another key for '\(link.identity)'")
         }
         let policy = self.policy
-        try write { applier in
+        try await write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)", [link.identity])
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('device_certificate', ?)", [certificateBytes])
             applier.localSpeaker = link.identity
@@ -166,7 +166,7 @@ extension ConversationStore {
     /// the device was lost, so that what a thief backdates is refused too.
     /// - Throws: ``ConversationError/Code/notIdentityDevice`` on a linked device,
     ///   ``ConversationError/Code/unknownDevice``.
-    public func revokeDevice(_ device: Device, after: Date? = nil) throws(ConversationError) {
+    public func revokeDevice(_ device: Device, after: Date? = nil) async throws(ConversationError) {
         let local = try requireIdentity()
         guard let identityKey = local.identityKey else {
             throw ConversationError(.notIdentityDevice, "only the first device of '\(local.identifier)', which holds its identity key, can revoke devices")
@@ -177,11 +177,11 @@ extension ConversationStore {
         let now = clock.now()
         let revokedAfter = after.map { RecordClock(milliseconds: UInt64(max(0, $0.timeIntervalSince1970 * 1000)), counter: UInt16.max) } ?? now
         let policy = self.policy
-        try write { applier in
+        try await write { applier in
             let record = try DeviceRevocation.record(identity: local.identifier, device: device.publicKey, revokedAfter: min(revokedAfter, now),
                                                      zone: ChatRecords.speakerZone(local.identifier), identityKey: identityKey, clock: now)
             if let reason = policy.check(record) { throw ConversationError(.database, "the revocation was refused: \(reason)") }
-            try applyLocal(record, in: &applier)
+            try self.applyLocal(record, in: &applier)
         }
     }
 }

@@ -15,13 +15,13 @@ extension ConversationStore {
     /// The conversation with `other`, started (offline, through the outbox) if there is none.
     /// Both sides starting it at once still end in one conversation: its zone comes from the pair.
     @discardableResult
-    public func conversation(with other: String) throws(ConversationError) -> Conversation {
+    public func conversation(with other: String) async throws(ConversationError) -> Conversation {
         let local = try requireIdentity()
         try ChatRecords.validate(identifier: other)
         guard other != local.identifier else { throw ConversationError(.invalidIdentifier, "a conversation needs another speaker") }
         let zone = ChatRecords.conversationZone(local.identifier, other).rawValue
-        return try write { applier in
-            try joinIfNeeded(other, as: local, in: &applier)
+        return try await write { applier in
+            try self.joinIfNeeded(other, as: local, in: &applier)
             guard let conversation = try Self.conversations(applier.db, where: "c.zone = ?", [zone], local: local.identifier).first else {
                 throw ConversationError(.unknownConversation, "conversation \(zone) was not created")
             }
@@ -60,7 +60,7 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/emptyContent``, ``ConversationError/Code/contentTooLarge``
     ///   (over 64 KiB of UTF-8), ``ConversationError/Code/invalidIdentifier``.
     @discardableResult
-    public func send(_ content: String, to listener: String) throws(ConversationError) -> Message {
+    public func send(_ content: String, to listener: String) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
         try ChatRecords.validate(identifier: listener)
@@ -72,49 +72,49 @@ extension ConversationStore {
             record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil)
         } catch { throw ConversationError(.invalidIdentifier, error.message) }
         let id = MessageID(conversation: record.id.zone.rawValue, name: name)
-        return try write { applier in
-            try joinIfNeeded(listener, as: local, in: &applier)
-            try commitLocal(record, as: local, in: &applier)
+        return try await write { applier in
+            try self.joinIfNeeded(listener, as: local, in: &applier)
+            try self.commitLocal(record, as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
 
     /// Replaces the content of one of the local speaker's messages (a new signed version).
     @discardableResult
-    public func edit(_ id: MessageID, content: String) throws(ConversationError) -> Message {
+    public func edit(_ id: MessageID, content: String) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
-        return try write { applier in
-            let current = try ownMessage(id, local: local, db: applier.db)
+        return try await write { applier in
+            let current = try self.ownMessage(id, local: local, db: applier.db)
             let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener, content: content,
-                                                 spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(configuration.now()))
-            try commitLocal(record, as: local, in: &applier)
+                                                 spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(self.configuration.now()))
+            try self.commitLocal(record, as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
 
     /// Deletes one of the local speaker's messages with a signed tombstone.
-    public func delete(_ id: MessageID) throws(ConversationError) {
+    public func delete(_ id: MessageID) async throws(ConversationError) {
         let local = try requireIdentity()
-        try write { applier in
-            _ = try ownMessage(id, local: local, db: applier.db)
+        try await write { applier in
+            _ = try self.ownMessage(id, local: local, db: applier.db)
             let held = try applier.db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [id.conversation, id.name]) { $0.blob(0) }
             guard let held, let current = try? Record(canonical: held) else {
                 throw ConversationError(.unknownMessage, "no record for message \(id)")
             }
-            let stone = try policy.tombstone(for: current, signedWith: local.key, clock: clock.now())
-            try applyLocal(stone, in: &applier)
+            let stone = try self.policy.tombstone(for: current, signedWith: local.key, clock: self.clock.now())
+            try self.applyLocal(stone, in: &applier)
         }
     }
 
     /// Marks a message to the local speaker as read: a Receipt record signed by the reader,
     /// which shows the sender ``Message/readAt``. Marking a read message again does nothing.
-    public func markAsRead(_ id: MessageID) throws(ConversationError) {
-        try markAsRead([id])
+    public func markAsRead(_ id: MessageID) async throws(ConversationError) {
+        try await markAsRead([id])
     }
 
     /// Marks every unread message of a conversation as read.
-    public func markAllAsRead(in conversation: String) throws(ConversationError) {
+    public func markAllAsRead(in conversation: String) async throws(ConversationError) {
         let local = try requireIdentity()
         let unread = try read { db in
             try Self.requireConversation(db, conversation)
@@ -122,13 +122,13 @@ extension ConversationStore {
                 MessageID(conversation: conversation, name: $0.text(0))
             }
         }
-        try markAsRead(unread)
+        try await markAsRead(unread)
     }
 
-    private func markAsRead(_ ids: [MessageID]) throws(ConversationError) {
+    private func markAsRead(_ ids: [MessageID]) async throws(ConversationError) {
         let local = try requireIdentity()
         let readAt = Self.milliseconds(configuration.now())
-        try write { applier in
+        try await write { applier in
             for id in ids {
                 let message = try Self.message(applier.db, id)
                 guard message.listener == local.identifier else {
@@ -136,7 +136,7 @@ extension ConversationStore {
                 }
                 guard message.readAt == nil else { continue }
                 let zone = ChatRecords.conversationZone(message.speaker, message.listener)
-                try commitLocal(try ChatRecords.receipt(zone: zone, message: id.name, reader: local.identifier, readAt: readAt), as: local, in: &applier)
+                try self.commitLocal(try ChatRecords.receipt(zone: zone, message: id.name, reader: local.identifier, readAt: readAt), as: local, in: &applier)
             }
         }
     }

@@ -10,7 +10,7 @@ extension ConversationStore {
     ///   ``ConversationError/Code/storeBelongsToAnotherSpeaker`` when this store is another
     ///   speaker's (open that speaker's own store instead; nothing of theirs is touched).
     @discardableResult
-    public func setupLocalSpeaker(identifier: String, name: String, tags: [String] = []) throws(ConversationError) -> Speaker {
+    public func setupLocalSpeaker(identifier: String, name: String, tags: [String] = []) async throws(ConversationError) -> Speaker {
         try ChatRecords.validate(identifier: identifier)
         let local: LocalIdentity
         if let existing = identity.withLock({ $0 }) {
@@ -30,10 +30,10 @@ extension ConversationStore {
         do { records = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
             throw ConversationError(.invalidIdentifier, error.message)
         }
-        try write { applier in
+        try await write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
             applier.localSpeaker = identifier
-            for record in records { try commitLocal(record, as: local, in: &applier) }
+            for record in records { try self.commitLocal(record, as: local, in: &applier) }
         }
         identity.withLock { $0 = local }
         return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: policy.pins.chain(for: identifier)?.current, trust: .verified)
@@ -41,9 +41,9 @@ extension ConversationStore {
 
     /// Changes the local speaker's name and tags (a new signed version of its Speaker record).
     @discardableResult
-    public func updateLocalSpeaker(name: String, tags: [String]) throws(ConversationError) -> Speaker {
+    public func updateLocalSpeaker(name: String, tags: [String]) async throws(ConversationError) -> Speaker {
         let local = try requireIdentity()
-        return try setupLocalSpeaker(identifier: local.identifier, name: name, tags: tags)
+        return try await setupLocalSpeaker(identifier: local.identifier, name: name, tags: tags)
     }
 
     /// The local speaker, once set up.
@@ -89,7 +89,7 @@ extension ConversationStore {
             throw ConversationError(.backend, "speaker query failed: \(error)", backendError: error)
         }
         let results = found
-        return try write { applier in
+        return try await write { applier in
             for record in results { try applier.apply(record, origin: .remote) }
             let found = try applier.db.rows("""
                 SELECT identifier FROM speakers WHERE is_known = 0 AND identifier != ?

@@ -21,9 +21,9 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/keyConflict`` when the store holds another key for
     ///   the speaker: a pin never switches silently.
     @discardableResult
-    public func conversation(with ref: SpeakerRef) throws(ConversationError) -> Conversation {
-        if let key = ref.publicKey { try settle(ref.identifier, key: key) }
-        return try conversation(with: ref.identifier)
+    public func conversation(with ref: SpeakerRef) async throws(ConversationError) -> Conversation {
+        if let key = ref.publicKey { try await settle(ref.identifier, key: key) }
+        return try await conversation(with: ref.identifier)
     }
 
     /// Trusts the key of `identifier` whose fingerprint the app compared with the person:
@@ -31,22 +31,22 @@ extension ConversationStore {
     /// the others stay in quarantine as key conflicts.
     /// - Throws: ``ConversationError/Code/keyConflict`` when no key seen for the identity has
     ///   this fingerprint, or another key is pinned already.
-    public func trust(_ identifier: String, fingerprint: String) throws(ConversationError) {
+    public func trust(_ identifier: String, fingerprint: String) async throws(ConversationError) {
         let keys = Set(try heldBack(identifier).map(\.record.authorKey) + (policy.pins.chain(for: identifier).map { [$0.current] } ?? []))
         guard let key = keys.first(where: { KeyChain.fingerprint(identity: identifier, key: $0) == fingerprint }) else {
             throw ConversationError(.keyConflict, "no key seen for '\(identifier)' has the fingerprint \(fingerprint)")
         }
-        try settle(identifier, key: key)
+        try await settle(identifier, key: key)
     }
 
     /// Pins `key` for `identifier` as verified and admits what was held back for it.
-    private func settle(_ identifier: String, key: Data) throws(ConversationError) {
+    private func settle(_ identifier: String, key: Data) async throws(ConversationError) {
         guard policy.pins.pinVerified(key, for: identifier) else {
             throw ConversationError(.keyConflict, "the store holds another key for '\(identifier)'")
         }
         let held = try heldBack(identifier)
         let policy = self.policy
-        try write { applier in
+        try await write { applier in
             for (id, record) in held {
                 if let reason = policy.check(record) {
                     try applier.db.execute("UPDATE ck_quarantine SET code = ?, reason = ? WHERE id = ?", [reason.code, reason.description, id])

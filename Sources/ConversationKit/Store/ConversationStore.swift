@@ -9,7 +9,7 @@ import Synchronization
 /// ```swift
 /// let store = try ConversationStore(directory: "/var/lib/app/alice", backend: .folder("/mnt/shared/chat", device: "alice-laptop"))
 /// try await store.setupLocalSpeaker(identifier: "alice", name: "Alice", tags: ["swift"])
-/// let message = try await store.send("Hi Bob!", to: "bob")   // returns at once, offline
+/// let message = try await store.send("Hi Bob!", to: "bob")   // committed locally, offline
 /// try await store.sync()                                     // push the outbox, pull changes
 /// ```
 ///
@@ -63,13 +63,13 @@ public final class ConversationStore: Sendable {
         let policy: RecordPolicy
         do {
             queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations)
-            let (pinned, conflicted) = try queue.read { db in
+            let (pinned, conflicted) = try queue.readNow { db in
                 (try PinTable.load(from: db),
                  try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'identityConflict' AND identity IS NOT NULL") { $0.text(0) })
             }
             policy = ChatRecords.policy(pinnedKeys: pinned)
             policy.pins.markConflicted(conflicted)
-            let (local, certificate) = try queue.read { db in
+            let (local, certificate) = try queue.readNow { db in
                 (try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) },
                  try db.first("SELECT value FROM ck_meta WHERE key = 'device_certificate'") { $0.blob(0) })
             }
@@ -127,8 +127,8 @@ public final class ConversationStore: Sendable {
     /// Every event from now on: new and changed messages, speakers, conversations, sync states.
     public func events() -> AsyncStream<StoreEvent> { database.hub.stream() }
 
-    func write<T: Sendable>(_ body: (inout RecordApplier) throws -> T) throws(ConversationError) -> T {
-        try database.write(body)
+    func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
+        try await database.write(body)
     }
 
     func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
@@ -208,9 +208,9 @@ public final class ConversationStore: Sendable {
     /// Drops everything that can be fetched again — synced records, tokens, the quarantine — and
     /// keeps the local speaker, its key, pinned keys and every unsent change. The next
     /// ``sync()`` fetches everything again.
-    public func clearAllCachedData() throws(ConversationError) {
+    public func clearAllCachedData() async throws(ConversationError) {
         let local = try requireIdentity()
-        try write { applier in try CacheReset.drop(zone: nil, keeping: local.identifier, in: applier.db) }
+        try await write { applier in try CacheReset.drop(zone: nil, keeping: local.identifier, in: applier.db) }
     }
 }
 

@@ -16,15 +16,18 @@ final class StoreDatabase: Sendable {
         self.hub = hub
     }
 
+    /// A read on the reader connection (in WAL mode it never waits for a write).
     func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
-        do { return try queue.read(body) } catch { throw ConversationError.wrap(error) }
+        do { return try queue.readNow(body) } catch { throw ConversationError.wrap(error) }
     }
 
-    /// Runs a write transaction with a record applier; publishes its events after the commit.
-    func write<T: Sendable>(_ body: (inout RecordApplier) throws -> T) throws(ConversationError) -> T {
+    /// Runs a write transaction with a record applier on the writer's queue (off Swift's
+    /// cooperative pool: a slow disk or another process's lock holds no task thread); publishes
+    /// its events after the commit.
+    func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
         let policy = self.policy
         do {
-            let (result, events) = try queue.write { db in
+            let (result, events) = try await queue.write { db in
                 let local = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
                 var applier = RecordApplier(db: db, localSpeaker: local)
                 let result = try body(&applier)

@@ -52,16 +52,16 @@ actor SyncEngine {
         var report = SyncReport()
         try await push(&report, localSpeaker: localSpeaker)
         try await pull(&report, localSpeaker: localSpeaker)
-        try failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
+        try await failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
         return report
     }
 
     /// Once this device learns it was revoked, what it signed after the revocation is marked
     /// failed (a folder may have taken it, but no reader will) and never pushed again.
-    private func failRevoked(localSpeaker: String, deviceKey: Data) throws(ConversationError) {
+    private func failRevoked(localSpeaker: String, deviceKey: Data) async throws(ConversationError) {
         guard let revokedAfter = database.policy.pins.chain(for: localSpeaker)?.device(deviceKey)?.revokedAfter else { return }
         let clock = Int64(bitPattern: revokedAfter.rawValue)
-        try write { applier in
+        try await write { applier in
             let why = "this device was revoked; nobody accepts what it signs after \(revokedAfter)"
             let late = try applier.db.rows("""
                 SELECT m.zone, m.name FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
@@ -106,7 +106,7 @@ actor SyncEngine {
                     records.append(record)
                     sent.append(entry)
                 } else {
-                    try write { applier in
+                    try await write { applier in
                         try applier.db.execute("DELETE FROM ck_outbox WHERE id = ?", [entry.id])
                         try applier.quarantine(nil, reason: "unreadable outbox entry", source: "outbox", record: entry.record)
                     }
@@ -118,20 +118,26 @@ actor SyncEngine {
                 results = try await backend.save(records)
             } catch {
                 guard error.isTransient else { throw ConversationError(.backend, "push failed: \(error)", backendError: error) }
-                try reschedule(sent, error: error)
+                try await reschedule(sent, error: error)
                 report.deferred += sent.count
                 throw ConversationError(.backend, "push failed, will retry: \(error)", backendError: error)
             }
-            try write { applier in
-                for (entry, (record, result)) in zip(sent, zip(records, results)) {
-                    try settle(entry, record, result, applier: &applier, report: &report)
+            let settled = zip(sent, zip(records, results)).map { ($0, $1.0, $1.1) }
+            let counts = try await write { applier in
+                var counts = SyncReport()
+                for (entry, record, result) in settled {
+                    try self.settle(entry, record, result, applier: &applier, report: &counts)
                 }
+                return counts
             }
+            report.pushed += counts.pushed
+            report.failed += counts.failed
+            report.deferred += counts.deferred
         }
     }
 
-    private func settle(_ entry: OutboxEntry, _ record: Record, _ result: Result<Record, RecordZoneError>,
-                        applier: inout RecordApplier, report: inout SyncReport) throws {
+    private nonisolated func settle(_ entry: OutboxEntry, _ record: Record, _ result: Result<Record, RecordZoneError>,
+                                    applier: inout RecordApplier, report: inout SyncReport) throws {
         let db = applier.db
         let isMessage = record.recordType == ChatRecords.messageType
         let zone = record.id.zone.rawValue, name = record.id.name
@@ -161,8 +167,8 @@ actor SyncEngine {
         }
     }
 
-    private func reschedule(_ entries: [OutboxEntry], error: RecordZoneError) throws(ConversationError) {
-        try write { applier in try self.reschedule(entries, error: error, in: applier.db) }
+    private func reschedule(_ entries: [OutboxEntry], error: RecordZoneError) async throws(ConversationError) {
+        try await write { applier in try self.reschedule(entries, error: error, in: applier.db) }
     }
 
     private nonisolated func reschedule(_ entries: [OutboxEntry], error: RecordZoneError, in db: Database) throws {
@@ -185,7 +191,7 @@ actor SyncEngine {
             } catch {
                 throw ConversationError(.backend, "cannot create zone \(zone): \(error)", backendError: error)
             }
-            try write { applier in
+            try await write { applier in
                 try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
             }
         }
@@ -213,7 +219,7 @@ actor SyncEngine {
         // own, the other side of each of its conversations, those found by a query.
         let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
         let changed = Set(changes.changedZones)
-        let followed = try write { applier in
+        let followed = try await write { applier in
             try applier.follow(localSpeaker)
             for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
             return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
@@ -223,13 +229,13 @@ actor SyncEngine {
             try await pullZone(zone, report: &report)
         }
         if !changes.deletedZones.isEmpty {
-            try write { applier in
+            try await write { applier in
                 for zone in changes.deletedZones {
                     try applier.db.execute("UPDATE ck_zone_state SET token = NULL, is_created = 0 WHERE zone = ?", [zone.rawValue])
                 }
             }
         }
-        try write { applier in
+        try await write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('database_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                                    [changes.token.data])
         }
@@ -246,7 +252,7 @@ actor SyncEngine {
             } catch where error.code == .changeTokenExpired {
                 // The zone was deleted and recreated: drop what came from the old incarnation
                 // (unsent changes stay) and fetch the zone whole again.
-                try write { applier in
+                try await write { applier in
                     try CacheReset.drop(zone: zone.rawValue, keeping: applier.localSpeaker ?? "", in: applier.db)
                 }
                 token = nil
@@ -257,7 +263,7 @@ actor SyncEngine {
             } catch {
                 throw ConversationError(.backend, "cannot fetch changes of \(zone): \(error)", backendError: error)
             }
-            let counts = try write { applier in
+            let counts = try await write { applier in
                 var applied = 0
                 for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
                 for rejected in page.rejected {
@@ -282,8 +288,8 @@ actor SyncEngine {
         try database.read(body)
     }
 
-    private func write<T: Sendable>(_ body: (inout RecordApplier) throws -> T) throws(ConversationError) -> T {
-        try database.write(body)
+    private func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
+        try await database.write(body)
     }
 
     static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }

@@ -7,29 +7,30 @@ extension ZoneServer {
         case .health:
             return .json(["status": "ok"])
         case .metrics:
-            let body = metrics.render(recordsStored: (try? storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: http.inFlightCount)
+            let body = metrics.render(recordsStored: (try? await storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: http.inFlightCount)
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:
-            let zones = try storage.zones().filter { access.canRead(zone: $0, as: identity) }
+            let zones = try await storage.zones().filter { access.canRead(zone: $0, as: identity) }
             return .json(Wire.Zones(zones: zones.map(\.rawValue)))
         case .createZone, .deleteZone:
             let zone = try zoneParameter(matched)
             let allowed = matched.route == .createZone ? access.canCreate(zone: zone, as: identity) : access.canDelete(zone: zone, as: identity)
             guard allowed else { throw forbidden(identity, zone) }
             if matched.route == .createZone {
-                try storage.createZone(zone)
+                try await storage.createZone(zone)
             } else {
-                try storage.deleteZone(zone)
+                try await storage.deleteZone(zone)
             }
             return HTTPResponse(status: 204)
         case .databaseChanges:
             let token = try tokenParameter(request)
-            let changes = try storage.fetchDatabaseChanges(since: token) { access.canRead(zone: $0, as: identity) }
+            let access = self.access
+            let changes = try await storage.fetchDatabaseChanges(since: token) { access.canRead(zone: $0, as: identity) }
             return .json(changes)
         case .zoneChanges:
             let zone = try readableZone(matched, identity)
             let limit = try intParameter(request, "limit") ?? 200
-            return wire(try storage.changes(in: zone, since: try tokenParameter(request), limit: limit), for: request)
+            return wire(try await storage.changes(in: zone, since: try tokenParameter(request), limit: limit), for: request)
         case .waitForChanges:
             let zone = try readableZone(matched, identity)
             let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))
@@ -56,7 +57,7 @@ extension ZoneServer {
                     allowed.append((index, record))
                 }
             }
-            let saved = try storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
+            let saved = try await storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
             for ((index, _), result) in zip(allowed, saved) { results[index] = result }
             return wire(Wire.Outcomes(results: results.map { Wire.Outcome($0 ?? .failure(RecordZoneError(.internalError, "no result"))) }), for: request)
         case .fetch:
@@ -77,7 +78,7 @@ extension ZoneServer {
                 }
                 readable.append((index, recordID))
             }
-            for ((index, _), result) in zip(readable, try storage.stored(readable.map(\.1))) {
+            for ((index, _), result) in zip(readable, try await storage.stored(readable.map(\.1))) {
                 switch result {
                 case .success(let signed): outcomes[index] = Wire.Outcome(record: signed)
                 case .failure(let error): outcomes[index] = Wire.Outcome(.failure(error))
@@ -91,24 +92,30 @@ extension ZoneServer {
                 guard let data = Data(base64Encoded: text) else { throw APIError(400, "invalidArguments", "cursor is not base64") }
                 return QueryCursor(data: data)
             }
-            let result = try storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
+            let result = try await storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
                                                  cursor: cursor, limit: body.limit ?? 100)
             let records = result.records.compactMap { try? Wire.SignedRecord($0) }
             return wire(Wire.QueryResults(records: records, cursor: result.cursor?.data.base64EncodedString()), for: request)
         case .putAsset:
             let expected = try assetParameter(matched, size: UInt64(request.body.count))
-            let stored = Result { () throws(RecordZoneError) in try storage.putAsset(request.body, expected: expected) }
-            if case .failure(let error) = stored, error.code == .assetCorrupt {
-                throw APIError(400, error.code.rawValue, error.message)  // the client's bytes, not the server's
-            }
-            let reference = try stored.get()
+            let reference = try await putAsset(request.body, expected: expected)
             return .json(Wire.Asset(reference), status: 201)
         case .getAsset:
             guard let size = try intParameter(request, "size"), size >= 0 else {
                 throw APIError(400, "invalidArguments", "size is required")
             }
-            let data = try storage.asset(try assetParameter(matched, size: UInt64(size)))
+            let data = try await storage.asset(try assetParameter(matched, size: UInt64(size)))
             return HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: data)
+        }
+    }
+
+    /// Stores an upload; bytes that do not match their path are the client's fault (400).
+    private func putAsset(_ body: Data, expected: AssetReference) async throws -> AssetReference {
+        do {
+            return try await storage.putAsset(body, expected: expected)
+        } catch {
+            if error.code == .assetCorrupt { throw APIError(400, error.code.rawValue, error.message) }
+            throw error
         }
     }
 

@@ -84,7 +84,7 @@ public final class ZoneServer: Sendable {
                 }
             }
             // A first request binds its identity to its key: on disk before it is answered.
-            try storage.persistPins()
+            try await storage.persistPins()
             response = try await handle(route, request, identity: identity)
         } catch let error as APIError {
             response = error.response

@@ -58,7 +58,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             queue = try DatabaseQueue(path: directory + "/zones.sqlite", migrations: Self.migrations)
-            instance = try queue.write { db in
+            instance = try queue.writeNow { db in
                 if let existing = try db.first("SELECT value FROM meta WHERE key = 'instance'", [], { $0.text(0) }) { return existing }
                 let fresh = UUID().uuidString
                 try db.execute("INSERT INTO meta (key, value) VALUES ('instance', ?)", [fresh])
@@ -71,7 +71,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         // Chains bound before a restart stay bound, whole: nobody can claim an identity by being
         // first after it, and what a retired key signed before its rotation stays valid.
         do {
-            policy.pins.install(try queue.read { db in try PinTable.load(from: db) })
+            policy.pins.install(try queue.readNow { db in try PinTable.load(from: db) })
         } catch {
             throw RecordZoneError(.ioError, "cannot read the key pins in \(directory): \(error)")
         }
@@ -80,14 +80,15 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
 
     /// Writes the pins made outside a save (a request that bound its identity) before the
     /// request is answered.
-    public func persistPins() throws(RecordZoneError) {
-        try write { db in try PinTable.saveChanges(of: policy.pins, in: db) }
+    public func persistPins() async throws(RecordZoneError) {
+        guard !policy.pins.changedIdentities.isEmpty else { return }
+        try await write { db in try PinTable.saveChanges(of: self.policy.pins, in: db) }
     }
 
     // MARK: Zones
 
-    public func createZone(_ zone: ZoneName) throws(RecordZoneError) {
-        try write { db in
+    public func createZone(_ zone: ZoneName) async throws(RecordZoneError) {
+        try await write { db in
             guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) == nil else { return }
             let sequence = try Self.nextDatabaseSequence(db)
             try db.execute("INSERT INTO zones (name, incarnation, changed_at) VALUES (?, ?, ?)", [zone.rawValue, UUID().uuidString, sequence])
@@ -95,12 +96,12 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         }
     }
 
-    public func zones() throws(RecordZoneError) -> [ZoneName] {
-        try read { db in try db.rows("SELECT name FROM zones ORDER BY name") { $0.text(0) } }.compactMap { try? ZoneName($0) }
+    public func zones() async throws(RecordZoneError) -> [ZoneName] {
+        try await read { db in try db.rows("SELECT name FROM zones ORDER BY name") { $0.text(0) } }.compactMap { try? ZoneName($0) }
     }
 
-    public func deleteZone(_ zone: ZoneName) throws(RecordZoneError) {
-        try write { db in
+    public func deleteZone(_ zone: ZoneName) async throws(RecordZoneError) {
+        try await write { db in
             guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) != nil else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
@@ -113,21 +114,22 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         waiters.wake(zone)
     }
 
-    public func fetchDatabaseChanges(since token: ChangeToken?) throws(RecordZoneError) -> DatabaseChanges {
-        try fetchDatabaseChanges(since: token, visibleTo: { _ in true })
+    public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
+        try await fetchDatabaseChanges(since: token, visibleTo: { _ in true })
     }
 
     /// The database change feed, limited to the zones `isVisible` lets through.
-    public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: (ZoneName) -> Bool) throws(RecordZoneError) -> DatabaseChanges {
+    public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
         var since: Int64 = 0
         if let token {
             let contents = try TokenContents(token, expecting: .database, backend: Self.kind)
             guard contents.incarnation == instance else { throw RecordZoneError(.changeTokenExpired, "database token is from another server") }
             since = Int64(bitPattern: SequencePosition.decode(contents.position))
         }
-        let (changed, deleted, current) = try read { db in
-            (try db.rows("SELECT name FROM zones WHERE changed_at > ? ORDER BY name", [since]) { $0.text(0) },
-             try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [since]) { $0.text(0) },
+        let position = since
+        let (changed, deleted, current) = try await read { db in
+            (try db.rows("SELECT name FROM zones WHERE changed_at > ? ORDER BY name", [position]) { $0.text(0) },
+             try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [position]) { $0.text(0) },
              try Self.databaseSequence(db))
         }
         let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: SequencePosition.encode(UInt64(current)))
@@ -137,8 +139,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
 
     // MARK: Changes
 
-    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
-        let page = try changes(in: zone, since: token, limit: limit)
+    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
+        let page = try await changes(in: zone, since: token, limit: limit)
         var records = [Record](), rejected = [RejectedRecord]()
         for signed in page.records {
             do { records.append(try signed.decoded()) } catch {
@@ -149,9 +151,9 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     /// One page of a zone's changes as stored: the records' bytes, not decoded or verified again.
-    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> Wire.Changes {
+    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes {
         let limit = BackendLimits.clampPage(limit)
-        let (incarnation, zoneSequence, rows) = try read { db in
+        let (incarnation, zoneSequence, rows) = try await read { db in
             guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
@@ -169,7 +171,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
 
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
         let generation = waiters.generation(of: zone)
-        let moved = try read { db in
+        let moved = try await read { db in
             guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
@@ -188,11 +190,11 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
 
     // MARK: Records
 
-    public func save(_ records: [Record], policy savePolicy: SavePolicy) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+    public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try BackendLimits.checkBatch(records.count)
         let admitted = SaveChecks.admit(records, policy: policy)
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let (results, touched) = try write { db in
+        let (results, touched) = try await write { db in
             var results = [Result<Record, RecordZoneError>]()
             // Each zone's sequence is read once and written back once, after the batch.
             var sequences = [ZoneName: Int64](), missing = Set<ZoneName>(), touched = Set<ZoneName>()
@@ -223,13 +225,13 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
                     ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
                         author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
                     """, [zone.rawValue, record.id.name, record.recordType, sequence, record.clock.rawValue, record.authorKey, record.signature, encoded, now])
-                try index(record, in: db)
+                try self.index(record, in: db)
                 var stored = record
                 stored.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
                 results.append(.success(stored))
             }
             // The pins this batch made commit with its records, or not at all.
-            try PinTable.saveChanges(of: policy.pins, in: db)
+            try PinTable.saveChanges(of: self.policy.pins, in: db)
             if !touched.isEmpty {
                 let changedAt = try Self.nextDatabaseSequence(db)
                 for zone in touched {
@@ -242,8 +244,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         return results
     }
 
-    public func fetch(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
-        try stored(ids).map { result in
+    public func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try await stored(ids).map { result in
             result.flatMap { signed in
                 Result { () throws(RecordDecodingError) in try signed.decoded() }.mapError { RecordZoneError(.malformed, "stored record: \($0)") }
             }
@@ -251,9 +253,9 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     /// The stored bytes of each record, in one read transaction.
-    public func stored(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
+    public func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
         try BackendLimits.checkBatch(ids.count)
-        return try read { db in
+        return try await read { db in
             var zones = [ZoneName: Bool]()
             return try ids.map { id in
                 if zones[id.zone] == nil {
@@ -272,9 +274,9 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         }
     }
 
-    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
+    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
         let lookup = indexLookup(for: query)
-        let rows = try read { db in
+        let rows = try await read { db in
             guard try db.first("SELECT 1 FROM zones WHERE name = ?", [query.zone.rawValue], { _ in true }) != nil else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(query.zone)' does not exist")
             }
@@ -293,17 +295,17 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         return try query.run(over: records, cursor: cursor, limit: limit)
     }
 
-    public func putAsset(_ data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
+    public func putAsset(_ data: Data, expected: AssetReference?) async throws(RecordZoneError) -> AssetReference {
         try assets.put(data, expected: expected)
     }
 
-    public func asset(_ reference: AssetReference) throws(RecordZoneError) -> Data {
+    public func asset(_ reference: AssetReference) async throws(RecordZoneError) -> Data {
         try assets.get(reference)
     }
 
     /// How many records the server holds.
-    public func recordCount() throws(RecordZoneError) -> Int {
-        try read { db in Int(try db.first("SELECT count(*) FROM records") { $0.int(0) } ?? 0) }
+    public func recordCount() async throws(RecordZoneError) -> Int {
+        try await read { db in Int(try db.first("SELECT count(*) FROM records") { $0.int(0) } ?? 0) }
     }
 
     // MARK: Query index
@@ -346,7 +348,11 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     /// Rebuilds the index when the declared fields differ from those it was built for.
     private func rebuildIndexIfDeclarationChanged() throws(RecordZoneError) {
         let declaration = indexedFields.keys.sorted().map { "\($0):\(indexedFields[$0, default: []].sorted().joined(separator: ","))" }.joined(separator: ";")
-        try write { db in
+        do { try queue.writeNow { db in try rebuild(declaration, in: db) } } catch { throw Self.storageError(error) }
+    }
+
+    private func rebuild(_ declaration: String, in db: Database) throws {
+        do {
             guard try db.first("SELECT value FROM meta WHERE key = 'indexed_fields'", [], { $0.text(0) }) != declaration else { return }
             try db.execute("DELETE FROM record_index")
             for type in indexedFields.keys.sorted() {
@@ -362,8 +368,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     // MARK: Test support
 
     /// Creates many zones in one transaction (seeding a large server for a test).
-    func createZones(_ zones: [ZoneName]) throws(RecordZoneError) {
-        try write { db in
+    func createZones(_ zones: [ZoneName]) async throws(RecordZoneError) {
+        try await write { db in
             let sequence = try Self.nextDatabaseSequence(db)
             for zone in zones {
                 try db.execute("INSERT INTO zones (name, incarnation, changed_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING", [zone.rawValue, UUID().uuidString, sequence])
@@ -372,8 +378,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
-    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) throws(RecordZoneError) {
-        try write { db in
+    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
+        try await write { db in
             try db.execute("UPDATE zones SET sequence = sequence + 1, changed_at = ? WHERE name = ?", [try Self.nextDatabaseSequence(db), zone.rawValue])
             let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue]) { $0.int(0) } ?? 0
             try db.execute("INSERT OR REPLACE INTO records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES (?, ?, 'Injected', ?, 0, x'', x'', ?, 0)",
@@ -402,12 +408,14 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         return next
     }
 
-    private func read<T: Sendable>(_ body: (Database) throws -> T) throws(RecordZoneError) -> T {
-        do { return try queue.read(body) } catch { throw Self.storageError(error) }
+    /// Runs on the reader's queue, off Swift's cooperative pool.
+    private func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(RecordZoneError) -> T {
+        do { return try await queue.read(body) } catch { throw Self.storageError(error) }
     }
 
-    private func write<T: Sendable>(_ body: (Database) throws -> T) throws(RecordZoneError) -> T {
-        do { return try queue.write(body) } catch { throw Self.storageError(error) }
+    /// Runs on the writer's queue, off Swift's cooperative pool.
+    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(RecordZoneError) -> T {
+        do { return try await queue.write(body) } catch { throw Self.storageError(error) }
     }
 
     static func storageError(_ error: any Error) -> RecordZoneError {

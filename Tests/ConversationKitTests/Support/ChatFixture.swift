@@ -66,7 +66,7 @@ final class ChatFixture: @unchecked Sendable {
         case .filesystem:
             let layout = FolderLayout(root: folder)
             try layout.writeSegment(Segment.encode([data]), zone: zone, generation: try layout.zoneState(zone).generation, device: "forger", sequence: plantedSegments)
-        case .http: try #require(zoneServer).storage.injectUnchecked(data, into: zone, name: "planted-\(plantedSegments)")
+        case .http: try await #require(zoneServer).storage.injectUnchecked(data, into: zone, name: "planted-\(plantedSegments)")
         }
     }
 
@@ -79,9 +79,9 @@ final class ChatFixture: @unchecked Sendable {
     func key(of identifier: String) throws -> SigningKey { try KeyFile.load(from: storePath(identifier) + "/speaker.key") }
 
     /// Opens the store of `identifier` and sets up its local speaker.
-    func store(_ identifier: String, tags: [String] = [], configuration: StoreConfiguration = StoreConfiguration()) throws -> ConversationStore {
+    func store(_ identifier: String, tags: [String] = [], configuration: StoreConfiguration = StoreConfiguration()) async throws -> ConversationStore {
         let store = try ConversationStore(directory: storePath(identifier), backend: factory(device: identifier), configuration: configuration)
-        try store.setupLocalSpeaker(identifier: identifier, name: identifier.capitalized, tags: tags)
+        try await store.setupLocalSpeaker(identifier: identifier, name: identifier.capitalized, tags: tags)
         return store
     }
 }

@@ -79,7 +79,7 @@ final class BackendFixture: @unchecked Sendable {
             try layout.writeSegment(Segment.encode([data]), zone: zone, generation: generation, device: "forger", sequence: forgerSequence)
         case .http, .httpJSON:
             forgerSequence += 1
-            try #require(server).storage.injectUnchecked(data, into: zone, name: "planted-\(forgerSequence)")
+            try await #require(server).storage.injectUnchecked(data, into: zone, name: "planted-\(forgerSequence)")
         }
     }
 }
