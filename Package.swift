@@ -49,6 +49,9 @@ let package = Package(
             name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],
             path: "Tools/convkit-zone-writer"),
         .executableTarget(
+            name: "convkit-lock-holder", dependencies: ["SQLiteKit", "ToolSupport"],
+            path: "Tools/convkit-lock-holder"),
+        .executableTarget(
             name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone", "ToolSupport"],
             path: "Tools/convkit-store-sync"),
 
@@ -57,7 +60,7 @@ let package = Package(
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
         .testTarget(
             name: "ConversationKitTests",
-            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync"]),
+            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
     ],
     swiftLanguageModes: [.v6]

@@ -1,0 +1,87 @@
+import ConversationKit
+import Foundation
+@testable import RecordZone
+import Synchronization
+import Testing
+import TestSupport
+
+/// SQLite work runs on each connection's own queue, never on Swift's cooperative pool: writes
+/// that wait for another process's lock hold no task thread.
+@Suite struct StorageQueueTests {
+    /// Another process holds the write lock of the store's and the server's databases. Writes
+    /// to both — more than the pool has threads — wait for it; meanwhile 20 concurrent store
+    /// reads and server requests complete, before the lock is let go. Then the writes land.
+    @Test func readsAndRequestsGoOnWhileAnotherProcessHoldsTheWriteLock() async throws {
+        let fixture = try ChatFixture(.http)
+        let alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
+        let first = try await alice.send("before the lock", to: "bob")
+        try await syncAll([alice, bob])
+        let zone = try ZoneName(first.id.conversation)
+        let url = try #require(fixture.serverURL)
+        let reader = HTTPBackend(url: url, identity: "bob", key: try fixture.key(of: "bob"), policy: ConversationStore.recordPolicy())
+        let writer = HTTPBackend(url: url, identity: "alice", key: try fixture.key(of: "alice"), policy: ConversationStore.recordPolicy())
+        #expect(try await reader.fetchChanges(in: zone, since: nil, limit: 10).records.count == 2)
+
+        let holder = try ChildProcess(try builtProduct("convkit-lock-holder"), [
+            "--seconds", "3", "--database", fixture.storePath("alice") + "/store.sqlite",
+            "--second-database", fixture.directory.path + "/server/zones.sqlite",
+        ])
+        #expect(await holder.waitUntil(seconds: 30) { $0.lines.contains("locked") }, "\(holder.standardError)")
+
+        let landed = Counter()
+        let aliceKey = try fixture.key(of: "alice")
+        let writes = Task {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<3 {
+                    group.addTask {
+                        _ = try await alice.send("during the lock \(index)", to: "bob")
+                        landed.value.add(1, ordering: .relaxed)
+                    }
+                    group.addTask {
+                        var record = try ChatRecordsFixture.message(zone: zone, from: "alice", to: "bob", text: "saved during the lock \(index)")
+                        try record.sign(with: aliceKey, clock: HybridLogicalClock().now())
+                        _ = try await writer.save([record])[0].get()
+                        landed.value.add(1, ordering: .relaxed)
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        try await Task.sleep(for: .milliseconds(100))  // the writes are waiting for the lock now
+
+        let conversation = first.id.conversation
+        let answered = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 0..<20 {
+                group.addTask {
+                    if index % 2 == 0 {
+                        return try alice.messages(in: conversation).messages.first?.content == "before the lock"
+                    }
+                    return try await reader.fetchChanges(in: zone, since: nil, limit: 10).records.count == 2
+                }
+            }
+            return try await group.reduce(into: [Bool]()) { $0.append($1) }
+        }
+        #expect(answered == Array(repeating: true, count: 20))
+        #expect(landed.value.load(ordering: .relaxed) == 0, "no write can land while the lock is held")
+        #expect(!holder.lines.contains("released"), "the reads finished while the lock was held")
+
+        try await writes.value
+        #expect(landed.value.load(ordering: .relaxed) == 6)
+        #expect(await holder.wait() == 0)
+        #expect(try alice.messages(in: conversation).messages.count == 4)
+    }
+}
+
+final class Counter: Sendable {
+    let value = Atomic<Int>(0)
+}
+
+/// Message records as ConversationKit names them, for tests that write past the store.
+enum ChatRecordsFixture {
+    static func message(zone: ZoneName, from speaker: String, to listener: String, text: String) throws -> Record {
+        Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash(speaker)).\(UUID().uuidString)"), type: "Message", fields: [
+            "speaker": .string(speaker), "listener": .string(listener), "content": .string(text), "spokenAt": .date(milliseconds: 1_800_000_000_000),
+        ])
+    }
+}
