@@ -3,6 +3,9 @@ import Foundation
 /// A record zone store in a plain folder, which may be shared over NFS or kept in step between
 /// machines by a file-sync tool.
 ///
+/// The actor runs on its own serial dispatch queue (its executor), so file reads, writes and
+/// fsyncs never hold a thread of Swift's cooperative pool.
+///
 /// Each device writes only its own files: immutable segments under its own folder, written to
 /// a temporary name, fsynced, then linked into place, then the folder fsynced. Nobody edits or
 /// deletes another device's file. A change token is a version vector: per device, how far its
@@ -13,6 +16,9 @@ import Foundation
 /// ```
 public actor FileSystemBackend: RecordZoneBackend {
     static let kind = "filesystem"
+
+    private nonisolated let executor = QueueExecutor(label: "convkit.folder")
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     public nonisolated let policy: RecordPolicy
     public nonisolated let layout: FolderLayout
