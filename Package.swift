@@ -42,8 +42,10 @@ let package = Package(
             name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),
         .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite", "CRawLimits"],
             path: "Tools/convkit-bench"),
+        // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
+        .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),
         // Helpers the tests run as real processes.
         .executableTarget(
             name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],

@@ -1,4 +1,5 @@
 import ConversationKit
+import CRawLimits
 import Foundation
 import RecordZone
 import ZoneServer
@@ -7,10 +8,22 @@ import Glibc
 #endif
 
 /// The zone server over loopback: small fetches and batch saves through the HTTP backend
-/// (signed requests, records as bytes, server checks, client verification), beside a raw keep-alive HTTP
-/// round trip to the same server measured in the same run.
+/// (signed requests, records as bytes, server checks, client verification), beside raw limits
+/// measured in the same run: a bare libmicrohttpd responder in C (the zone server's thread
+/// model and options, a fixed answer) and a raw TCP echo round trip.
 @MainActor func serverBench(_ reporter: Reporter, seconds: Double) async throws {
     reporter.header("Zone server over loopback (libmicrohttpd, SQLite)")
+    let limits = HTTPLimits()
+    let rawPort = raw_http_start(limits.maximumConnections, limits.connectionTimeoutSeconds, limits.connectionMemoryBytes)
+    let echoPort = raw_echo_start()
+    guard rawPort != 0, echoPort != 0 else { throw RawError("cannot start the raw responders") }
+    let rawHTTP = try KeepAliveConnection(port: Int(rawPort))
+    let rawRoundTrip = try rate(seconds: seconds) { try rawHTTP.roundTrip("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") }
+    let echo = try KeepAliveConnection(port: Int(echoPort))
+    let ping = [UInt8](repeating: 0x2A, count: 64)
+    let rawTCP = try rate(seconds: seconds) { try echo.echo(ping) }
+    reporter.report(Row(name: "raw libmicrohttpd round trip (C)", perSecond: rawRoundTrip, rawName: "raw TCP round trip (C echo)", rawPerSecond: rawTCP))
+
     let root = FileManager.default.temporaryDirectory.path + "/convkit-server-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
     var configuration = ZoneServerConfiguration()
@@ -25,24 +38,26 @@ import Glibc
     try await client.createZone(zone)
     let clock = HybridLogicalClock()
 
-    // Raw: one keep-alive connection, GET /healthz, parse the answer.
-    let raw = try KeepAliveConnection(port: port)
-    let rawRoundTrip = try rate(seconds: seconds) { try raw.roundTrip("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") }
-
-    // The HTTP client alone (libcurl), for the same round trip: the client's own share.
+    // The HTTP client alone (libcurl), for a round trip to our server: the client's own share.
     let clientRoundTrip = try await rateAsync(seconds: seconds, batch: 1) {
         guard await client.isHealthy() else { throw RawError("GET /healthz failed") }
         return true
     }
-    reporter.report(Row(name: "libcurl client GET /healthz", perSecond: clientRoundTrip, rawName: "raw keep-alive HTTP round trip", rawPerSecond: rawRoundTrip))
+    reporter.report(Row(name: "libcurl client GET /healthz", perSecond: clientRoundTrip, rawName: "raw libmicrohttpd round trip", rawPerSecond: rawRoundTrip))
 
+    // A fetch cannot avoid one round trip and one signature verification (the client's).
+    let sample = Data(repeating: 7, count: 240), signature = key.sign(sample), publicKey = key.publicKey
+    let verifyOne = rate(seconds: seconds) { precondition(Sodium.verify(signature: signature, message: sample, publicKey: publicKey)) }
+    // A reader that did not write the record, so its verification is not skipped.
+    let reader = HTTPBackend(url: url, identity: "reader", key: SigningKey.generate(), policy: RecordPolicy())
     let one = try sampleRecord(0, key: key, clock: clock, zone: zone)
     _ = try await client.save([one])
     let fetches = try await rateAsync(seconds: seconds, batch: 1) {
-        guard case .success = try await client.fetch([one.id])[0] else { throw RawError("fetch failed") }
+        guard case .success = try await reader.fetch([one.id])[0] else { throw RawError("fetch failed") }
         return true
     }
-    reporter.report(Row(name: "small fetch (1 record, signed, verified)", perSecond: fetches, rawName: "raw keep-alive HTTP round trip", rawPerSecond: rawRoundTrip))
+    reporter.report(Row(name: "small fetch (1 record, signed, verified)", perSecond: fetches,
+                        rawName: "raw libmicrohttpd trip + 1 verify", rawPerSecond: 1 / (1 / rawRoundTrip + 1 / verifyOne)))
 
     var next = 1
     let batches = try (0..<max(4, Int(20 * seconds))).map { _ in
@@ -51,12 +66,11 @@ import Glibc
             return try sampleRecord(next, key: key, clock: clock, zone: zone)
         }
     }
-    // Raw for a batch: the same body bytes posted on the keep-alive connection (answered 405
-    // once read), plus verifying 400 signatures on all cores, which the server must do.
+    // Raw for a batch: the same body bytes posted to the raw responder, plus verifying 400
+    // signatures on all cores, which the server must do.
     let body = try Wire.encode(try Wire.Modify(records: batches[0], policy: .merge), binary: true)
-    let post = Data("POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \(Wire.recordsType)\r\nContent-Length: \(body.count)\r\n\r\n".utf8) + body
-    let rawPosts = try rate(seconds: seconds) { try raw.roundTrip(post) }
-    let sample = Data(repeating: 7, count: 240), signature = key.sign(sample), publicKey = key.publicKey
+    let post = Data("POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \(Wire.recordsType)\r\nContent-Length: \(body.count)\r\n\r\n".utf8) + body
+    let rawPosts = try rate(seconds: seconds) { try rawHTTP.roundTrip(post) }
     let verifyAll = parallelRate(seconds: seconds) {
         precondition(Sodium.verify(signature: signature, message: sample, publicKey: publicKey))
     }
@@ -70,6 +84,20 @@ import Glibc
     let rawBatchLimit = 1 / (1 / (rawPosts * Double(Record.maximumBatchSize)) + 1 / verifyAll)
     reporter.report(Row(name: "batch save (400 records per request)", perSecond: saves,
                         rawName: "raw POST same bytes + verify", rawPerSecond: rawBatchLimit))
+
+    // The server's own verifications per record, counted over raw signed requests (the one
+    // verification of each request's signature is not a record's).
+    let fresh = try (0..<Record.maximumBatchSize).map { try sampleRecord(1_000_000 + $0, key: key, clock: clock, zone: zone) }
+    let ourServer = try KeepAliveConnection(port: port)
+    func signedPost(_ path: String, _ body: Data, contentType: String) throws -> Int {
+        let before = Sodium.verificationCount
+        let authorization = RequestSignature.authorization(method: "POST", path: path, query: [], body: body, identity: "bench", key: key, now: Date())
+        try ourServer.roundTrip(Data("POST \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \(contentType)\r\nAuthorization: \(authorization)\r\nContent-Length: \(body.count)\r\n\r\n".utf8) + body)
+        return Sodium.verificationCount - before - 1
+    }
+    let perSaved = Double(try signedPost("/v1/records/modify", try Wire.encode(try Wire.Modify(records: fresh, policy: .merge), binary: true), contentType: Wire.recordsType)) / Double(fresh.count)
+    let perFetched = Double(try signedPost("/v1/records/fetch", try JSONEncoder().encode(Wire.Fetch(ids: fresh.map { Wire.ID($0.id) })), contentType: Wire.jsonType)) / Double(fresh.count)
+    reporter.note(String(format: "server signature verifications per record: saved %.2f, fetched %.2f (400 per request, beyond the request's own)", perSaved, perFetched))
     await server.stop()
 }
 
@@ -96,6 +124,17 @@ final class KeepAliveConnection {
 
     func roundTrip(_ request: String) throws { try roundTrip(Data(request.utf8)) }
 
+    /// Sends bytes and reads the same number back (a TCP echo).
+    func echo(_ bytes: [UInt8]) throws {
+        guard send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count else { throw RawError("send failed") }
+        var received = 0
+        while received < bytes.count {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            guard n > 0 else { throw RawError("connection closed") }
+            received += n
+        }
+    }
+
     func roundTrip(_ request: Data) throws {
         let bytes = [UInt8](request)
         guard send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count else { throw RawError("send failed") }
@@ -113,4 +152,62 @@ final class KeepAliveConnection {
             }
         }
     }
+}
+
+/// `convkitd serve` as a process: its resident memory after each of three identical runs of
+/// saves and fetches (2,000 records saved in batches of 400, then fetched back page by page).
+/// A server that keeps nothing per record stays flat after the first run.
+@MainActor func serverMemoryBench(_ reporter: Reporter) async throws {
+    let convkitd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("convkitd").path
+    guard FileManager.default.isExecutableFile(atPath: convkitd) else {
+        reporter.note("convkitd memory: skipped (build it beside convkit-bench: swift build -c release --product convkitd)")
+        return
+    }
+    let root = FileManager.default.temporaryDirectory.path + "/convkit-memory-bench-\(UUID().uuidString.prefix(8))"
+    defer { try? FileManager.default.removeItem(atPath: root) }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: convkitd)
+    process.arguments = ["serve", "--data", root, "--listen", "127.0.0.1:0", "--rate-limit", "1000000"]
+    let errors = Pipe()
+    process.standardError = errors
+    try process.run()
+    defer { process.terminate() }
+    var log = ""
+    while !log.contains("listening on") {
+        let chunk = errors.fileHandleForReading.availableData
+        guard !chunk.isEmpty else { throw RawError("convkitd exited: \(log)") }
+        log += String(decoding: chunk, as: UTF8.self)
+    }
+    guard let portText = log.split(separator: "\n").first(where: { $0.contains("listening on") })?.split(separator: ":").last,
+          let port = Int(portText.trimmingCharacters(in: .whitespaces)), let url = URL(string: "http://127.0.0.1:\(port)")
+    else { throw RawError("no port in convkitd's log: \(log)") }
+    let key = SigningKey.generate()
+    let client = HTTPBackend(url: url, identity: "bench", key: key, policy: RecordPolicy())
+    let clock = HybridLogicalClock()
+    var sizes = [Int]()
+    for run in 0..<3 {
+        let zone = try ZoneName("memory-\(run)")
+        try await client.createZone(zone)
+        for batch in 0..<5 {
+            let records = try (0..<Record.maximumBatchSize).map { try sampleRecord(batch * 1000 + $0, key: key, clock: clock, zone: zone) }
+            for result in try await client.save(records) { _ = try result.get() }
+        }
+        var token: ChangeToken? = nil
+        repeat {
+            let page = try await client.fetchChanges(in: zone, since: token, limit: 500)
+            token = page.token
+            if !page.moreComing { break }
+        } while true
+        sizes.append(try residentKilobytes(of: process.processIdentifier))
+    }
+    reporter.note("convkitd resident memory after each of 3 identical runs (2,000 saved + fetched): " + sizes.map { "\($0 / 1024) MB" }.joined(separator: ", ")
+                  + String(format: " (%+.1f MB over the last two runs)", Double(sizes[2] - sizes[0]) / 1024))
+}
+
+private func residentKilobytes(of pid: Int32) throws -> Int {
+    let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+    guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+          let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+    else { throw RawError("no VmRSS for \(pid)") }
+    return kilobytes
 }

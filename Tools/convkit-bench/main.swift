@@ -67,7 +67,10 @@ reporter.note("convkit-bench: \(String(format: "%.1f", options.seconds)) s per m
 do {
     if options.sections.contains("records") { try await recordBench(reporter, seconds: options.seconds) }
     if options.sections.contains("store") { try await storeBench(reporter, seconds: options.seconds, messageCount: options.messages) }
-    if options.sections.contains("server") { try await serverBench(reporter, seconds: options.seconds) }
+    if options.sections.contains("server") {
+        try await serverBench(reporter, seconds: options.seconds)
+        try await serverMemoryBench(reporter)
+    }
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
     try reporter.finish()
 } catch {

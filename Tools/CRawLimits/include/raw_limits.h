@@ -1,0 +1,18 @@
+#ifndef RAW_LIMITS_H
+#define RAW_LIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The raw limits the bench measures our server against, in a few lines of C.
+ *
+ * raw_http_start: a libmicrohttpd daemon on 127.0.0.1 with the zone server's thread model and
+ * options (one internal epoll thread, suspend/resume allowed, same connection limits) that
+ * reads any request whole and answers 200 with a fixed small JSON body. Returns its port, or 0.
+ *
+ * raw_echo_start: a TCP server on 127.0.0.1 that echoes what each connection sends (a thread
+ * per connection). Returns its port, or 0. */
+uint16_t raw_http_start(unsigned int connection_limit, unsigned int connection_timeout_seconds, size_t connection_memory_limit);
+uint16_t raw_echo_start(void);
+
+#endif
