@@ -189,7 +189,12 @@ public final class RecordPolicy: Sendable {
         let chunks = min(cores * 4, items.count)
         let results = UnsafeMutableBufferPointer<R?>.allocate(capacity: items.count)
         results.initialize(repeating: nil)
-        defer { results.deallocate() }
+        defer {
+            // Release what the elements hold (records, bytes) before freeing the buffer: a
+            // buffer freed without this leaked every record a batch admitted.
+            _ = results.deinitialize()
+            results.deallocate()
+        }
         nonisolated(unsafe) let output = results
         DispatchQueue.concurrentPerform(iterations: chunks) { chunk in
             let lower = items.count * chunk / chunks, upper = items.count * (chunk + 1) / chunks
