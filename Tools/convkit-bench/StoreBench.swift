@@ -3,6 +3,7 @@ import CSodium
 import ConversationKit
 import Foundation
 import RecordZone
+import ZoneServer
 
 /// The chat store: messages sent, records pulled, and the newest page of one conversation among
 /// many messages, each beside raw SQLite (and libsodium) doing the same work in the same run.
@@ -80,6 +81,11 @@ import RecordZone
     reporter.report(Row(name: "pull \(report.pulled) (verify + apply, 200/page)", perSecond: pullRate,
                         rawName: "verify (all cores) + insert 200/txn", rawPerSecond: 1 / (1 / verifyAll + 1 / rawInsertRate)))
 
+    // 2b. The same over HTTP: a new store pulling 10,000 messages from a zone server.
+    let pulledOverHTTP = try await httpPullRate(root: root + "/http", count: 10_000)
+    reporter.report(Row(name: "pull 10000 over HTTP (store, new)", perSecond: pulledOverHTTP,
+                        rawName: "verify (all cores) + insert 200/txn", rawPerSecond: 1 / (1 / verifyAll + 1 / rawInsertRate)))
+
     // 3. The newest 50 of one conversation among `messageCount` messages.
     let perConversation = 1000
     let conversations = messageCount / perConversation
@@ -131,4 +137,41 @@ import RecordZone
     }
     reporter.report(Row(name: "newest 50 of 1 among \(conversations * perConversation)", perSecond: newest,
                         rawName: "same SQL, raw sqlite3_step", rawPerSecond: rawNewest))
+}
+
+/// A zone server holding `count` messages from dave to erin (saved in-process, 400 per
+/// transaction); erin's new store syncs over HTTP. - Returns: messages pulled per second.
+@MainActor private func httpPullRate(root: String, count: Int) async throws -> Double {
+    let storage = try SQLiteBackend(directory: root + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+    var configuration = ZoneServerConfiguration()
+    configuration.requestsPerSecond = 1_000_000
+    configuration.burst = 1_000_000
+    let server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
+    let port = try server.start(host: "127.0.0.1", port: 0)
+    guard let url = URL(string: "http://127.0.0.1:\(port)") else { throw RawError("bad URL") }
+    let dave = SigningKey.generate()
+    let clock = HybridLogicalClock()
+    let hashes = ["dave", "erin"].map(OwnershipRule.identityHash).sorted()
+    let zone = try ZoneName("c-\(hashes[0])-\(hashes[1])")
+    try await storage.createZone(zone)
+    for start in stride(from: 0, to: count, by: Record.maximumBatchSize) {
+        let batch = try (start..<min(count, start + Record.maximumBatchSize)).map { index in
+            var message = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("dave")).\(String(format: "%08d", index))"), type: "Message", fields: [
+                "speaker": .string("dave"), "listener": .string("erin"),
+                "content": .string("Hello there! This is message \(index), about as long as a chat line usually is."),
+                "spokenAt": .date(milliseconds: 1_800_000_000_000 + Int64(index)),
+            ])
+            try message.sign(with: dave, clock: clock.now())
+            return message
+        }
+        for result in try await storage.save(batch, policy: .merge) { _ = try result.get() }
+    }
+    let erin = try ConversationStore(directory: root + "/erin", backend: .server(url))
+    try await erin.setupLocalSpeaker(identifier: "erin", name: "Erin")
+    let start = ContinuousClock.now
+    let report = try await erin.sync()
+    let elapsed = secondsIn(ContinuousClock.now - start)
+    await server.stop()
+    guard report.pulled >= count else { throw RawError("pulled \(report.pulled) of \(count)") }
+    return Double(report.pulled) / elapsed
 }
