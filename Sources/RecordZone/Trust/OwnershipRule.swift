@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Who owns the records whose IDs match a pattern: a function of the record ID alone, so every
 /// reader — a server, a folder reader, a store — decides the same owner with no history, and no
@@ -96,6 +97,15 @@ public struct OwnershipRule: Sendable, Hashable {
     /// The short hash of an identity that record and zone names carry: the first 8 bytes of its
     /// SHA-256, in hex.
     public static func identityHash(_ identity: String) -> String {
-        Sodium.sha256(Data(identity.utf8)).prefix(8).hexString
+        if let known = hashes.withLock({ $0[identity] }) { return known }
+        let hash = Sodium.sha256(Data(identity.utf8)).prefix(8).hexString
+        hashes.withLock { cache in
+            if cache.count >= 4096 { cache.removeAll(keepingCapacity: true) }  // bounded: a hostile page cannot grow it
+            cache[identity] = hash
+        }
+        return hash
     }
+
+    /// Recent identities' hashes: every record of a page names one of a few identities.
+    private static let hashes = Mutex<[String: String]>([:])
 }
