@@ -30,12 +30,13 @@ final class ServerFixture: @unchecked Sendable {
 
     /// A signed raw request, with every part of the signature under the test's control.
     func signed(_ method: String, _ path: String, query: [(String, String)] = [], body: Data = Data(), identity: String, key: SigningKey,
-                now: Date = Date(), nonce: Data = Sodium.randomBytes(16), signedBody: Data? = nil, device: Data? = nil) async throws -> RawResponse {
+                now: Date = Date(), nonce: Data = Sodium.randomBytes(16), signedBody: Data? = nil, device: Data? = nil,
+                contentType: String = "application/json") async throws -> RawResponse {
         let authorization = RequestSignature.authorization(method: method, path: path, query: query, body: signedBody ?? body,
                                                            identity: identity, key: key, now: now, nonce: nonce)
         let queryString = RequestSignature.canonicalQuery(query)
         return try await RawConnection.exchange(port: port, method: method, path: path + (queryString.isEmpty ? "" : "?" + queryString),
-                                          headers: ["Authorization": authorization, "Content-Type": "application/json"]
+                                          headers: ["Authorization": authorization, "Content-Type": contentType]
                                               .merging(device.map { [RequestSignature.deviceHeader: $0.base64EncodedString()] } ?? [:]) { $1 }, body: body)
     }
 }

@@ -202,6 +202,27 @@ extension Result where Failure == RecordZoneError {
             #expect(response.status == 400, "\(name): \(response.status)")
             #expect(response.errorCode == "malformed", "\(name): \(response.text)")
         }
+        // The binary form: lying counts and lengths, a wrong magic, an index past the table.
+        func table(_ count: UInt32, _ records: [Data], _ json: String, magic: [UInt8] = [0x43, 0x4B, 0x57, 0x01]) -> Data {
+            var body = Data(magic) + withUnsafeBytes(of: count.bigEndian) { Data($0) }
+            for record in records { body += withUnsafeBytes(of: UInt32(record.count).bigEndian) { Data($0) } + record }
+            return body + Data(json.utf8)
+        }
+        let binaryBodies: [(String, Data)] = [
+            ("a count beyond the body", table(0xFFFF_FFFF, [], "{}")),
+            ("a length beyond the body", Data([0x43, 0x4B, 0x57, 0x01, 0, 0, 0, 1, 0x7F, 0xFF, 0xFF, 0xFF, 1, 2, 3])),
+            ("a wrong magic", table(0, [], #"{"records":[]}"#, magic: [0x43, 0x4B, 0x57, 0x09])),
+            ("an index past the table", table(1, [Data("x".utf8)], #"{"records":[{"i":5}]}"#)),
+            ("a truncated table", Data([0x43, 0x4B, 0x57])),
+        ]
+        for (name, body) in binaryBodies {
+            let response = try await fixture.signed("POST", "/v1/records/modify", body: body, identity: "alice", key: Keys.alice, contentType: Wire.recordsType)
+            #expect(response.status == 400 && response.errorCode == "malformed", "\(name): \(response.status) \(response.text)")
+        }
+        // A well-formed table whose record is not a canonical record: refused for that record alone.
+        let junk = try await fixture.signed("POST", "/v1/records/modify", body: table(1, [Data("junk".utf8)], #"{"records":[{"i":0}]}"#),
+                                            identity: "alice", key: Keys.alice, contentType: Wire.recordsType)
+        #expect(junk.status == 200 && junk.text.contains("malformed"), "\(junk.text)")
         let unknown = try await fixture.signed("GET", "/v1/nothing/here", identity: "alice", key: Keys.alice)
         #expect(unknown.status == 404 && unknown.errorCode == "routeNotFound")
         let wrongMethod = try await fixture.signed("PATCH", "/v1/zones", identity: "alice", key: Keys.alice)
@@ -404,5 +425,30 @@ extension Result where Failure == RecordZoneError {
         #expect(try await found(storage, "linux") == ["s0", "s15"])
         #expect(try await found(storage, "rust").count == 16)
         #expect(try await found(storage, "nobody").isEmpty)
+    }
+}
+
+/// The libcurl client's long polls: a sub-second wait still waits, and cancelling the waiting
+/// task aborts the transfer instead of holding it for the whole timeout.
+@Suite struct HTTPClientTests {
+    @Test func longPollsWaitAndCancel() async throws {
+        let fixture = try ServerFixture()
+        let alice = fixture.client("alice", key: Keys.alice)
+        let zone = try conversationZone("alice", "bob")
+        try await alice.createZone(zone)
+        let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
+
+        let start = ContinuousClock.now
+        #expect(try await alice.waitForChanges(in: zone, since: token, timeout: .milliseconds(300)) == false)
+        #expect(ContinuousClock.now - start >= .milliseconds(250), "a 300 ms wait returned at once")
+
+        let waiting = Task { try await alice.waitForChanges(in: zone, since: token, timeout: .seconds(30)) }
+        try await Task.sleep(for: .milliseconds(200))
+        waiting.cancel()
+        let outcome = await waiting.result
+        guard case .failure(let error) = outcome else { Issue.record("a cancelled long poll returned \(outcome)"); return }
+        #expect((error as? RecordZoneError)?.message.contains("cancelled") == true, "\(error)")
+        // The server is still there for the next request on the same client.
+        #expect(try await alice.zones().contains(zone))
     }
 }
