@@ -59,7 +59,10 @@ extension ZoneServer {
             }
             let saved = try await storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
             for ((index, _), result) in zip(allowed, saved) { results[index] = result }
-            return wire(Wire.Outcomes(results: results.map { Wire.Outcome($0 ?? .failure(RecordZoneError(.internalError, "no result"))) }), for: request)
+            let outcomes = zip(results, body.records).map { result, sent in
+                Wire.Outcome(result ?? .failure(RecordZoneError(.internalError, "no result")), sent: sent.bytes)
+            }
+            return wire(Wire.Outcomes(results: outcomes), for: request)
         case .fetch:
             let body = try decode(Wire.Fetch.self, request)
             guard body.ids.count <= Record.maximumBatchSize else {

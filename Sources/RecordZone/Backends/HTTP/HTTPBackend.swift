@@ -116,11 +116,13 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         }
         return zip(zip(records, request.records), body.results).map { sent, outcome in
             let (record, ours) = sent
-            // Our own version came back: keep it (nothing to verify), with the server's metadata.
-            if let winner = outcome.record, winner.bytes == ours.bytes {
+            // Our own version is stored: keep it (nothing to verify), with the server's metadata.
+            let metadata = outcome.stored.map { Wire.SignedRecord(bytes: ours.bytes, changeTag: $0.changeTag, receivedAt: $0.receivedAt) }
+                ?? outcome.record.flatMap { $0.bytes == ours.bytes ? $0 : nil }
+            if let metadata {
                 remember(ours.bytes)
                 var kept = record
-                kept.serverMetadata = winner.serverMetadata
+                kept.serverMetadata = metadata.serverMetadata
                 return .success(kept)
             }
             return checked(outcome, id: record.id)

@@ -146,17 +146,34 @@ public enum Wire {
     }
 
     /// One record's outcome: the record, or an error.
+    /// One record's outcome: the record, or an error. A save whose own version now wins
+    /// answers with `stored` alone (the server's metadata for the bytes it was sent), not the
+    /// bytes again.
     public struct Outcome: Codable, Sendable {
         public var record: SignedRecord?
+        public var stored: Stored?
         public var error: Failure?
         public init(record: SignedRecord) { self.record = record }
-        public init(_ result: Result<Record, RecordZoneError>) {
+        public init(_ result: Result<Record, RecordZoneError>, sent: Data? = nil) {
             switch result {
             case .success(let record):
-                do { self.record = try SignedRecord(record) } catch { self.error = Failure(error) }
+                do {
+                    let signed = try SignedRecord(record)
+                    if let sent, signed.bytes == sent {
+                        stored = Stored(changeTag: signed.changeTag, receivedAt: signed.receivedAt)
+                    } else {
+                        self.record = signed
+                    }
+                } catch { self.error = Failure(error) }
             case .failure(let error): self.error = Failure(error)
             }
         }
+    }
+
+    /// The server's metadata for a version it stored as sent.
+    public struct Stored: Codable, Sendable {
+        public var changeTag: String?
+        public var receivedAt: Int64?
     }
 
     public struct Outcomes: Codable, Sendable {
