@@ -1,4 +1,6 @@
 import Foundation
+import RecordZone
+import ZoneServer
 
 /// Runs `body` (which does `batch` operations) repeatedly for about `seconds`; returns ops/s.
 func rate(seconds: Double, batch: Int = 1, _ body: () throws -> Void) rethrows -> Double {
@@ -108,4 +110,21 @@ struct Row: Encodable {
 /// Seconds in a duration, as a Double.
 func secondsIn(_ duration: Duration) -> Double {
     Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+}
+
+/// A zone server on 127.0.0.1 (port 0) with no rate limit, for the bench.
+@MainActor func startBenchServer(_ storage: SQLiteBackend, access: any ZoneAccessPolicy) throws -> (server: ZoneServer, url: URL, port: Int) {
+    var configuration = ZoneServerConfiguration()
+    configuration.requestsPerSecond = 1_000_000
+    configuration.burst = 1_000_000
+    let server = ZoneServer(storage: storage, access: access, configuration: configuration)
+    let port = try server.start(host: "127.0.0.1", port: 0)
+    guard let url = URL(string: "http://127.0.0.1:\(port)") else { throw RawError("bad URL") }
+    return (server, url, port)
+}
+
+/// The conversation zone of two speakers, as ConversationKit names it.
+func chatZone(_ a: String, _ b: String) throws -> ZoneName {
+    let hashes = [a, b].map(OwnershipRule.identityHash).sorted()
+    return try ZoneName("c-\(hashes[0])-\(hashes[1])")
 }

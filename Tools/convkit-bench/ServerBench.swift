@@ -13,12 +13,10 @@ import Glibc
 /// model and options, a fixed answer) and a raw TCP echo round trip.
 @MainActor func serverBench(_ reporter: Reporter, seconds: Double) async throws {
     reporter.header("Zone server over loopback (libmicrohttpd, SQLite)")
-    let limits = HTTPLimits()
-    let rawPort = raw_http_start(limits.maximumConnections, limits.connectionTimeoutSeconds, limits.connectionMemoryBytes)
-    let echoPort = raw_echo_start()
-    guard rawPort != 0, echoPort != 0 else { throw RawError("cannot start the raw responders") }
-    let rawHTTP = try KeepAliveConnection(port: Int(rawPort))
+    let rawHTTP = try KeepAliveConnection(port: try rawResponderPort())
     let rawRoundTrip = try rate(seconds: seconds) { try rawHTTP.roundTrip("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") }
+    let echoPort = raw_echo_start()
+    guard echoPort != 0 else { throw RawError("cannot start the raw TCP echo") }
     let echo = try KeepAliveConnection(port: Int(echoPort))
     let ping = [UInt8](repeating: 0x2A, count: 64)
     let rawTCP = try rate(seconds: seconds) { try echo.echo(ping) }
@@ -26,13 +24,8 @@ import Glibc
 
     let root = FileManager.default.temporaryDirectory.path + "/convkit-server-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
-    var configuration = ZoneServerConfiguration()
-    configuration.requestsPerSecond = 1_000_000
-    configuration.burst = 1_000_000
-    let server = ZoneServer(storage: try SQLiteBackend(directory: root, policy: RecordPolicy()), access: OpenZoneAccess(), configuration: configuration)
-    let port = try server.start(host: "127.0.0.1", port: 0)
+    let (server, url, port) = try startBenchServer(try SQLiteBackend(directory: root, policy: RecordPolicy()), access: OpenZoneAccess())
     let key = SigningKey.generate()
-    guard let url = URL(string: "http://127.0.0.1:\(port)") else { throw RawError("bad URL") }
     let client = HTTPBackend(url: url, identity: "bench", key: key, policy: RecordPolicy())
     let zone = try ZoneName("bench")
     try await client.createZone(zone)
@@ -99,6 +92,23 @@ import Glibc
     let perFetched = Double(try signedPost("/v1/records/fetch", try JSONEncoder().encode(Wire.Fetch(ids: fresh.map { Wire.ID($0.id) })), contentType: Wire.jsonType)) / Double(fresh.count)
     reporter.note(String(format: "server signature verifications per record: saved %.2f, fetched %.2f (400 per request, beyond the request's own)", perSaved, perFetched))
     await server.stop()
+}
+
+/// The bare libmicrohttpd responder (C, the zone server's options), started once per run.
+@MainActor private var rawResponder: Int?
+@MainActor func rawResponderPort() throws -> Int {
+    if let rawResponder { return rawResponder }
+    let limits = HTTPLimits()
+    let port = Int(raw_http_start(limits.maximumConnections, limits.connectionTimeoutSeconds, limits.connectionMemoryBytes))
+    guard port != 0 else { throw RawError("cannot start the raw libmicrohttpd responder") }
+    rawResponder = port
+    return port
+}
+
+/// Keep-alive round trips per second to the raw responder.
+@MainActor func rawLibmicrohttpdRoundTrips(seconds: Double) throws -> Double {
+    let connection = try KeepAliveConnection(port: try rawResponderPort())
+    return try rate(seconds: seconds) { try connection.roundTrip("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") }
 }
 
 /// A keep-alive HTTP/1.1 connection that reads answers by their Content-Length.
@@ -191,8 +201,7 @@ let memoryRunRecords = 5200
     for run in 0..<3 {
         // convkitd serves chat zones: a conversation of "bench" with another speaker per run.
         let other = "other-\(run)"
-        let hashes = ["bench", other].map(OwnershipRule.identityHash).sorted()
-        let zone = try ZoneName("c-\(hashes[0])-\(hashes[1])")
+        let zone = try chatZone("bench", other)
         try await client.createZone(zone)
         for batch in 0..<(memoryRunRecords / Record.maximumBatchSize) {
             let records = try (0..<Record.maximumBatchSize).map { index in

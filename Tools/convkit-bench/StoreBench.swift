@@ -143,16 +143,10 @@ import ZoneServer
 /// transaction); erin's new store syncs over HTTP. - Returns: messages pulled per second.
 @MainActor private func httpPullRate(root: String, count: Int) async throws -> Double {
     let storage = try SQLiteBackend(directory: root + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
-    var configuration = ZoneServerConfiguration()
-    configuration.requestsPerSecond = 1_000_000
-    configuration.burst = 1_000_000
-    let server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
-    let port = try server.start(host: "127.0.0.1", port: 0)
-    guard let url = URL(string: "http://127.0.0.1:\(port)") else { throw RawError("bad URL") }
+    let (server, url, _) = try startBenchServer(storage, access: ChatZoneAccess())
     let dave = SigningKey.generate()
     let clock = HybridLogicalClock()
-    let hashes = ["dave", "erin"].map(OwnershipRule.identityHash).sorted()
-    let zone = try ZoneName("c-\(hashes[0])-\(hashes[1])")
+    let zone = try chatZone("dave", "erin")
     try await storage.createZone(zone)
     for start in stride(from: 0, to: count, by: Record.maximumBatchSize) {
         let batch = try (start..<min(count, start + Record.maximumBatchSize)).map { index in
