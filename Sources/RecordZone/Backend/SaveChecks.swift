@@ -9,29 +9,22 @@ package enum SaveChecks {
     /// Signatures are verified in parallel; ownership in order, as readers would.
     /// - Returns: per record, its canonical encoding ready to store, or why it was refused.
     package static func admit(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
-        let verified = RecordPolicy.parallelMap(records, encodeAndVerify)
-        return zip(records, verified).map { record, outcome in
-            guard case .success = outcome else { return outcome }
-            if case .success(let owner)? = policy.rules.owner(of: record), policy.pins.isRevokedDevice(record.authorKey, of: owner) {
-                return .failure(error(for: .deviceRevoked(identity: owner), recordID: record.id))
+        // Too large to store, or signed by a device the backend knows is revoked: refused before
+        // ownership is decided (a revoked device's chain entry would still allow early clocks).
+        var outcomes: [Result<Data, RecordZoneError>] = records.map { record in
+            // limitExceeded past 1 MiB
+            Result { () throws(RecordZoneError) in try record.encoded() }.flatMap { encoded in
+                if case .success(let owner)? = policy.rules.owner(of: record), policy.pins.isRevokedDevice(record.authorKey, of: owner) {
+                    return .failure(Self.error(for: .deviceRevoked(identity: owner), recordID: record.id))
+                }
+                return .success(encoded)
             }
-            guard let reason = policy.checkOwnership(record) else { return outcome }
-            return .failure(error(for: reason, recordID: record.id))
         }
-    }
-
-    private static func encodeAndVerify(_ record: Record) -> Result<Data, RecordZoneError> {
-        let encoded: Data
-        do {
-            encoded = try record.encoded()  // throws limitExceeded past 1 MiB
-        } catch {
-            return .failure(error)
+        let candidates = outcomes.indices.filter { if case .success = outcomes[$0] { true } else { false } }
+        for (index, reason) in zip(candidates, policy.check(candidates.map { records[$0] })) {
+            if let reason { outcomes[index] = .failure(Self.error(for: reason, recordID: records[index].id)) }
         }
-        let body = encoded.prefix(encoded.count - 1 - record.signature.count)
-        if let reason = RecordPolicy.checkSignature(record, signedBytes: body) {
-            return .failure(error(for: reason, recordID: record.id))
-        }
-        return .success(encoded)
+        return outcomes
     }
 
     package static func error(for reason: RejectionReason, recordID: RecordID?) -> RecordZoneError {

@@ -27,11 +27,9 @@ public final class RecordPolicy: Sendable {
         try record.tombstone(keeping: rules.tombstoneFields(for: record), signedWith: key, clock: clock)
     }
 
-    /// Checks a record; pins its owner's key on first sight. Returns the reason when refused.
-    /// - Parameter signedBytes: the record's canonical body when the caller has it already
-    ///   (as decoded from the wire); otherwise it is encoded again.
-    public func check(_ record: Record, signedBytes: Data? = nil) -> RejectionReason? {
-        Self.checkSignature(record, signedBytes: signedBytes) ?? checkOwnership(record)
+    /// Checks one record; pins its owner's key on first sight. Returns the reason when refused.
+    public func check(_ record: Record) -> RejectionReason? {
+        check([record])[0]
     }
 
     /// Decodes and checks encoded bytes.
@@ -39,25 +37,17 @@ public final class RecordPolicy: Sendable {
         admit(batch: [data]) { _ in source }[0]
     }
 
-    /// Checks decoded records: signatures in parallel across cores, then ownership in order.
+    /// Checks decoded records (a save): signatures over each record's own bytes in parallel
+    /// across cores, then ownership as ``admit(batch:source:signedHere:)`` decides it.
     /// - Returns: per record, why it is refused, or nil.
     public func check(_ records: [Record]) -> [RejectionReason?] {
-        let signatures = Self.parallelMap(records) { Self.checkSignature($0, signedBytes: nil) }
-        let owners = zip(records, signatures).map { $1 == nil ? rules.owner(of: $0) : nil }
-        let conflicted = detectConflicts(records, owners: owners, elsewhere: nil)
-        var reasons = signatures
-        for index in Self.keyRecordsFirst(records) where signatures[index] == nil {
-            reasons[index] = checkOwnership(records[index], owner: owners[index], conflicted: conflicted)
+        let verified = Self.parallelMap(records) { record in
+            Self.checkSignature(record).map { Result<Record, SignatureFailure>.failure(SignatureFailure(id: record.id, reason: $0)) } ?? .success(record)
         }
-        return reasons
-    }
-
-    /// The order in which a batch's ownership is decided: an identity's key records (rotations,
-    /// device certificates, revocations) before the records they make valid, whatever order
-    /// they were read in.
-    static func keyRecordsFirst(_ records: [Record?]) -> [Int] {
-        let isKeyRecord = { (record: Record?) in OwnershipRules.keyRules.contains { $0.recordType == record?.recordType } }
-        return records.indices.filter { isKeyRecord(records[$0]) } + records.indices.filter { !isKeyRecord(records[$0]) }
+        return decide(verified, elsewhere: nil).map { outcome in
+            if case .failure(let failure) = outcome { return failure.reason }
+            return nil
+        }
     }
 
     /// Decodes and checks a batch: signatures are verified in parallel across cores, then
@@ -80,23 +70,38 @@ public final class RecordPolicy: Sendable {
         let verified = Self.parallelMap(Array(zip(batch, trusted))) { bytes, isOwn in
             isOwn ? Self.decode(bytes) : Self.decodeAndVerify(bytes)
         }
-        let records = verified.map { try? $0.get() }
-        let owners = records.map { $0.flatMap(rules.owner(of:)) }
-        let conflicted = detectConflicts(records, owners: owners, elsewhere: claimsElsewhere)
-        var results = [Result<Record, RejectedRecord>?](repeating: nil, count: batch.count)
-        for index in Self.keyRecordsFirst(records) {
-            switch verified[index] {
-            case .failure(let rejection):
-                results[index] = .failure(RejectedRecord(recordID: rejection.id, reason: rejection.reason, source: source(index)))
-            case .success(let record):
-                if let reason = checkOwnership(record, owner: owners[index], conflicted: conflicted) {
-                    results[index] = .failure(RejectedRecord(recordID: record.id, reason: reason, source: source(index), data: batch[index]))
-                } else {
-                    results[index] = .success(record)
-                }
+        return zip(batch.indices, decide(verified, elsewhere: claimsElsewhere)).map { index, outcome in
+            outcome.mapError { failure in
+                // A refused record keeps its bytes: one refused for its keys travels on (another
+                // reader, with other pins, may decide otherwise), and a quarantine shows it.
+                RejectedRecord(recordID: failure.id, reason: failure.reason, source: source(index), data: failure.id == nil ? nil : batch[index])
             }
         }
-        return results.map { $0! }
+    }
+
+    /// The one ownership path every admission takes, for records whose signatures are decided:
+    /// conflicts over the batch (and what `elsewhere` claims), then each record's owner and key,
+    /// an identity's key records first.
+    private func decide(_ verified: [Result<Record, SignatureFailure>], elsewhere: (() -> KeyClaims)?) -> [Result<Record, SignatureFailure>] {
+        let records = verified.map { try? $0.get() }
+        let owners = records.map { $0.flatMap(rules.owner(of:)) }
+        let conflicted = detectConflicts(records, owners: owners, elsewhere: elsewhere)
+        var results = verified
+        for index in Self.keyRecordsFirst(records) {
+            guard case .success(let record) = verified[index],
+                let reason = checkOwnership(record, owner: owners[index], conflicted: conflicted)
+            else { continue }
+            results[index] = .failure(SignatureFailure(id: record.id, reason: reason))
+        }
+        return results
+    }
+
+    /// The order in which a batch's ownership is decided: an identity's key records (rotations,
+    /// device certificates, revocations) before the records they make valid, whatever order
+    /// they were read in.
+    static func keyRecordsFirst(_ records: [Record?]) -> [Int] {
+        let isKeyRecord = { (record: Record?) in OwnershipRules.keyRules.contains { $0.recordType == record?.recordType } }
+        return records.indices.filter { isKeyRecord(records[$0]) } + records.indices.filter { !isKeyRecord(records[$0]) }
     }
 
     /// The identities with no pin that these records (nil: refused already) — with the claims
@@ -132,30 +137,22 @@ public final class RecordPolicy: Sendable {
         }
     }
 
-    /// Decodes canonical bytes and verifies the signature over exactly the bytes received (the
-    /// decoder accepts canonical input only, so the body is the input less the signature).
+    /// Decodes canonical bytes and verifies the signature over exactly the bytes received (a
+    /// decoded record keeps them).
     static func decodeAndVerify(_ data: Data) -> Result<Record, SignatureFailure> {
-        let record: Record
-        switch decode(data) {
-        case .failure(let failure): return .failure(failure)
-        case .success(let decoded): record = decoded
+        decode(data).flatMap { record in
+            checkSignature(record).map { .failure(SignatureFailure(id: record.id, reason: $0)) } ?? .success(record)
         }
-        let body = data.prefix(data.count - 1 - record.signature.count)
-        if let reason = checkSignature(record, signedBytes: body) {
-            return .failure(SignatureFailure(id: record.id, reason: reason))
-        }
-        return .success(record)
     }
 
-    static func checkSignature(_ record: Record, signedBytes: Data?) -> RejectionReason? {
+    /// Whether the record is signed, and the signature verifies over its own canonical bytes
+    /// (the very bytes it was decoded from, when it was).
+    static func checkSignature(_ record: Record) -> RejectionReason? {
         guard record.isSigned, record.authorKey.count == Sodium.publicKeyLength else { return .unsigned }
-        if let signedBytes {
-            return Sodium.verify(signature: record.signature, message: signedBytes, publicKey: record.authorKey) ? nil : .invalidSignature
-        }
         return record.hasValidSignature() ? nil : .invalidSignature
     }
 
-    /// The ownership half of ``check(_:signedBytes:)``, for a record whose signature is verified.
+    /// The ownership half of an admission, for a record whose signature is verified.
     /// - Parameter owner: the record's ``owner(of:)``, when the caller has computed it already.
     func checkOwnership(_ record: Record, owner known: Result<String, RejectionReason>?? = nil, conflicted: Set<String> = []) -> RejectionReason? {
         let identity: String
