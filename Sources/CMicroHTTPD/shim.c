@@ -1,15 +1,36 @@
 #include "cmicrohttpd.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
+#include <stdio.h>
 #include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
 
+/* Percent-decodes in place like libmicrohttpd's own unescaping, except that a decoded NUL or
+ * other control byte becomes DEL (0x7F): a "%00" can no longer cut a path short as a C string,
+ * and the server refuses any path or argument holding a control character. */
+static size_t unescape(void *cls, struct MHD_Connection *connection, char *text) {
+    (void)cls; (void)connection;
+    char *out = text;
+    for (const char *in = text; *in != '\0'; in++) {
+        unsigned int value;
+        if (in[0] == '%' && isxdigit((unsigned char)in[1]) && isxdigit((unsigned char)in[2]) && sscanf(in + 1, "%2x", &value) == 1) {
+            *out++ = (value < 0x20 || value == 0x7F) ? 0x7F : (char)value;
+            in += 2;
+        } else {
+            *out++ = *in;
+        }
+    }
+    *out = '\0';
+    return (size_t)(out - text);
+}
+
 struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
                               MHD_AccessHandlerCallback handler, void *handler_cls,
                               MHD_RequestCompletedCallback completed, void *completed_cls,
-                              unsigned int connection_limit, unsigned int connection_timeout_seconds,
-                              size_t connection_memory_limit) {
+                              unsigned int connection_limit, unsigned int per_address_limit,
+                              unsigned int connection_timeout_seconds, size_t connection_memory_limit) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof(address));
     address.sin_family = AF_INET;
@@ -21,6 +42,8 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
         MHD_OPTION_NOTIFY_COMPLETED, completed, completed_cls,
         MHD_OPTION_CONNECTION_LIMIT, connection_limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address_limit,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
         MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory_limit,
         MHD_OPTION_END);

@@ -8,9 +8,23 @@ import Glibc
 public final class RawConnection {
     private let fd: Int32
 
-    public init(port: Int) throws {
+    /// - Parameter source: the local address to connect from (any of 127.0.0.0/8 reaches the
+    ///   server as another client address).
+    public init(port: Int, source: String? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EIO) }
+        if let source {
+            var local = sockaddr_in()
+            local.sin_family = sa_family_t(AF_INET)
+            local.sin_addr.s_addr = inet_addr(source)
+            let bound = withUnsafePointer(to: &local) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard bound == 0 else {
+                close(fd)
+                throw POSIXError(.EADDRNOTAVAIL)
+            }
+        }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = in_port_t(UInt16(port).bigEndian)

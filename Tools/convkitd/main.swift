@@ -42,7 +42,7 @@ let serveHelp = """
       --max-connections <n>   The most connections at once. (default: 512)
       --connection-timeout <seconds>
                               Close a connection idle this long. (default: 15)
-      --rate-limit <n>        Requests per second per key, sustained; bursts of twice that.
+      --rate-limit <n>        Requests per second per key, sustained (default 1000); bursts of ten times that.
                               (default: 200)
       -h, --help              Show help information.
 
@@ -78,7 +78,7 @@ func serve(_ rawArguments: [String]) async {
         settings.limits.maximumConnections = UInt32(try arguments.int("max-connections", default: Int(settings.limits.maximumConnections), range: 1...100_000))
         settings.limits.connectionTimeoutSeconds = UInt32(try arguments.int("connection-timeout", default: Int(settings.limits.connectionTimeoutSeconds), range: 1...3600))
         settings.requestsPerSecond = Double(try arguments.int("rate-limit", default: Int(settings.requestsPerSecond), range: 1...1_000_000))
-        settings.burst = settings.requestsPerSecond * 2
+        settings.burst = settings.requestsPerSecond * 10
         configuration = settings
     } catch {
         fail(error.message, usage: serveHelp)

@@ -10,8 +10,8 @@
 struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
                               MHD_AccessHandlerCallback handler, void *handler_cls,
                               MHD_RequestCompletedCallback completed, void *completed_cls,
-                              unsigned int connection_limit, unsigned int connection_timeout_seconds,
-                              size_t connection_memory_limit);
+                              unsigned int connection_limit, unsigned int per_address_limit,
+                              unsigned int connection_timeout_seconds, size_t connection_memory_limit);
 
 /* The port the daemon listens on (after binding port 0). */
 uint16_t cmhd_bound_port(struct MHD_Daemon *daemon);

@@ -32,6 +32,8 @@ public struct AssetFolder: Sendable {
         let path = path(for: reference)
         guard FileIO.exists(path) else { throw RecordZoneError(.unknownItem, "no asset \(reference)") }
         let data = try FileIO.read(path)
+        // A size other than the stored one is the asker's mistake (no such asset), not damage.
+        guard data.count == reference.size else { throw RecordZoneError(.unknownItem, "no asset \(reference) (the stored one has another size)") }
         try AssetChecks.verify(data, against: reference)
         return data
     }

@@ -36,6 +36,17 @@ final class Authenticator: Sendable {
         self.burst = burst
     }
 
+    /// Why a request's headers alone already fail authentication (before its body is read), or
+    /// nil when they may pass: the signature, which covers the body, is checked later.
+    func precheck(_ headers: [String: String]) -> String? {
+        guard let header = headers["authorization"] else { return "missing Authorization header" }
+        guard let credentials = RequestSignature.parse(header) else { return "malformed Authorization header" }
+        let age = now().timeIntervalSince1970 - Double(credentials.timestamp) / 1000
+        guard abs(age) <= maximumSkew else { return "request timestamp is \(Int(age)) s away from the server's clock (at most \(Int(maximumSkew)) s)" }
+        guard headers[RequestSignature.deviceHeader.lowercased()] == nil, let chain = policy.pins.chain(for: credentials.identity) else { return nil }
+        return chain.allowsNow(credentials.publicKey) ? nil : "'\(credentials.identity)' is bound to another key"
+    }
+
     /// The authenticated identity of a request.
     func authenticate(_ request: HTTPRequest) throws(Failure) -> String {
         guard let header = request.headers["authorization"] else { throw .unauthenticated("missing Authorization header") }

@@ -15,7 +15,12 @@ final class Metrics: Sendable {
     }
     private let state = Mutex(State())
 
-    func record(method: String, status: Int, seconds: Double) {
+    /// The methods counted by name; any other is counted as `other`, so a client cannot add
+    /// series (or put a quote into a label) by inventing methods.
+    static let knownMethods: Set<String> = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+
+    func record(method rawMethod: String, status: Int, seconds: Double) {
+        let method = Self.knownMethods.contains(rawMethod) ? rawMethod : "other"
         state.withLock { state in
             state.requests["\(method),\(status)", default: 0] += 1
             if status >= 400 { state.errors += 1 }

@@ -44,11 +44,15 @@ enum Route: CaseIterable {
         var isAuthenticated: Bool { route.isAuthenticated }
     }
 
-    /// Finds the route for a request: 404 for an unknown path, 405 for a known path with
-    /// another method.
+    /// Finds the route for a request: 400 for a path holding a control character (a decoded
+    /// `%00` included), 404 for an unknown path, 405 (with `Allow`) for a known path with another
+    /// method.
     static func match(method: String, path: String) throws(APIError) -> Matched {
+        guard !path.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+            throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "the path holds a control character")
+        }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
-        var pathMatched = false
+        var allowed = [String]()
         for route in allCases {
             let template = route.template.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
             guard template.count == parts.count else { continue }
@@ -64,10 +68,12 @@ enum Route: CaseIterable {
                 }
             }
             guard matches else { continue }
-            pathMatched = true
+            allowed.append(route.method)
             if route.method == method { return Matched(route: route, parameters: parameters) }
         }
-        if pathMatched { throw APIError(405, "methodNotAllowed", "\(method) is not allowed on \(path)") }
+        if !allowed.isEmpty {
+            throw APIError(405, "methodNotAllowed", "\(method) is not allowed on \(path)", headers: [("Allow", allowed.joined(separator: ", "))])
+        }
         throw APIError(404, "routeNotFound", "no route \(method) \(path)")
     }
 }

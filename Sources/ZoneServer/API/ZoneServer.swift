@@ -4,9 +4,13 @@ import RecordZone
 /// Tunables of a zone server.
 public struct ZoneServerConfiguration: Sendable {
     public var limits = HTTPLimits()
-    /// Requests per second each key may make, sustained, and in a burst.
-    public var requestsPerSecond = 200.0
-    public var burst = 400.0
+    /// Requests per second each key may make, sustained, and in a burst. A store that syncs after
+    /// every send makes about four requests per message (modify, the database feed, the
+    /// conversation's changes, sometimes a speaker's zone), and sends a few hundred messages a
+    /// second at most on one machine: 1,000/s sustained with bursts of 10,000 stay out of an honest
+    /// client's way and still stop a runaway loop or a flood from one key.
+    public var requestsPerSecond = 1_000.0
+    public var burst = 10_000.0
     /// How far a request's timestamp may be from the server's clock.
     public var maximumClockSkew = RequestSignature.maximumClockSkew
     /// The longest long poll a client may ask for.
@@ -41,7 +45,9 @@ public final class ZoneServer: Sendable {
         authenticator = Authenticator(policy: storage.policy, now: configuration.now, maximumSkew: configuration.maximumClockSkew,
                                       requestsPerSecond: configuration.requestsPerSecond, burst: configuration.burst)
         let router = Router()
-        http = HTTPServer(limits: configuration.limits, logger: configuration.logger) { [router] request in
+        http = HTTPServer(limits: configuration.limits, logger: configuration.logger, preflight: { [router] method, path, headers in
+            router.server?.preflight(method: method, path: path, headers: headers)
+        }) { [router] request in
             await router.server?.respond(to: request) ?? HTTPResponse(status: 503)
         }
         router.server = self
@@ -62,6 +68,23 @@ public final class ZoneServer: Sendable {
         storage.releaseWaiters()
         await http.stop()
         configuration.logger.info("stopped")
+    }
+
+    /// Refuses, before its body is read, a request that cannot succeed whatever its body: an
+    /// unknown route, a control character in the path, or an authenticated route whose
+    /// `Authorization` is missing, malformed, stale, or names a key its identity does not allow
+    /// (the signature itself, which covers the body, is checked once the body is in).
+    func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? {
+        let refusal: APIError
+        do {
+            let route = try Route.match(method: method, path: path)
+            guard route.isAuthenticated, let why = authenticator.precheck(headers) else { return nil }
+            refusal = APIError(401, "notAuthenticated", why)
+        } catch {
+            refusal = error
+        }
+        metrics.record(method: method, status: refusal.status, seconds: 0)
+        return refusal.response
     }
 
     /// Handles one request: the whole API, as a function (tests may call it directly too).
@@ -110,10 +133,13 @@ final class Router: @unchecked Sendable {
 struct APIError: Error {
     var status: Int
     var failure: Wire.Failure
+    /// Extra headers (a 405's `Allow`).
+    var headers: [(String, String)] = []
 
-    init(_ status: Int, _ code: String, _ message: String, retryAfter: Double? = nil) {
+    init(_ status: Int, _ code: String, _ message: String, retryAfter: Double? = nil, headers: [(String, String)] = []) {
         self.status = status
         failure = Wire.Failure(code: code, message: message, retryAfter: retryAfter)
+        self.headers = headers
     }
 
     init(_ error: RecordZoneError) {
@@ -122,7 +148,7 @@ struct APIError: Error {
     }
 
     var response: HTTPResponse {
-        var headers = [(String, String)]()
+        var headers = self.headers
         if let after = failure.retryAfter { headers.append(("Retry-After", String(Int(after.rounded(.up))))) }
         return .json(Wire.ErrorBody(failure), status: status, headers: headers)
     }

@@ -49,6 +49,8 @@ public struct HTTPLimits: Sendable {
     public var maximumBodyBytes = 48 << 20
     /// The most connections at once; more are refused.
     public var maximumConnections: UInt32 = 512
+    /// The most connections at once from one address, so one client cannot take them all.
+    public var maximumConnectionsPerAddress: UInt32 = 64
     /// Seconds a connection may stay idle (a slow client) before it is closed.
     public var connectionTimeoutSeconds: UInt32 = 15
     /// Bytes of memory each connection may use for headers and buffers.

@@ -11,8 +11,12 @@ import Synchronization
 /// See <https://www.gnu.org/software/libmicrohttpd/manual/libmicrohttpd.html>.
 public final class HTTPServer: Sendable {
     public typealias Handler = @Sendable (HTTPRequest) async -> HTTPResponse
+    /// Looks at a request's method, path and headers before its body is read; an answer refuses
+    /// it with the body unread (an unauthenticated 40 MiB upload costs nothing).
+    public typealias Preflight = @Sendable (_ method: String, _ path: String, _ headers: [String: String]) -> HTTPResponse?
 
     let handler: Handler
+    let preflight: Preflight
     let limits: HTTPLimits
     let logger: Logger
     /// The running daemon; only start and stop touch it.
@@ -21,8 +25,10 @@ public final class HTTPServer: Sendable {
     private let inFlight = Atomic<Int>(0)
     private let boundPort = Atomic<Int>(0)
 
-    public init(limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, handler: @escaping Handler) {
+    public init(limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, preflight: @escaping Preflight = { _, _, _ in nil },
+                handler: @escaping Handler) {
         self.handler = handler
+        self.preflight = preflight
         self.limits = limits
         self.logger = logger
     }
@@ -35,7 +41,8 @@ public final class HTTPServer: Sendable {
         guard (0...65535).contains(port) else { throw RecordZoneError(.invalidArguments, "port \(port) is out of range") }
         let context = Unmanaged.passUnretained(self).toOpaque()
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
-                                       limits.maximumConnections, limits.connectionTimeoutSeconds, limits.connectionMemoryBytes)
+                                       limits.maximumConnections, limits.maximumConnectionsPerAddress, limits.connectionTimeoutSeconds,
+                                       limits.connectionMemoryBytes)
         else {
             throw RecordZoneError(.ioError, "cannot listen on \(host):\(port) (address in use or not an IPv4 address)")
         }
@@ -98,11 +105,16 @@ public final class HTTPServer: Sendable {
             if let length = header(connection, "Content-Length").flatMap(Int.init), length > limits.maximumBodyBytes {
                 return queue(Self.error(413, "limitExceeded", "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)"), on: connection)
             }
+            if let refusal = preflight(method, url, headers(connection)) {
+                exchange.response = refusal
+                return queue(refusal, on: connection)
+            }
             return .YES
         }
         let exchange = Unmanaged<Exchange>.fromOpaque(pointer).takeUnretainedValue()
         if uploadSize.pointee > 0 {
-            if !exchange.isTooLarge, let upload {
+            // A request refused by its headers keeps nothing of its body.
+            if !exchange.isTooLarge, exchange.response == nil || exchange.started, let upload {
                 if exchange.body.count + uploadSize.pointee > limits.maximumBodyBytes {
                     exchange.isTooLarge = true
                     exchange.body = Data()
@@ -120,7 +132,7 @@ public final class HTTPServer: Sendable {
         guard !exchange.started else { return .YES }
         exchange.started = true
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
-                                  headers: Dictionary(values(connection, .HEADER_KIND).map { ($0.0.lowercased(), $0.1) }, uniquingKeysWith: { first, _ in first }),
+                                  headers: headers(connection),
                                   body: exchange.body)
         inFlight.add(1, ordering: .relaxed)
         MHD_suspend_connection(connection)
@@ -143,6 +155,11 @@ public final class HTTPServer: Sendable {
         let queued = MHD_queue_response(connection, UInt32(response.status), made)
         if queued == .NO { logger.debug("could not queue a \(response.status) answer (connection closing)") }
         return queued
+    }
+
+    /// The request's headers, names lowercased (the first of repeated ones).
+    private func headers(_ connection: OpaquePointer) -> [String: String] {
+        Dictionary(values(connection, .HEADER_KIND).map { ($0.0.lowercased(), $0.1) }, uniquingKeysWith: { first, _ in first })
     }
 
     private func header(_ connection: OpaquePointer, _ name: String) -> String? {

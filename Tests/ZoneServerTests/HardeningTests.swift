@@ -1,0 +1,94 @@
+import ConversationKit
+import Foundation
+@testable import RecordZone
+import Testing
+import TestSupport
+@testable import ZoneServer
+
+/// Holes a hostile client found in the server, each closed (issue 9).
+@Suite struct HardeningTests {
+    /// Six connections announce 40 MiB bodies with no `Authorization`, or signed by a key their
+    /// identity does not allow, and send nothing more: each is answered 401 at once, its body
+    /// never waited for or read, and the server keeps serving.
+    @Test func bodiesOfRequestsRefusedByTheirHeadersAreNeverRead() async throws {
+        let fixture = try ServerFixture()
+        try await fixture.client("alice", key: Keys.alice).createZone(try conversationZone("alice", "bob"))
+        let big = 40 << 20
+        let forged = RequestSignature.authorization(method: "POST", path: "/v1/records/modify", query: [], body: Data(),
+                                                    identity: "alice", key: Keys.mallory, now: Date())
+        let heads = [
+            "POST /v1/records/modify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(big)\r\n\r\n",
+            "POST /v1/records/modify HTTP/1.1\r\nHost: x\r\nAuthorization: \(forged)\r\nContent-Length: \(big)\r\n\r\n",
+            "POST /v1/records/modify HTTP/1.1\r\nHost: x\r\nAuthorization: ConvKit-Ed25519 nonsense\r\nContent-Length: \(big)\r\n\r\n",
+        ]
+        let connections = try (0..<6).map { index in
+            let connection = try RawConnection(port: fixture.port)
+            connection.write(heads[index % heads.count])
+            return connection
+        }
+        for connection in connections {
+            let (data, closed) = await connection.readUntilClosedOffPool()
+            let answer = RawResponse(data)
+            #expect(answer.status == 401 && answer.errorCode == "notAuthenticated", "\(answer.text)")
+            #expect(closed, "the server closed the connection instead of waiting for 40 MiB")
+        }
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+
+    @Test func aPathWithAControlCharacterIs400() async throws {
+        let fixture = try ServerFixture()
+        let alice = fixture.client("alice", key: Keys.alice)
+        for path in ["/v1/zones/plain%00junk", "/v1/zones/plain%0Ajunk", "/v1/zones/plain%7F"] {
+            let response = try await fixture.signed("PUT", path, identity: "alice", key: Keys.alice)
+            #expect(response.status == 400 && response.errorCode == "invalidArguments", "\(path): \(response.status) \(response.text)")
+        }
+        #expect(try await alice.zones().isEmpty, "no zone was created by a cut path")
+    }
+
+    /// Invented methods — one with a quote — count as `other`: `/metrics` stays valid
+    /// Prometheus text, and no new series appear.
+    @Test func metricsStayParseableAfterHostileMethods() async throws {
+        let fixture = try ServerFixture()
+        for method in ["BR\"EW", "X-\\\"}", "PROPFIND", "BREW"] {
+            _ = try await RawConnection.exchange(port: fixture.port, method: method, path: "/healthz")
+        }
+        let metrics = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/metrics").text
+        let sample = try Regex(#"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\\n])*"(,[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\\n])*")*\})? [-+0-9.eE]+$"#)
+        for line in metrics.split(separator: "\n") where !line.hasPrefix("#") {
+            #expect(line.wholeMatch(of: sample) != nil, "not a Prometheus sample: \(line)")
+        }
+        #expect(metrics.contains("method=\"other\""))
+        #expect(!metrics.contains("BR") && !metrics.contains("PROPFIND"))
+    }
+
+    @Test func everyMethodNotAllowedSaysWhatIs() async throws {
+        let fixture = try ServerFixture()
+        for (method, path, allowed) in [("PATCH", "/v1/zones", "GET"), ("GET", "/v1/records/modify", "POST"), ("POST", "/v1/zones/z", "PUT, DELETE")] {
+            let response = try await fixture.signed(method, path, identity: "alice", key: Keys.alice)
+            #expect(response.status == 405 && response.headers["allow"] == allowed, "\(method) \(path): \(response.headers)")
+        }
+    }
+
+    @Test func anAssetAskedForWithTheWrongSizeIsA404() async throws {
+        let fixture = try ServerFixture()
+        let alice = fixture.client("alice", key: Keys.alice)
+        let reference = try await alice.putAsset(Data("an avatar".utf8))
+        let wrong = try await fixture.signed("GET", "/v1/assets/\(reference.hexHash)", query: [("size", String(reference.size + 1))],
+                                             identity: "alice", key: Keys.alice)
+        #expect(wrong.status == 404 && wrong.errorCode == "unknownItem", "\(wrong.status) \(wrong.text)")
+        #expect(try await alice.asset(reference) == Data("an avatar".utf8))
+    }
+
+    /// 600 idle connections from one address take at most its share; a client from another
+    /// address is served at once.
+    @Test func oneAddressCannotTakeEveryConnection() async throws {
+        let fixture = try ServerFixture()
+        let idle = (0..<600).compactMap { _ in try? RawConnection(port: fixture.port) }
+        #expect(idle.count > 64)
+        let other = try RawConnection(port: fixture.port, source: "127.0.0.2")
+        other.write("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        let answer = RawResponse(await other.readUntilClosedOffPool().data)
+        #expect(answer.status == 200)
+        withExtendedLifetime(idle) {}
+    }
+}
