@@ -92,3 +92,17 @@ import TestSupport
         withExtendedLifetime(idle) {}
     }
 }
+
+extension HardeningTests {
+    /// A binary modify body declaring a million records is refused by its count, before any
+    /// record is decoded; the server answers `/healthz` meanwhile.
+    @Test func aMillionEntryBinaryModifyIsRefusedByItsCount() async throws {
+        let fixture = try ServerFixture()
+        var body = Data([0x43, 0x4B, 0x57, 0x01]) + withUnsafeBytes(of: UInt32(1_000_000).bigEndian) { Data($0) }
+        body += Data(repeating: 0, count: 4 * 1_000_000)  // a million empty records
+        let response = try await fixture.signed("POST", "/v1/records/modify", body: body, identity: "alice", key: Keys.alice, contentType: Wire.recordsType)
+        #expect(response.status == 413 && response.errorCode == "limitExceeded", "\(response.status) \(response.text)")
+        #expect(response.text.contains("got 1000000"), "refused by the declared count, before decoding")
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+}

@@ -37,6 +37,10 @@ extension ZoneServer {
             let changed = try await storage.waitForChanges(in: zone, since: try tokenParameter(request), timeout: .milliseconds(Int(max(0, seconds) * 1000)))
             return .json(Wire.Wait(changed: changed))
         case .modify:
+            // Over the limit by its own count: refused before a single record is decoded.
+            if let declared = Wire.declaredRecordCount(request.body), declared > Record.maximumBatchSize {
+                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(declared)")
+            }
             let body = try decode(Wire.Modify.self, request)
             guard body.records.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")

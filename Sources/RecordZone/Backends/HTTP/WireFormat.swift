@@ -95,6 +95,13 @@ public enum Wire {
 
     static let binaryMagic: [UInt8] = [0x43, 0x4B, 0x57, 0x01]  // "CKW" 1
 
+    /// How many records a binary body says it holds, read from its first 8 bytes — so a server
+    /// can refuse a body over its limit before decoding any of it. Nil for anything else.
+    public static func declaredRecordCount(_ body: Data) -> Int? {
+        guard body.count >= 8, Array(body.prefix(4)) == binaryMagic else { return nil }
+        return body.dropFirst(4).prefix(4).reduce(0) { $0 << 8 | Int($1) }
+    }
+
     public struct ErrorBody: Codable, Sendable {
         public var error: Failure
         public init(_ error: Failure) { self.error = error }
