@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -35,7 +36,7 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
     memset(&address, 0, sizeof(address));
     address.sin_family = AF_INET;
     address.sin_port = htons(port);
-    if (inet_pton(AF_INET, bind_address, &address.sin_addr) != 1) return NULL;
+    if (inet_pton(AF_INET, bind_address, &address.sin_addr) != 1) { errno = EAFNOSUPPORT; return NULL; }
     return MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME,
         port, NULL, NULL, handler, handler_cls,

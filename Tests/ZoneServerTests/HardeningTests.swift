@@ -106,3 +106,36 @@ extension HardeningTests {
         #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
     }
 }
+
+extension HardeningTests {
+    @Test func aServerThatCannotListenSaysWhy() async throws {
+        let fixture = try ServerFixture()
+        let second = ZoneServer(storage: fixture.server.storage)
+        #expect { try second.start(host: "127.0.0.1", port: fixture.port) } throws: { ($0 as? RecordZoneError)?.message.contains("in use") == true }
+        #expect { try second.start(host: "not-an-address", port: 0) } throws: { ($0 as? RecordZoneError)?.message.contains("not an IPv4 address") == true }
+    }
+
+    /// A full disk is the server's temporary trouble, not the client's fault: 503 with
+    /// `Retry-After`, transient for the client, which keeps its changes.
+    @Test func aFullDiskIsTransientForClients() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = HTTPBackend(url: fixture.url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy(), maximumRetries: 0)
+        try await alice.createZone(zone)
+        // The database may not grow past its current size: the next big save fills the "disk".
+        try fixture.server.storage.queue.writeNow { db in
+            let pages = try db.first("PRAGMA page_count") { $0.int(0) } ?? 0
+            _ = try db.first("PRAGMA max_page_count = \(pages)") { $0.int(0) }
+        }
+        let records = try (0..<50).map { index in
+            var record = try message(zone, "big-\(index)", from: "alice", to: "bob", key: Keys.alice, text: String(repeating: "x", count: 20_000))
+            try record.sign(with: Keys.alice, clock: HybridLogicalClock().now())
+            return record
+        }
+        await #expect { try await alice.save(records) } throws: { error in
+            guard let error = error as? RecordZoneError else { return false }
+            return error.code == .serviceUnavailable && error.isTransient && error.retryAfter == 60
+        }
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+}

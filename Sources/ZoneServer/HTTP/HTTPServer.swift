@@ -40,11 +40,21 @@ public final class HTTPServer: Sendable {
     public func start(host: String, port: Int) throws(RecordZoneError) -> Int {
         guard (0...65535).contains(port) else { throw RecordZoneError(.invalidArguments, "port \(port) is out of range") }
         let context = Unmanaged.passUnretained(self).toOpaque()
+        errno = 0
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
                                        limits.maximumConnections, limits.maximumConnectionsPerAddress, limits.connectionTimeoutSeconds,
                                        limits.connectionMemoryBytes)
         else {
-            throw RecordZoneError(.ioError, "cannot listen on \(host):\(port) (address in use or not an IPv4 address)")
+            let code = errno
+            let why = switch code {
+            case EAFNOSUPPORT: "\(host) is not an IPv4 address"
+            case EADDRINUSE: "the address is in use"
+            case EACCES: "permission denied (ports below 1024 need privileges)"
+            case EADDRNOTAVAIL: "\(host) is not an address of this machine"
+            case 0: "libmicrohttpd could not start"
+            default: String(cString: strerror(code))
+            }
+            throw RecordZoneError(.ioError, "cannot listen on \(host):\(port): \(why)")
         }
         daemon.withLock { $0 = Daemon(pointer: started) }
         let bound = Int(cmhd_bound_port(started))

@@ -418,8 +418,15 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         do { return try await queue.write(body) } catch { throw Self.storageError(error) }
     }
 
+    /// A full disk (`SQLITE_FULL`) is transient for clients: 503 with `Retry-After`, so they
+    /// keep their changes and try again; anything else is the server's own fault.
     static func storageError(_ error: any Error) -> RecordZoneError {
         if let error = error as? RecordZoneError { return error }
+        if let error = error as? SQLiteError, error.code & 0xFF == 13 {
+            var full = RecordZoneError(.serviceUnavailable, "the server's disk is full; try again later")
+            full.retryAfter = 60
+            return full
+        }
         return RecordZoneError(.internalError, "server storage: \(error)")
     }
 }
