@@ -212,7 +212,7 @@ extension Result where Failure == RecordZoneError {
             return body + Data(json.utf8)
         }
         let binaryBodies: [(String, Data)] = [
-            ("a count beyond the body", table(0xFFFF_FFFF, [], "{}")),
+            ("a count beyond the body", table(300, [], "{}")),  // (over 400 is a 413: HardeningTests)
             ("a length beyond the body", Data([0x43, 0x4B, 0x57, 0x01, 0, 0, 0, 1, 0x7F, 0xFF, 0xFF, 0xFF, 1, 2, 3])),
             ("a wrong magic", table(0, [], #"{"records":[]}"#, magic: [0x43, 0x4B, 0x57, 0x09])),
             ("an index past the table", table(1, [Data("x".utf8)], #"{"records":[{"i":5}]}"#)),
