@@ -139,3 +139,30 @@ extension HardeningTests {
         #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
     }
 }
+
+extension HardeningTests {
+    /// Two readers of one modify body must see the same records: a duplicate key, or any JSON
+    /// that is not in the canonical form, is refused; the canonical form is accepted.
+    @Test func duplicateKeysAndNonCanonicalJSONAre400() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        try await fixture.client("alice", key: Keys.alice).createZone(zone)
+        let record = try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice)
+        let bytes = try record.encoded().base64EncodedString()
+        let bodies = [
+            #"{"records":[],"records":[{"bytes":"\#(bytes)"}]}"#,
+            #"{"records":[{"bytes":"\#(bytes)"}],"records":[]}"#,
+            #"{"records": [{"bytes":"\#(bytes)"}]}"#,
+            #"{"policy":"merge","records":[{"bytes":"\#(bytes)","bytes":"\#(bytes)"}]}"#,
+            #"{"records":[{"bytes":"\#(bytes)"}],"policy":"merge"}"#,
+            #"{"extra":1,"records":[{"bytes":"\#(bytes)"}]}"#,
+        ]
+        for body in bodies {
+            let response = try await fixture.signed("POST", "/v1/records/modify", body: Data(body.utf8), identity: "alice", key: Keys.alice)
+            #expect(response.status == 400 && response.errorCode == "malformed", "\(body.prefix(60)): \(response.status) \(response.text)")
+        }
+        let canonical = try await fixture.signed("POST", "/v1/records/modify", body: Data(#"{"policy":"merge","records":[{"bytes":"\#(bytes)"}]}"#.utf8),
+                                                 identity: "alice", key: Keys.alice)
+        #expect(canonical.status == 200, "\(canonical.text)")
+    }
+}

@@ -158,7 +158,7 @@ extension Result where Failure == RecordZoneError {
         altered["content"] = .string("altered after signing")
         let wrongOwner = try message(zone, "m2", from: "bob", to: "alice", key: Keys.alice)  // alice signs as bob
         _ = try await fixture.client("bob", key: Keys.bob).save([try message(zone, "m0", from: "bob", to: "alice", key: Keys.bob)])
-        let body = try JSONEncoder().encode(Wire.Modify(records: [altered, wrongOwner], policy: .merge))
+        let body = try Wire.encode(try Wire.Modify(records: [altered, wrongOwner], policy: .merge), binary: false)  // canonical JSON
         let response = try await fixture.signed("POST", "/v1/records/modify", body: body, identity: "alice", key: Keys.alice)
         #expect(response.status == 200)
         let outcomes = try JSONDecoder().decode(Wire.Outcomes.self, from: response.body)

@@ -41,7 +41,7 @@ extension ZoneServer {
             if let declared = Wire.declaredRecordCount(request.body), declared > Record.maximumBatchSize {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(declared)")
             }
-            let body = try decode(Wire.Modify.self, request)
+            let body = try decode(Wire.Modify.self, request, canonical: true)
             guard body.records.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")
             }
@@ -174,10 +174,15 @@ extension ZoneServer {
     }
 
     /// Decodes a request body in the form its `Content-Type` names (``Wire``).
-    private func decode<T: Decodable>(_ type: T.Type, _ request: HTTPRequest) throws(APIError) -> T {
+    /// - Parameter canonical: a JSON body must be canonical (``Wire/decodeCanonical(_:from:)``):
+    ///   where records are signed, no two readers may see different records in one body.
+    private func decode<T: Codable>(_ type: T.Type, _ request: HTTPRequest, canonical: Bool = false) throws(APIError) -> T {
         let binary = request.headers["content-type"]?.lowercased().hasPrefix(Wire.recordsType) ?? false
         do {
+            if canonical { return try Wire.decodeCanonical(type, from: request.body, binary: binary) }
             return try Wire.decode(type, from: request.body, binary: binary)
+        } catch let error as Wire.NonCanonicalJSON {
+            throw APIError(400, RecordZoneError.Code.malformed.rawValue, error.description)
         } catch {
             throw APIError(400, RecordZoneError.Code.malformed.rawValue, "malformed \(binary ? "binary" : "JSON") body: \(Record.describe(error))")
         }

@@ -48,7 +48,7 @@ public enum Wire {
     /// Encodes a body in the JSON or the binary form.
     public static func encode<T: Encodable>(_ value: T, binary: Bool) throws -> Data {
         let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         guard binary else { return try encoder.encode(value) }
         let table = RecordTable()
         encoder.userInfo[RecordTable.key] = table
@@ -62,6 +62,26 @@ public enum Wire {
         }
         w.append(document)
         return Data(w.bytes)
+    }
+
+    /// Decodes a body whose JSON (the whole body, or the binary form's document) must be
+    /// canonical — keys sorted, no insignificant whitespace, no
+    /// escaped slashes, as ``encode(_:binary:)`` writes it (Python: `json.dumps(body,
+    /// sort_keys=True, separators=(",", ":"))`) — so that every reader of a body that carries
+    /// signed records sees the same thing: a duplicate key or any other ambiguity is refused.
+    /// - Throws: ``NonCanonicalJSON`` when the body is valid JSON but not in that form.
+    public static func decodeCanonical<T: Codable>(_ type: T.Type, from data: Data, binary: Bool) throws -> T {
+        let value = try decode(type, from: data, binary: binary)
+        guard try encode(value, binary: binary) == data else { throw NonCanonicalJSON() }
+        return value
+    }
+
+    /// A JSON body that decodes but is not in the canonical form (a duplicate key, unsorted keys,
+    /// whitespace, an unknown key).
+    public struct NonCanonicalJSON: Error, CustomStringConvertible {
+        public var description: String {
+            "the JSON body is not canonical (keys sorted, no duplicates, no whitespace, no escaped slashes, no unknown keys)"
+        }
     }
 
     /// Decodes a body in the JSON or the binary form.
