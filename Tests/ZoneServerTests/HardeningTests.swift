@@ -166,3 +166,45 @@ extension HardeningTests {
         #expect(canonical.status == 200, "\(canonical.text)")
     }
 }
+
+extension HardeningTests {
+    /// Stopping while 50 long polls wait and 20 uploads are half sent: `stop` returns, every
+    /// handler has finished before the daemon is stopped (none resumes a freed connection), and
+    /// the process goes on (a resume after stop would crash it).
+    @Test func stopDuringLongPollsAndUploadsEndsCleanly() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice)
+        try await alice.createZone(zone)
+        let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
+        let query = [("timeout", "30"), ("token", token.base64)]
+        let path = "/v1/zones/\(zone)/wait"
+        let polls = try (0..<50).map { _ in
+            let connection = try RawConnection(port: fixture.port)
+            let authorization = RequestSignature.authorization(method: "GET", path: path, query: query, body: Data(), identity: "alice", key: Keys.alice, now: Date())
+            connection.write("GET \(path)?\(RequestSignature.canonicalQuery(query)) HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: \(authorization)\r\n\r\n")
+            return connection
+        }
+        let uploads = try (0..<20).map { _ in
+            let connection = try RawConnection(port: fixture.port)
+            let authorization = RequestSignature.authorization(method: "PUT", path: "/v1/assets/" + String(repeating: "ab", count: 32), query: [], body: Data(),
+                                                               identity: "alice", key: Keys.alice, now: Date())
+            connection.write("PUT /v1/assets/\(String(repeating: "ab", count: 32)) HTTP/1.1\r\nHost: x\r\nAuthorization: \(authorization)\r\nContent-Length: 1000000\r\n\r\n")
+            connection.write(Data(repeating: 1, count: 1000))
+            return connection
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(fixture.server.http.runningHandlerCount == 50, "the long polls are being handled")
+        await fixture.server.stop(grace: .seconds(2))
+        #expect(fixture.server.http.runningHandlerCount == 0, "every handler finished before the daemon stopped")
+        var answered = 0
+        for poll in polls {
+            // Released by the stop: answered "no change" before the server went away.
+            let answer = RawResponse(await poll.readUntilClosedOffPool().data)
+            if answer.status == 200, answer.text.contains("\"changed\":false") { answered += 1 }
+        }
+        #expect(answered == 50, "the waiting long polls were answered before the server stopped")
+        withExtendedLifetime(uploads) {}
+        #expect(throws: (any Error).self, "the server no longer accepts") { try RawConnection(port: fixture.port) }
+    }
+}

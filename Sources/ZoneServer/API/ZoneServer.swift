@@ -63,10 +63,11 @@ public final class ZoneServer: Sendable {
 
     public var port: Int { http.port }
 
-    /// Stops accepting, releases long polls, waits for requests in flight, and stops.
-    public func stop() async {
+    /// Stops accepting, answers waiting long polls, waits up to `grace` for requests in flight
+    /// (then cancels them and waits for their handlers), and stops.
+    public func stop(grace: Duration = .seconds(10)) async {
         storage.releaseWaiters()
-        await http.stop()
+        await http.stop(grace: grace)
         configuration.logger.info("stopped")
     }
 

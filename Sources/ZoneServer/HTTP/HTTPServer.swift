@@ -22,6 +22,15 @@ public final class HTTPServer: Sendable {
     /// The running daemon; only start and stop touch it.
     private struct Daemon: @unchecked Sendable { let pointer: OpaquePointer }
     private let daemon = Mutex<Daemon?>(nil)
+    /// Handler tasks still running; a task resumes its connection only while the daemon runs
+    /// (under the `daemon` lock), never after ``stop(grace:)`` has stopped it.
+    private let handlers = Mutex(Handlers())
+    private struct Handlers {
+        var running: [UInt64: Task<Void, Never>] = [:]
+        /// Handlers that finished before they were registered.
+        var finishedEarly = Set<UInt64>()
+    }
+    private let nextHandler = Atomic<UInt64>(0)
     private let inFlight = Atomic<Int>(0)
     private let boundPort = Atomic<Int>(0)
 
@@ -65,6 +74,9 @@ public final class HTTPServer: Sendable {
     /// The port bound by ``start(host:port:)``.
     public var port: Int { boundPort.load(ordering: .acquiring) }
 
+    /// Handlers still running (a long poll waiting, say).
+    public var runningHandlerCount: Int { handlers.withLock { $0.running.count } }
+
     /// Requests being handled or answered now (counted until their answer has been sent).
     public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
 
@@ -73,14 +85,22 @@ public final class HTTPServer: Sendable {
         if exchange.started { inFlight.subtract(1, ordering: .relaxed) }
     }
 
-    /// Stops accepting, waits up to `grace` for the requests in flight, then stops.
+    /// Stops accepting, waits up to `grace` for the requests in flight, cancels the handlers
+    /// still running and waits for them, then stops the daemon: no handler resumes a connection
+    /// after that.
     public func stop(grace: Duration = .seconds(10)) async {
         guard let running = daemon.withLock({ $0 })?.pointer else { return }
-        _ = MHD_quiesce_daemon(running)
+        // Quiescing hands the listening socket back to us: close it, so nobody connects any more.
+        let listener = MHD_quiesce_daemon(running)
+        if listener >= 0 { close(listener) }
         let deadline = ContinuousClock.now.advanced(by: grace)
         while inFlightCount > 0, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(10))
         }
+        let late = handlers.withLock { Array($0.running.values) }
+        for task in late { task.cancel() }
+        for task in late { await task.value }
+        // From here no handler may touch a connection: the daemon frees them all.
         daemon.withLock { $0 = nil }
         MHD_stop_daemon(running)
     }
@@ -148,9 +168,19 @@ public final class HTTPServer: Sendable {
         MHD_suspend_connection(connection)
         let handler = self.handler
         nonisolated(unsafe) let suspended = connection
-        Task {
+        let id = nextHandler.add(1, ordering: .relaxed).newValue
+        let task = Task {
             exchange.response = await handler(request)
-            MHD_resume_connection(suspended)
+            self.daemon.withLock { running in
+                if running != nil { MHD_resume_connection(suspended) }
+            }
+            self.handlers.withLock { handlers in
+                if handlers.running.removeValue(forKey: id) == nil { handlers.finishedEarly.insert(id) }
+            }
+        }
+        handlers.withLock { handlers in
+            // A fast handler may have finished already; only the running ones are kept.
+            if handlers.finishedEarly.remove(id) == nil { handlers.running[id] = task }
         }
         return .YES
     }
