@@ -1,0 +1,96 @@
+import Foundation
+import Testing
+@testable import RecordZone
+
+/// The test vectors of `docs/PROTOCOL.md` (`docs/test-vectors.json`): records signed with fixed
+/// keys, their canonical bytes and signatures; signed requests, their signed text and header.
+/// An independent client checks itself against the file; this test checks the file against the
+/// code. Regenerate it after a format change with `CONVKIT_WRITE_VECTORS=1 swift test --filter ProtocolVectorTests`.
+@Suite struct ProtocolVectorTests {
+    struct Vectors: Codable, Equatable {
+        struct RecordVector: Codable, Equatable {
+            var description: String
+            var seedHex: String
+            var publicKeyHex: String
+            var json: String
+            var canonicalHex: String
+            var signatureHex: String
+        }
+        struct RequestVector: Codable, Equatable {
+            var description: String
+            var seedHex: String
+            var identity: String
+            var method: String
+            var path: String
+            var query: [[String]]
+            var bodyHex: String
+            var timestampMilliseconds: Int64
+            var nonceHex: String
+            var signedText: String
+            var authorization: String
+        }
+        var records: [RecordVector]
+        var requests: [RequestVector]
+    }
+
+    static func key(_ byte: UInt8) throws -> SigningKey { try SigningKey(seed: Data(repeating: byte, count: 32)) }
+
+    static func computed() throws -> Vectors {
+        let alice = try key(1)
+        let zone = try ZoneName("c-0123456789abcdef-fedcba9876543210")
+        func vector(_ description: String, _ record: Record, seed: UInt8) throws -> Vectors.RecordVector {
+            let encoded = try record.encoded()
+            return .init(description: description, seedHex: Data(repeating: seed, count: 32).hexString, publicKeyHex: record.authorKey.hexString,
+                         json: String(decoding: try record.json(), as: UTF8.self), canonicalHex: encoded.hexString, signatureHex: record.signature.hexString)
+        }
+        var message = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).0000018b0c2a0000-00"), type: "Message", fields: [
+            "speaker": .string("alice"), "listener": .string("bob"), "content": .string("Hi Bob! ☕"), "spokenAt": .date(milliseconds: 1_700_000_000_000),
+        ])
+        try message.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 1))
+        var everyType = Record(id: try RecordID(zone: zone, name: "every-type"), type: "Sample", fields: [
+            "string": .string("text"), "int": .int(-42), "double": .double(1.5), "bool": .bool(true), "date": .date(milliseconds: 1_700_000_000_123),
+            "bytes": .bytes(Data([0, 1, 2, 255])), "reference": .reference(try RecordID(zone: zone, name: "other")),
+            "asset": .asset(try AssetReference(hash: Sodium.sha256(Data("asset".utf8)), size: 5)),
+            "list": .list([.string("a"), .int(1)]),
+        ])
+        try everyType.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 2))
+        let tombstone = try message.tombstone(keeping: ["speaker"], signedWith: alice, clock: RecordClock(milliseconds: 1_700_000_000_500, counter: 0))
+        func request(_ description: String, method: String, path: String, query: [(String, String)], body: Data) -> Vectors.RequestVector {
+            let nonce = Data((0..<16).map { UInt8($0) })
+            let timestamp: Int64 = 1_700_000_000_000
+            let now = Date(timeIntervalSince1970: Double(timestamp) / 1000)
+            let text = RequestSignature.message(identity: "alice", method: method, path: path, query: query, timestamp: timestamp, nonce: nonce, body: body)
+            return .init(description: description, seedHex: Data(repeating: 1, count: 32).hexString, identity: "alice", method: method, path: path,
+                         query: query.map { [$0.0, $0.1] }, bodyHex: body.hexString, timestampMilliseconds: timestamp, nonceHex: nonce.hexString,
+                         signedText: String(decoding: text, as: UTF8.self),
+                         authorization: RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: "alice", key: alice, now: now, nonce: nonce))
+        }
+        return Vectors(records: [
+            try vector("a chat message (m.<h(alice)>.<id> in a conversation zone)", message, seed: 1),
+            try vector("every field type, sorted by key", everyType, seed: 1),
+            try vector("a tombstone keeping its owner field", tombstone, seed: 1),
+        ], requests: [
+            request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
+                    query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),
+            request("a JSON modify", method: "POST", path: "/v1/records/modify", query: [], body: Data(#"{"policy":"merge","records":[]}"#.utf8)),
+        ])
+    }
+
+    @Test func theVectorsInTheRepositoryAreWhatTheCodeProduces() throws {
+        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("docs/test-vectors.json")
+        let computed = try Self.computed()
+        if ProcessInfo.processInfo.environment["CONVKIT_WRITE_VECTORS"] == "1" {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+            try encoder.encode(computed).write(to: file)
+        }
+        let stored = try JSONDecoder().decode(Vectors.self, from: Data(contentsOf: file))
+        #expect(stored == computed)
+        // And each stored record decodes and verifies from its bytes alone, as another client would.
+        for vector in stored.records {
+            let record = try Record(canonical: try #require(Data(hexString: vector.canonicalHex)))
+            #expect(record.hasValidSignature() && record.signature.hexString == vector.signatureHex)
+        }
+    }
+}
