@@ -31,15 +31,31 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
                               MHD_AccessHandlerCallback handler, void *handler_cls,
                               MHD_RequestCompletedCallback completed, void *completed_cls,
                               unsigned int connection_limit, unsigned int per_address_limit,
-                              unsigned int connection_timeout_seconds, size_t connection_memory_limit) {
+                              unsigned int connection_timeout_seconds, size_t connection_memory_limit,
+                              const char *tls_key_pem, const char *tls_certificate_pem) {
     struct sockaddr_in address;
     memset(&address, 0, sizeof(address));
     address.sin_family = AF_INET;
     address.sin_port = htons(port);
     if (inet_pton(AF_INET, bind_address, &address.sin_addr) != 1) { errno = EAFNOSUPPORT; return NULL; }
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME;
+    if (tls_key_pem != NULL && tls_certificate_pem != NULL) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) { errno = ENOTSUP; return NULL; }
+        return MHD_start_daemon(
+            flags | MHD_USE_TLS, port, NULL, NULL, handler, handler_cls,
+            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
+            MHD_OPTION_NOTIFY_COMPLETED, completed, completed_cls,
+            MHD_OPTION_CONNECTION_LIMIT, connection_limit,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address_limit,
+            MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+            MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory_limit,
+            MHD_OPTION_HTTPS_MEM_KEY, tls_key_pem,
+            MHD_OPTION_HTTPS_MEM_CERT, tls_certificate_pem,
+            MHD_OPTION_END);
+    }
     return MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME,
-        port, NULL, NULL, handler, handler_cls,
+        flags, port, NULL, NULL, handler, handler_cls,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
         MHD_OPTION_NOTIFY_COMPLETED, completed, completed_cls,
         MHD_OPTION_CONNECTION_LIMIT, connection_limit,

@@ -208,3 +208,30 @@ extension HardeningTests {
         #expect(throws: (any Error).self, "the server no longer accepts") { try RawConnection(port: fixture.port) }
     }
 }
+
+extension HardeningTests {
+    /// Over HTTPS, a client that trusts the server's certificate (its `caFile`) works; one that
+    /// does not — the system's CAs never signed this test certificate — is refused, and sends
+    /// nothing in clear.
+    @Test func anUntrustedCertificateIsRefused() async throws {
+        let directory = try TemporaryDirectory("tls")
+        let certificate = try TestCertificate(in: directory.path)
+        let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy())
+        let server = ZoneServer(storage: storage, access: ChatZoneAccess())
+        let port = try server.start(host: "127.0.0.1", port: 0, tls: try TLSIdentity(certificateFile: certificate.certificateFile, keyFile: certificate.keyFile))
+        let url = try #require(URL(string: "https://127.0.0.1:\(port)"))
+        let trusting = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy(), caFile: certificate.certificateFile)
+        let zone = try conversationZone("alice", "bob")
+        try await trusting.createZone(zone)
+        #expect(try await trusting.zones() == [zone])
+        let untrusting = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy())
+        await #expect { try await untrusting.zones() } throws: { error in
+            guard let error = error as? RecordZoneError else { return false }
+            return error.code == .networkUnavailable && error.message.lowercased().contains("certificate")
+        }
+        // Plain HTTP to the HTTPS port gets nowhere either.
+        let plain = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "alice", key: Keys.alice, maximumRetries: 0)
+        await #expect(throws: RecordZoneError.self) { try await plain.zones() }
+        await server.stop()
+    }
+}

@@ -42,8 +42,10 @@ let serveHelp = """
       --max-connections <n>   The most connections at once. (default: 512)
       --connection-timeout <seconds>
                               Close a connection idle this long. (default: 15)
-      --rate-limit <n>        Requests per second per key, sustained (default 1000); bursts of ten times that.
-                              (default: 200)
+      --rate-limit <n>        Requests per second per key, sustained; bursts of ten times
+                              that. (default: 1000)
+      --tls-cert <file>       Serve HTTPS with this certificate (PEM; with --tls-key).
+      --tls-key <file>        The certificate's private key (PEM).
       -h, --help              Show help information.
 
     """
@@ -58,7 +60,8 @@ func serve(_ rawArguments: [String]) async {
     let configuration: ZoneServerConfiguration
     let data: String
     do throws(UsageError) {
-        arguments = try Arguments(rawArguments, valued: ["data", "listen", "log-level", "max-body-bytes", "max-connections", "connection-timeout", "rate-limit"], flags: [])
+        arguments = try Arguments(rawArguments, valued: ["data", "listen", "log-level", "max-body-bytes", "max-connections", "connection-timeout", "rate-limit",
+                                                                   "tls-cert", "tls-key"], flags: [])
         if arguments.flags.contains("help") {
             print(serveHelp, terminator: "")
             exit(0)
@@ -79,6 +82,9 @@ func serve(_ rawArguments: [String]) async {
         settings.limits.connectionTimeoutSeconds = UInt32(try arguments.int("connection-timeout", default: Int(settings.limits.connectionTimeoutSeconds), range: 1...3600))
         settings.requestsPerSecond = Double(try arguments.int("rate-limit", default: Int(settings.requestsPerSecond), range: 1...1_000_000))
         settings.burst = settings.requestsPerSecond * 10
+        guard (arguments.values["tls-cert"] == nil) == (arguments.values["tls-key"] == nil) else {
+            throw UsageError("--tls-cert and --tls-key go together")
+        }
         configuration = settings
     } catch {
         fail(error.message, usage: serveHelp)
@@ -90,7 +96,10 @@ func serve(_ rawArguments: [String]) async {
     do {
         let storage = try SQLiteBackend(directory: data, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
         server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
-        try server.start(host: listen.host, port: listen.port)
+        let tls = try arguments.values["tls-cert"].map { certificate throws(RecordZoneError) in
+            try TLSIdentity(certificateFile: certificate, keyFile: arguments.values["tls-key"] ?? "")
+        }
+        try server.start(host: listen.host, port: listen.port, tls: tls)
     } catch {
         logger.error("cannot start: \(error)")
         fail("\(error)", usage: nil)

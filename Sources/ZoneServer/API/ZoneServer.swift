@@ -53,11 +53,11 @@ public final class ZoneServer: Sendable {
         router.server = self
     }
 
-    /// Starts listening. - Returns: the port bound (useful with port 0).
+    /// Starts listening, over HTTPS with `tls`. - Returns: the port bound (useful with port 0).
     @discardableResult
-    public func start(host: String, port: Int) throws(RecordZoneError) -> Int {
-        let bound = try http.start(host: host, port: port)
-        configuration.logger.info("listening on \(host):\(bound)")
+    public func start(host: String, port: Int, tls: TLSIdentity? = nil) throws(RecordZoneError) -> Int {
+        let bound = try http.start(host: host, port: port, tls: tls)
+        configuration.logger.info("listening on \(host):\(bound)\(tls == nil ? "" : " (HTTPS)")")
         return bound
     }
 

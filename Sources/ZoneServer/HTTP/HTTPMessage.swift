@@ -1,4 +1,5 @@
 import Foundation
+import RecordZone
 
 /// A request as the handler sees it: fully received, headers with lowercased names, query
 /// arguments decoded.
@@ -40,6 +41,26 @@ public struct HTTPResponse: Sendable {
             return HTTPResponse(status: 500, headers: [("Content-Type", "application/json")], body: Data(#"{"error":{"code":"internalError","message":"cannot encode the response"}}"#.utf8))
         }
         return HTTPResponse(status: status, headers: [("Content-Type", "application/json")] + headers, body: body)
+    }
+}
+
+/// A certificate and its private key (PEM), for serving HTTPS.
+public struct TLSIdentity: Sendable {
+    public var certificatePEM: String
+    public var keyPEM: String
+
+    public init(certificatePEM: String, keyPEM: String) {
+        self.certificatePEM = certificatePEM
+        self.keyPEM = keyPEM
+    }
+
+    /// Reads the two PEM files. - Throws: ``RecordZoneError/Code/ioError``.
+    public init(certificateFile: String, keyFile: String) throws(RecordZoneError) {
+        let read = { (path: String) throws(RecordZoneError) -> String in
+            guard let data = FileManager.default.contents(atPath: path) else { throw RecordZoneError(.ioError, "cannot read \(path)") }
+            return String(decoding: data, as: UTF8.self)
+        }
+        self.init(certificatePEM: try read(certificateFile), keyPEM: try read(keyFile))
     }
 }
 

@@ -46,13 +46,13 @@ public final class HTTPServer: Sendable {
     /// - Returns: the port bound.
     /// - Throws: ``RecordZoneError/Code/ioError`` when the address cannot be bound.
     @discardableResult
-    public func start(host: String, port: Int) throws(RecordZoneError) -> Int {
+    public func start(host: String, port: Int, tls: TLSIdentity? = nil) throws(RecordZoneError) -> Int {
         guard (0...65535).contains(port) else { throw RecordZoneError(.invalidArguments, "port \(port) is out of range") }
         let context = Unmanaged.passUnretained(self).toOpaque()
         errno = 0
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
                                        limits.maximumConnections, limits.maximumConnectionsPerAddress, limits.connectionTimeoutSeconds,
-                                       limits.connectionMemoryBytes)
+                                       limits.connectionMemoryBytes, tls?.keyPEM, tls?.certificatePEM)
         else {
             let code = errno
             let why = switch code {
@@ -60,7 +60,8 @@ public final class HTTPServer: Sendable {
             case EADDRINUSE: "the address is in use"
             case EACCES: "permission denied (ports below 1024 need privileges)"
             case EADDRNOTAVAIL: "\(host) is not an address of this machine"
-            case 0: "libmicrohttpd could not start"
+            case ENOTSUP: "this libmicrohttpd has no TLS support"
+            case 0: tls == nil ? "libmicrohttpd could not start" : "libmicrohttpd could not start (is the certificate or key malformed?)"
             default: String(cString: strerror(code))
             }
             throw RecordZoneError(.ioError, "cannot listen on \(host):\(port): \(why)")

@@ -6,9 +6,10 @@ import TestSupport
 
 /// The backends the conformance suite runs against. Each test takes a kind as its argument,
 /// so the same test definition runs against every backend; HTTP runs in both wire forms
-/// (`http`: records as a binary table, the client's default; `httpJSON`: base64 in JSON).
+/// (`http`: records as a binary table, the client's default; `httpJSON`: base64 in JSON) and
+/// over HTTPS (`https`: a certificate the test makes, trusted through the client's `caFile`).
 enum BackendKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
-    case memory, filesystem, http, httpJSON
+    case memory, filesystem, http, httpJSON, https
     var testDescription: String { rawValue }
 }
 
@@ -19,6 +20,7 @@ final class BackendFixture: @unchecked Sendable {
     private let directory: TemporaryDirectory?
     private let memory: InMemoryBackend?
     private let server: ZoneServer?
+    private let certificate: TestCertificate?
     private var opened: [String: any RecordZoneBackend] = [:]
     private var forgerSequence: UInt64 = 0
 
@@ -30,11 +32,13 @@ final class BackendFixture: @unchecked Sendable {
             memory = InMemoryBackend(policy: policy)
             directory = nil
             server = nil
+            certificate = nil
         case .filesystem:
             memory = nil
             directory = try TemporaryDirectory("fszone")
             server = nil
-        case .http, .httpJSON:
+            certificate = nil
+        case .http, .httpJSON, .https:
             memory = nil
             let directory = try TemporaryDirectory("httpzone")
             self.directory = directory
@@ -42,8 +46,11 @@ final class BackendFixture: @unchecked Sendable {
             configuration.requestsPerSecond = 100_000
             configuration.burst = 100_000
             let server = ZoneServer(storage: try SQLiteBackend(directory: directory.path, policy: makePolicy()), configuration: configuration)
-            try server.start(host: "127.0.0.1", port: 0)
+            let certificate = kind == .https ? try TestCertificate(in: directory.path) : nil
+            try server.start(host: "127.0.0.1", port: 0,
+                             tls: try certificate.map { try TLSIdentity(certificateFile: $0.certificateFile, keyFile: $0.keyFile) })
             self.server = server
+            self.certificate = certificate
         }
     }
 
@@ -57,11 +64,11 @@ final class BackendFixture: @unchecked Sendable {
         switch kind {
         case .memory: made = try #require(memory)
         case .filesystem: made = try FileSystemBackend(root: root, device: writer, policy: makePolicy(pinnedKeys: pinnedKeys), pollInterval: .milliseconds(5))
-        case .http, .httpJSON:
+        case .http, .httpJSON, .https:
             let port = try #require(server?.port)
-            made = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: writer,
+            made = HTTPBackend(url: try #require(URL(string: "\(kind == .https ? "https" : "http")://127.0.0.1:\(port)")), identity: writer,
                                key: Keys.key(UInt8(truncatingIfNeeded: writer.hashValue) | 0x80), policy: makePolicy(pinnedKeys: pinnedKeys),
-                               wireForm: kind == .http ? .binary : .json)
+                               wireForm: kind == .httpJSON ? .json : .binary, caFile: certificate?.certificateFile)
         }
         opened[writer] = made
         return made
@@ -77,7 +84,7 @@ final class BackendFixture: @unchecked Sendable {
             let generation = try layout.zoneState(zone).generation
             forgerSequence += 1
             try layout.writeSegment(Segment.encode([data]), zone: zone, generation: generation, device: "forger", sequence: forgerSequence)
-        case .http, .httpJSON:
+        case .http, .httpJSON, .https:
             forgerSequence += 1
             try await #require(server).storage.injectUnchecked(data, into: zone, name: "planted-\(forgerSequence)")
         }

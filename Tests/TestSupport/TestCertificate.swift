@@ -1,0 +1,23 @@
+import Foundation
+
+/// A self-signed certificate for 127.0.0.1, made by `openssl` (installed by the setup script)
+/// into a directory, for tests of HTTPS.
+public struct TestCertificate: Sendable {
+    public let certificateFile: String
+    public let keyFile: String
+
+    public init(in directory: String) throws {
+        certificateFile = directory + "/cert.pem"
+        keyFile = directory + "/key.pem"
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                             "-keyout", keyFile, "-out", certificateFile, "-days", "2", "-subj", "/CN=127.0.0.1",
+                             "-addext", "subjectAltName=IP:127.0.0.1"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw POSIXError(.EIO) }
+    }
+}
