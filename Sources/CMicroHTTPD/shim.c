@@ -1,6 +1,7 @@
 #include "cmicrohttpd.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -27,18 +28,30 @@ static size_t unescape(void *cls, struct MHD_Connection *connection, char *text)
     return (size_t)(out - text);
 }
 
-struct MHD_Daemon *cmhd_start(uint16_t port, const char *bind_address,
+struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
                               MHD_AccessHandlerCallback handler, void *handler_cls,
                               MHD_RequestCompletedCallback completed, void *completed_cls,
                               unsigned int connection_limit, unsigned int per_address_limit,
                               unsigned int connection_timeout_seconds, size_t connection_memory_limit,
                               const char *tls_key_pem, const char *tls_certificate_pem) {
-    struct sockaddr_in address;
+    /* An IPv4 or IPv6 address, or a host name: the first address it resolves to. */
+    struct addrinfo hints, *found = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, NULL, &hints, &found) != 0 || found == NULL) { errno = ENXIO; return NULL; }
+    struct sockaddr_storage address;
     memset(&address, 0, sizeof(address));
-    address.sin_family = AF_INET;
-    address.sin_port = htons(port);
-    if (inet_pton(AF_INET, bind_address, &address.sin_addr) != 1) { errno = EAFNOSUPPORT; return NULL; }
+    memcpy(&address, found->ai_addr, found->ai_addrlen);
+    freeaddrinfo(found);
     unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME;
+    if (address.ss_family == AF_INET6) {
+        ((struct sockaddr_in6 *)&address)->sin6_port = htons(port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        ((struct sockaddr_in *)&address)->sin_port = htons(port);
+    }
     if (tls_key_pem != NULL && tls_certificate_pem != NULL) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) { errno = ENOTSUP; return NULL; }
         return MHD_start_daemon(

@@ -112,7 +112,19 @@ extension HardeningTests {
         let fixture = try ServerFixture()
         let second = ZoneServer(storage: fixture.server.storage)
         #expect { try second.start(host: "127.0.0.1", port: fixture.port) } throws: { ($0 as? RecordZoneError)?.message.contains("in use") == true }
-        #expect { try second.start(host: "not-an-address", port: 0) } throws: { ($0 as? RecordZoneError)?.message.contains("not an IPv4 address") == true }
+        #expect { try second.start(host: "no-such-host.invalid", port: 0) } throws: { ($0 as? RecordZoneError)?.message.contains("cannot resolve") == true }
+    }
+
+    /// IPv6 addresses and host names are listened on too.
+    @Test func theServerListensOnIPv6AndOnHostNames() async throws {
+        let fixture = try ServerFixture()
+        for (host, url) in [("::1", "http://[::1]"), ("localhost", "http://localhost")] {
+            let server = ZoneServer(storage: fixture.server.storage, access: ChatZoneAccess())
+            let port = try server.start(host: host, port: 0)
+            let client = HTTPBackend(url: try #require(URL(string: "\(url):\(port)")), identity: "alice", key: Keys.alice)
+            #expect(await client.isHealthy(), "\(host)")
+            await server.stop()
+        }
     }
 
     /// A full disk is the server's temporary trouble, not the client's fault: 503 with

@@ -34,8 +34,8 @@ let serveHelp = """
 
     OPTIONS:
       --data <dir>            The data directory: the SQLite database and assets (required).
-      --listen <host:port>    The IPv4 address and port to listen on; port 0 picks a free
-                              port. (default: 127.0.0.1:8080)
+      --listen <host:port>    The address (IPv4, [IPv6] or a host name) and port to listen
+                              on; port 0 picks a free port. (default: 127.0.0.1:8080)
       --log-level <level>     trace, debug, info, notice, warning, error or critical; debug
                               logs one line per request. (default: info)
       --max-body-bytes <n>    The largest request body. (default: 50331648)
@@ -70,9 +70,11 @@ func serve(_ rawArguments: [String]) async {
         data = directory
         let address = arguments.values["listen"] ?? "127.0.0.1:8080"
         guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]), (0...65535).contains(port) else {
-            throw UsageError("--listen takes <host:port>, e.g. 127.0.0.1:8080")
+            throw UsageError("--listen takes <host:port>, e.g. 127.0.0.1:8080, [::]:8443 or example.org:8080")
         }
-        listen = (String(address[..<colon]), port)
+        var host = String(address[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }  // [::]:8443
+        listen = (host, port)
         var settings = ZoneServerConfiguration()
         let levelName = arguments.values["log-level"] ?? "info"
         guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }

@@ -42,7 +42,8 @@ public final class HTTPServer: Sendable {
         self.logger = logger
     }
 
-    /// Starts listening on `host` (an IPv4 address) and `port` (0: any free port).
+    /// Starts listening on `host` (an IPv4 or IPv6 address, or a host name: its first address)
+    /// and `port` (0: any free port), over HTTPS with `tls`.
     /// - Returns: the port bound.
     /// - Throws: ``RecordZoneError/Code/ioError`` when the address cannot be bound.
     @discardableResult
@@ -56,7 +57,7 @@ public final class HTTPServer: Sendable {
         else {
             let code = errno
             let why = switch code {
-            case EAFNOSUPPORT: "\(host) is not an IPv4 address"
+            case ENXIO, EAFNOSUPPORT: "cannot resolve \(host)"
             case EADDRINUSE: "the address is in use"
             case EACCES: "permission denied (ports below 1024 need privileges)"
             case EADDRNOTAVAIL: "\(host) is not an address of this machine"
