@@ -27,6 +27,12 @@ public struct RecordZoneError: Error, Sendable, CustomStringConvertible {
         case deviceInUse
         case ioError
         case internalError
+        /// A request's signature is missing, malformed, stale, replayed or wrong (HTTP 401).
+        case notAuthenticated
+        /// No route has this path (HTTP 404).
+        case routeNotFound
+        /// The path exists, with other methods (HTTP 405, with `Allow`).
+        case methodNotAllowed
     }
 
     public var code: Code
@@ -51,7 +57,8 @@ public struct RecordZoneError: Error, Sendable, CustomStringConvertible {
         switch code {
         case .networkUnavailable, .serviceUnavailable, .requestRateLimited, .ioError, .deviceInUse: true
         case .changeTokenExpired, .serverRecordChanged, .zoneNotFound, .unknownItem, .limitExceeded,
-            .invalidArguments, .invalidSignature, .notAuthorized, .malformed, .assetCorrupt, .internalError:
+            .invalidArguments, .invalidSignature, .notAuthorized, .malformed, .assetCorrupt, .internalError,
+            .notAuthenticated, .routeNotFound, .methodNotAllowed:
             false
         }
     }

@@ -72,8 +72,8 @@ enum Route: CaseIterable {
             if route.method == method { return Matched(route: route, parameters: parameters) }
         }
         if !allowed.isEmpty {
-            throw APIError(405, "methodNotAllowed", "\(method) is not allowed on \(path)", headers: [("Allow", allowed.joined(separator: ", "))])
+            throw APIError(405, RecordZoneError.Code.methodNotAllowed.rawValue, "\(method) is not allowed on \(path)", headers: [("Allow", allowed.joined(separator: ", "))])
         }
-        throw APIError(404, "routeNotFound", "no route \(method) \(path)")
+        throw APIError(404, RecordZoneError.Code.routeNotFound.rawValue, "no route \(method) \(path)")
     }
 }

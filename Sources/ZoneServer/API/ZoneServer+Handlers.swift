@@ -96,7 +96,7 @@ extension ZoneServer {
             let zone = try readableZone(matched, identity)
             let body = try decode(Wire.Query.self, request)
             let cursor = try body.cursor.map { text throws(APIError) -> QueryCursor in
-                guard let data = Data(base64Encoded: text) else { throw APIError(400, "invalidArguments", "cursor is not base64") }
+                guard let data = Data(base64Encoded: text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "cursor is not base64") }
                 return QueryCursor(data: data)
             }
             let result = try await storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
@@ -109,7 +109,7 @@ extension ZoneServer {
             return .json(Wire.Asset(reference), status: 201)
         case .getAsset:
             guard let size = try intParameter(request, "size"), size >= 0 else {
-                throw APIError(400, "invalidArguments", "size is required")
+                throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "size is required")
             }
             let data = try await storage.asset(try assetParameter(matched, size: UInt64(size)))
             return HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: data)
@@ -139,7 +139,7 @@ extension ZoneServer {
 
     private func zoneParameter(_ matched: Route.Matched) throws(APIError) -> ZoneName {
         guard let text = matched.parameters["zone"], let zone = try? ZoneName(text) else {
-            throw APIError(400, "invalidArguments", "invalid zone name")
+            throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "invalid zone name")
         }
         return zone
     }
@@ -156,19 +156,19 @@ extension ZoneServer {
 
     private func tokenParameter(_ request: HTTPRequest) throws(APIError) -> ChangeToken? {
         guard let text = request.queryValue("token"), !text.isEmpty else { return nil }
-        guard let token = ChangeToken(base64: text) else { throw APIError(400, "invalidArguments", "token is not base64") }
+        guard let token = ChangeToken(base64: text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "token is not base64") }
         return token
     }
 
     private func intParameter(_ request: HTTPRequest, _ name: String) throws(APIError) -> Int? {
         guard let text = request.queryValue(name) else { return nil }
-        guard let value = Int(text) else { throw APIError(400, "invalidArguments", "\(name) must be an integer") }
+        guard let value = Int(text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "\(name) must be an integer") }
         return value
     }
 
     private func assetParameter(_ matched: Route.Matched, size: UInt64) throws(APIError) -> AssetReference {
         guard let hex = matched.parameters["sha256"], hex.count == 64, let hash = Data(hexString: hex), let reference = try? AssetReference(hash: hash, size: size) else {
-            throw APIError(400, "invalidArguments", "the asset path needs a SHA-256 in hex")
+            throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "the asset path needs a SHA-256 in hex")
         }
         return reference
     }
@@ -191,7 +191,7 @@ extension ZoneServer {
     /// A body that carries records, in the binary form when the request's `Accept` asks for it.
     private func wire<T: Encodable>(_ value: T, for request: HTTPRequest) -> HTTPResponse {
         let binary = request.headers["accept"]?.lowercased().contains(Wire.recordsType) ?? false
-        guard let body = try? Wire.encode(value, binary: binary) else { return APIError(500, "internalError", "cannot encode the response").response }
+        guard let body = try? Wire.encode(value, binary: binary) else { return APIError(500, RecordZoneError.Code.internalError.rawValue, "cannot encode the response").response }
         return HTTPResponse(status: 200, headers: [("Content-Type", binary ? Wire.recordsType : Wire.jsonType)], body: body)
     }
 }

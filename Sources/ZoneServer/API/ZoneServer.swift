@@ -80,7 +80,7 @@ public final class ZoneServer: Sendable {
         do {
             let route = try Route.match(method: method, path: path)
             guard route.isAuthenticated, let why = authenticator.precheck(headers) else { return nil }
-            refusal = APIError(401, "notAuthenticated", why)
+            refusal = APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
         } catch {
             refusal = error
         }
@@ -100,7 +100,7 @@ public final class ZoneServer: Sendable {
                     identity = try authenticator.authenticate(request)
                 } catch {
                     switch error {
-                    case .unauthenticated(let why): throw APIError(401, "notAuthenticated", why)
+                    case .unauthenticated(let why): throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
                     case .rateLimited(let after):
                         throw APIError(429, RecordZoneError.Code.requestRateLimited.rawValue, "too many requests; retry after \(String(format: "%.3f", after)) s",
                                        retryAfter: after)
@@ -115,7 +115,7 @@ public final class ZoneServer: Sendable {
         } catch let error as RecordZoneError {
             response = APIError(error).response
         } catch {
-            response = APIError(500, "internalError", "\(error)").response
+            response = APIError(500, RecordZoneError.Code.internalError.rawValue, "\(error)").response
         }
         let seconds = Double((ContinuousClock.now - start).components.attoseconds) / 1e18 + Double((ContinuousClock.now - start).components.seconds)
         metrics.record(method: request.method, status: response.status, seconds: seconds)
@@ -157,8 +157,10 @@ struct APIError: Error {
     static func status(for code: RecordZoneError.Code) -> Int {
         switch code {
         case .invalidArguments, .malformed, .invalidSignature: 400
+        case .notAuthenticated: 401
         case .notAuthorized: 403
-        case .zoneNotFound, .unknownItem: 404
+        case .zoneNotFound, .unknownItem, .routeNotFound: 404
+        case .methodNotAllowed: 405
         case .serverRecordChanged: 409
         case .changeTokenExpired: 410
         case .limitExceeded: 413

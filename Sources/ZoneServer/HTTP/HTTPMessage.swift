@@ -38,7 +38,7 @@ public struct HTTPResponse: Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         guard let body = try? encoder.encode(value) else {
-            return HTTPResponse(status: 500, headers: [("Content-Type", "application/json")], body: Data(#"{"error":{"code":"internalError","message":"cannot encode the response"}}"#.utf8))
+            return HTTPResponse(status: 500, headers: [("Content-Type", "application/json")], body: Data(#"{"error":{"code":"\#(RecordZoneError.Code.internalError.rawValue)","message":"cannot encode the response"}}"#.utf8))
         }
         return HTTPResponse(status: status, headers: [("Content-Type", "application/json")] + headers, body: body)
     }

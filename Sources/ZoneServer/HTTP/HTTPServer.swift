@@ -135,7 +135,7 @@ public final class HTTPServer: Sendable {
             let exchange = Exchange(method: method, path: url)
             state.pointee = Unmanaged.passRetained(exchange).toOpaque()
             if let length = header(connection, "Content-Length").flatMap(Int.init), length > limits.maximumBodyBytes {
-                return queue(Self.error(413, "limitExceeded", "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)"), on: connection)
+                return queue(Self.error(413, RecordZoneError.Code.limitExceeded.rawValue, "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)"), on: connection)
             }
             if let refusal = preflight(method, url, headers(connection)) {
                 exchange.response = refusal
@@ -158,7 +158,7 @@ public final class HTTPServer: Sendable {
             return .YES
         }
         if exchange.isTooLarge {
-            return queue(Self.error(413, "limitExceeded", "the body is over \(limits.maximumBodyBytes) bytes"), on: connection)
+            return queue(Self.error(413, RecordZoneError.Code.limitExceeded.rawValue, "the body is over \(limits.maximumBodyBytes) bytes"), on: connection)
         }
         if let response = exchange.response { return queue(response, on: connection) }
         guard !exchange.started else { return .YES }
