@@ -392,6 +392,15 @@ extension Result where Failure == RecordZoneError {
             let query = route == .waitForChanges ? [("timeout", "0")] : []
             let response = try await fixture.signed(route.method, path, query: query, identity: "alice", key: Keys.alice)
             #expect(response.errorCode != "routeNotFound" && response.errorCode != "methodNotAllowed", "\(route.method) \(path)")
+            // Whatever it answered is a status the document lists for it.
+            let operation = try #require(paths[route.template]?[route.method.lowercased()] as? [String: Any])
+            let statuses = try #require(operation["responses"] as? [String: Any])
+            #expect(statuses[String(response.status)] != nil, "\(route.method) \(route.template) answered an undocumented \(response.status)")
+            if route.template.hasPrefix("/v1/") {
+                for status in ["400", "401", "429", "500", "503"] {
+                    #expect(statuses[status] != nil, "\(route.method) \(route.template) does not document \(status)")
+                }
+            }
         }
     }
 }
