@@ -247,3 +247,19 @@ extension HardeningTests {
         await server.stop()
     }
 }
+
+extension HardeningTests {
+    /// A JSON modify body of a million tiny entries is refused after its first few hundred, by a
+    /// scan that stops at the limit; 400 entries are still read (and refused one by one).
+    @Test func aMillionEntryJSONModifyIsRefusedAtItsLimit() async throws {
+        let fixture = try ServerFixture()
+        func body(_ count: Int) -> Data {
+            Data(("{\"policy\":\"merge\",\"records\":[" + Array(repeating: #"{"bytes":"AA=="}"#, count: count).joined(separator: ",") + "]}").utf8)
+        }
+        let huge = try await fixture.signed("POST", "/v1/records/modify", body: body(1_000_000), identity: "alice", key: Keys.alice)
+        #expect(huge.status == 413 && huge.errorCode == "limitExceeded", "\(huge.status) \(huge.text.prefix(200))")
+        let full = try await fixture.signed("POST", "/v1/records/modify", body: body(400), identity: "alice", key: Keys.alice)
+        #expect(full.status == 200 && full.text.contains("malformed"), "\(full.status) \(full.text.prefix(200))")
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+}

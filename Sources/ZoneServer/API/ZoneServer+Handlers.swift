@@ -41,6 +41,9 @@ extension ZoneServer {
             if let declared = Wire.declaredRecordCount(request.body), declared > Record.maximumBatchSize {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(declared)")
             }
+            if Wire.declaredRecordCount(request.body) == nil, Wire.jsonObjectCountExceeds(request.body, Record.maximumBatchSize + 1) {
+                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records")
+            }
             let body = try decode(Wire.Modify.self, request, canonical: true)
             guard body.records.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")

@@ -115,6 +115,25 @@ public enum Wire {
 
     static let binaryMagic: [UInt8] = [0x43, 0x4B, 0x57, 0x01]  // "CKW" 1
 
+    /// Whether a JSON body holds more than `limit` objects (`{` outside strings), found by one
+    /// scan that stops as soon as it passes the limit — so a million-entry body is refused after
+    /// its first entries, before any decoding. (A modify body holds one object for the body and
+    /// one per record.)
+    public static func jsonObjectCountExceeds(_ body: Data, _ limit: Int) -> Bool {
+        var count = 0, inString = false, escaped = false
+        for byte in body {
+            if inString {
+                if escaped { escaped = false } else if byte == UInt8(ascii: "\\") { escaped = true } else if byte == UInt8(ascii: "\"") { inString = false }
+            } else if byte == UInt8(ascii: "\"") {
+                inString = true
+            } else if byte == UInt8(ascii: "{") {
+                count += 1
+                if count > limit { return true }
+            }
+        }
+        return false
+    }
+
     /// How many records a binary body says it holds, read from its first 8 bytes — so a server
     /// can refuse a body over its limit before decoding any of it. Nil for anything else.
     public static func declaredRecordCount(_ body: Data) -> Int? {
