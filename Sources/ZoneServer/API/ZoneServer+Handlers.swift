@@ -37,13 +37,7 @@ extension ZoneServer {
             let changed = try await storage.waitForChanges(in: zone, since: try tokenParameter(request), timeout: .milliseconds(Int(max(0, seconds) * 1000)))
             return .json(Wire.Wait(changed: changed))
         case .modify:
-            // Over the limit by its own count: refused before a single record is decoded.
-            if let declared = Wire.declaredRecordCount(request.body), declared > Record.maximumBatchSize {
-                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(declared)")
-            }
-            if Wire.declaredRecordCount(request.body) == nil, Wire.jsonObjectCountExceeds(request.body, Record.maximumBatchSize + 1) {
-                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records")
-            }
+            try refuseOverTheBatchLimit(request, "records")
             let body = try decode(Wire.Modify.self, request, canonical: true)
             guard body.records.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")
@@ -71,7 +65,8 @@ extension ZoneServer {
             }
             return wire(Wire.Outcomes(results: outcomes), for: request)
         case .fetch:
-            let body = try decode(Wire.Fetch.self, request)
+            try refuseOverTheBatchLimit(request, "IDs")
+            let body = try decode(Wire.Fetch.self, request, canonical: true)
             guard body.ids.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) IDs")
             }
@@ -97,7 +92,7 @@ extension ZoneServer {
             return wire(Wire.Outcomes(results: outcomes.map { $0 ?? Wire.Outcome(.failure(RecordZoneError(.internalError, "no result"))) }), for: request)
         case .query:
             let zone = try readableZone(matched, identity)
-            let body = try decode(Wire.Query.self, request)
+            let body = try decode(Wire.Query.self, request, canonical: true)
             let cursor = try body.cursor.map { text throws(APIError) -> QueryCursor in
                 guard let data = Data(base64Encoded: text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "cursor is not base64") }
                 return QueryCursor(data: data)
@@ -126,6 +121,18 @@ extension ZoneServer {
         } catch {
             if error.code == .assetCorrupt { throw APIError(400, error.code.rawValue, error.message) }
             throw error
+        }
+    }
+
+    /// Refuses a body over 400 entries before decoding any: a binary body by its declared
+    /// count, a JSON one by a scan that stops past the limit (one object per entry, one for the
+    /// body).
+    private func refuseOverTheBatchLimit(_ request: HTTPRequest, _ what: String) throws(APIError) {
+        let limit = "a request holds at most \(Record.maximumBatchSize) \(what)"
+        if let declared = Wire.declaredRecordCount(request.body) {
+            guard declared <= Record.maximumBatchSize else { throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "\(limit), got \(declared)") }
+        } else if Wire.jsonObjectCountExceeds(request.body, Record.maximumBatchSize + 1) {
+            throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, limit)
         }
     }
 
