@@ -52,31 +52,26 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
     } else {
         ((struct sockaddr_in *)&address)->sin_port = htons(port);
     }
+    /* One option list, TLS or not (two-pointer options pass the function as the value). */
+    struct MHD_OptionItem options[] = {
+        {MHD_OPTION_SOCK_ADDR, 0, &address},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, completed_cls},
+        {MHD_OPTION_CONNECTION_LIMIT, connection_limit, NULL},
+        {MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address_limit, NULL},
+        {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape, NULL},
+        {MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds, NULL},
+        {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)connection_memory_limit, NULL},
+        {MHD_OPTION_END, 0, NULL},  /* the TLS options go here and after */
+        {MHD_OPTION_END, 0, NULL},
+        {MHD_OPTION_END, 0, NULL},
+    };
     if (tls_key_pem != NULL && tls_certificate_pem != NULL) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) { errno = ENOTSUP; return NULL; }
-        return MHD_start_daemon(
-            flags | MHD_USE_TLS, port, NULL, NULL, handler, handler_cls,
-            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
-            MHD_OPTION_NOTIFY_COMPLETED, completed, completed_cls,
-            MHD_OPTION_CONNECTION_LIMIT, connection_limit,
-            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address_limit,
-            MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-            MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
-            MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory_limit,
-            MHD_OPTION_HTTPS_MEM_KEY, tls_key_pem,
-            MHD_OPTION_HTTPS_MEM_CERT, tls_certificate_pem,
-            MHD_OPTION_END);
+        flags |= MHD_USE_TLS;
+        options[7] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key_pem};
+        options[8] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)tls_certificate_pem};
     }
-    return MHD_start_daemon(
-        flags, port, NULL, NULL, handler, handler_cls,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&address,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, completed_cls,
-        MHD_OPTION_CONNECTION_LIMIT, connection_limit,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address_limit,
-        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-        MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory_limit,
-        MHD_OPTION_END);
+    return MHD_start_daemon(flags, port, NULL, NULL, handler, handler_cls, MHD_OPTION_ARRAY, options, MHD_OPTION_END);
 }
 
 uint16_t cmhd_bound_port(struct MHD_Daemon *daemon) {
