@@ -46,6 +46,8 @@ let package = Package(
             path: "Tools/convkit-bench"),
         // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
         .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),
+        // libFuzzer targets for the decoders (scripts/fuzz.sh builds them with the sanitizers).
+        .executableTarget(name: "convkit-fuzz", dependencies: ["RecordZone"], path: "Tools/convkit-fuzz"),
         // Helpers the tests run as real processes.
         .executableTarget(
             name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],
