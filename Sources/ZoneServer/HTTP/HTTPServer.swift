@@ -117,14 +117,17 @@ public final class HTTPServer: Sendable {
     final class Exchange: @unchecked Sendable {
         let method: String
         let path: String
+        /// The request's headers, names lowercased, read once with the request line.
+        let headers: [String: String]
         var body = Data()
         var isTooLarge = false
         var started = false
         var response: HTTPResponse?
 
-        init(method: String, path: String) {
+        init(method: String, path: String, headers: [String: String]) {
             self.method = method
             self.path = path
+            self.headers = headers
         }
     }
 
@@ -132,12 +135,12 @@ public final class HTTPServer: Sendable {
                             upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
                             state: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> MHD_Result {
         guard let pointer = state.pointee else {
-            let exchange = Exchange(method: method, path: url)
+            let exchange = Exchange(method: method, path: url, headers: headers(connection))
             state.pointee = Unmanaged.passRetained(exchange).toOpaque()
-            if let length = header(connection, "Content-Length").flatMap(Int.init), length > limits.maximumBodyBytes {
+            if let length = exchange.headers["content-length"].flatMap(Int.init), length > limits.maximumBodyBytes {
                 return queue(Self.error(413, RecordZoneError.Code.limitExceeded.rawValue, "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)"), on: connection)
             }
-            if let refusal = preflight(method, url, headers(connection)) {
+            if let refusal = preflight(method, url, exchange.headers) {
                 exchange.response = refusal
                 return queue(refusal, on: connection)
             }
@@ -164,7 +167,7 @@ public final class HTTPServer: Sendable {
         guard !exchange.started else { return .YES }
         exchange.started = true
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
-                                  headers: headers(connection),
+                                  headers: exchange.headers,
                                   body: exchange.body)
         inFlight.add(1, ordering: .relaxed)
         MHD_suspend_connection(connection)
@@ -202,10 +205,6 @@ public final class HTTPServer: Sendable {
     /// The request's headers, names lowercased (the first of repeated ones).
     private func headers(_ connection: OpaquePointer) -> [String: String] {
         Dictionary(values(connection, .HEADER_KIND).map { ($0.0.lowercased(), $0.1) }, uniquingKeysWith: { first, _ in first })
-    }
-
-    private func header(_ connection: OpaquePointer, _ name: String) -> String? {
-        MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) }
     }
 
     private func values(_ connection: OpaquePointer, _ kind: MHD_ValueKind) -> [(String, String)] {
