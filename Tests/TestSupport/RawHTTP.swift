@@ -11,7 +11,7 @@ public final class RawConnection {
     /// - Parameter source: the local address to connect from (any of 127.0.0.0/8 reaches the
     ///   server as another client address).
     public init(port: Int, source: String? = nil) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EIO) }
         if let source {
             var local = sockaddr_in()
