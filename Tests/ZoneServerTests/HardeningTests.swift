@@ -205,10 +205,11 @@ extension HardeningTests {
             connection.write(Data(repeating: 1, count: 1000))
             return connection
         }
-        try await Task.sleep(for: .milliseconds(300))
-        #expect(fixture.server.http.runningHandlerCount == 50, "the long polls are being handled")
-        await fixture.server.stop(grace: .seconds(2))
-        #expect(fixture.server.http.runningHandlerCount == 0, "every handler finished before the daemon stopped")
+        let arrived = ContinuousClock.now.advanced(by: .seconds(10))
+        while fixture.server.http.counters.runningHandlerCount < 50, ContinuousClock.now < arrived { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(fixture.server.http.counters.runningHandlerCount == 50, "the long polls are being handled")
+        await fixture.server.stop(timeout: .seconds(2))
+        #expect(fixture.server.http.counters.runningHandlerCount == 0, "every handler finished before the daemon stopped")
         var answered = 0
         for poll in polls {
             // Released by the stop: answered "no change" before the server went away.
@@ -261,5 +262,41 @@ extension HardeningTests {
         let full = try await fixture.signed("POST", "/v1/records/modify", body: body(400), identity: "alice", key: Keys.alice)
         #expect(full.status == 200 && full.text.contains("malformed"), "\(full.status) \(full.text.prefix(200))")
         #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+}
+
+extension HardeningTests {
+    /// Headers over the limit get a JSON 431 like every other refusal (not libmicrohttpd's HTML).
+    @Test func oversizedHeadersGetAJSON431() async throws {
+        let fixture = try ServerFixture()
+        let answer = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz",
+                                                      headers: ["X-Padding": String(repeating: "a", count: 20_000)])
+        #expect(answer.status == 431 && answer.errorCode == "limitExceeded", "\(answer.status) \(answer.text.prefix(200))")
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+
+    /// A server dropped without `stop` stops by itself: its long polls are answered and its port
+    /// closes, with nothing resumed after the daemon is gone.
+    @Test func aServerDroppedWithoutStopStopsCleanly() async throws {
+        let directory = try TemporaryDirectory("dropped")
+        var server: ZoneServer? = ZoneServer(storage: try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy()),
+                                             access: ChatZoneAccess())
+        let port = try #require(server).start(host: "127.0.0.1", port: 0)
+        let alice = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "alice", key: Keys.alice, maximumRetries: 0)
+        let zone = try conversationZone("alice", "bob")
+        try await alice.createZone(zone)
+        let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
+        let poll = Task { try await alice.waitForChanges(in: zone, since: token, timeout: .seconds(30)) }
+        let storage = try #require(server).storage
+        for _ in 0..<500 where storage.waitingCount == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(storage.waitingCount == 1, "the long poll is waiting")
+        server = nil
+        #expect(try await poll.value == false, "the waiting long poll was answered, not left hanging")
+        var closed = false
+        for _ in 0..<200 where !closed {
+            closed = (try? RawConnection(port: port)) == nil
+            if !closed { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(closed, "the port was closed")
     }
 }

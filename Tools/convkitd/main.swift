@@ -44,6 +44,7 @@ let serveHelp = """
                               Close a connection idle this long. (default: 15)
       --rate-limit <n>        Requests per second per key, sustained; bursts of ten times
                               that. (default: 1000)
+      --max-wait <seconds>    The longest long poll a client may ask for. (default: 60)
       --tls-cert <file>       Serve HTTPS with this certificate (PEM; with --tls-key).
       --tls-key <file>        The certificate's private key (PEM).
       -h, --help              Show help information.
@@ -60,7 +61,7 @@ func serve(_ rawArguments: [String]) async {
     let configuration: ZoneServerConfiguration
     let data: String
     do throws(UsageError) {
-        arguments = try Arguments(rawArguments, valued: ["data", "listen", "log-level", "max-body-bytes", "max-connections", "connection-timeout", "rate-limit",
+        arguments = try Arguments(rawArguments, valued: ["data", "listen", "log-level", "max-body-bytes", "max-connections", "connection-timeout", "rate-limit", "max-wait",
                                                                    "tls-cert", "tls-key"], flags: [])
         if arguments.flags.contains("help") {
             print(serveHelp, terminator: "")
@@ -84,6 +85,7 @@ func serve(_ rawArguments: [String]) async {
         settings.limits.connectionTimeoutSeconds = UInt32(try arguments.int("connection-timeout", default: Int(settings.limits.connectionTimeoutSeconds), range: 1...3600))
         settings.requestsPerSecond = Double(try arguments.int("rate-limit", default: Int(settings.requestsPerSecond), range: 1...1_000_000))
         settings.burst = settings.requestsPerSecond * 10
+        settings.maximumWait = .seconds(try arguments.int("max-wait", default: 60, range: 0...3600))
         guard (arguments.values["tls-cert"] == nil) == (arguments.values["tls-key"] == nil) else {
             throw UsageError("--tls-cert and --tls-key go together")
         }

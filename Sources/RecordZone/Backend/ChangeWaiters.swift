@@ -14,6 +14,8 @@ public final class ChangeWaiters: Sendable {
         var generations: [ZoneName: UInt64] = [:]
         /// Each waiter's timeout, cancelled when it is answered first.
         var timers: [UUID: Task<Void, Never>] = [:]
+        /// Set by ``releaseAll()``: every wait from then on returns at once.
+        var released = false
     }
     private let state = Mutex(State())
 
@@ -30,13 +32,14 @@ public final class ChangeWaiters: Sendable {
         let id = UUID()
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                let alreadyMoved = state.withLock { state in
+                let answer = state.withLock { state -> Bool? in
+                    if state.released { return false }
                     if (state.generations[zone] ?? 0) != generation { return true }
                     state.waiting[zone, default: [:]][id] = continuation
-                    return false
+                    return nil
                 }
-                if alreadyMoved {
-                    continuation.resume(returning: true)
+                if let answer {
+                    continuation.resume(returning: answer)
                     return
                 }
                 let timer = Task { [weak self] in
@@ -50,6 +53,8 @@ public final class ChangeWaiters: Sendable {
                     return false
                 }
                 if answered { timer.cancel() }
+                // Cancelled before it was registered: the cancellation handler found nothing.
+                if Task.isCancelled { resume(zone, id, false) }
             }
         } onCancel: {
             resume(zone, id, false)
@@ -67,10 +72,11 @@ public final class ChangeWaiters: Sendable {
         for continuation in woken.values { continuation.resume(returning: true) }
     }
 
-    /// Releases every waiter with false (a server stopping).
+    /// Releases every waiter with false, and answers every later wait at once (a server stopping).
     public func releaseAll() {
         let (woken, timers) = state.withLock { state in
             defer {
+                state.released = true
                 state.waiting.removeAll()
                 state.timers.removeAll()
             }

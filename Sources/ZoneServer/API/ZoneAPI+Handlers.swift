@@ -1,13 +1,13 @@
 import Foundation
 import RecordZone
 
-extension ZoneServer {
+extension ZoneAPI {
     func handle(_ matched: Route.Matched, _ request: HTTPRequest, identity: String) async throws -> HTTPResponse {
         switch matched.route {
         case .health:
             return .json(["status": "ok"])
         case .metrics:
-            let body = metrics.render(recordsStored: (try? await storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: http.inFlightCount)
+            let body = metrics.render(recordsStored: (try? await storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: counters.inFlightCount)
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:
             let zones = try await storage.zones().filter { access.canRead(zone: $0, as: identity) }
@@ -37,7 +37,7 @@ extension ZoneServer {
             let changed = try await storage.waitForChanges(in: zone, since: try tokenParameter(request), timeout: .milliseconds(Int(max(0, seconds) * 1000)))
             return .json(Wire.Wait(changed: changed))
         case .modify:
-            try refuseOverTheBatchLimit(request, "records")
+            try refuseOverTheBatchLimit(request.body, "records")
             let body = try decode(Wire.Modify.self, request, canonical: true)
             guard body.records.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")
@@ -65,7 +65,7 @@ extension ZoneServer {
             }
             return wire(Wire.Outcomes(results: outcomes), for: request)
         case .fetch:
-            try refuseOverTheBatchLimit(request, "IDs")
+            try refuseOverTheBatchLimit(request.body, "IDs")
             let body = try decode(Wire.Fetch.self, request, canonical: true)
             guard body.ids.count <= Record.maximumBatchSize else {
                 throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) IDs")
@@ -127,11 +127,12 @@ extension ZoneServer {
     /// Refuses a body over 400 entries before decoding any: a binary body by its declared
     /// count, a JSON one by a scan that stops past the limit (one object per entry, one for the
     /// body).
-    private func refuseOverTheBatchLimit(_ request: HTTPRequest, _ what: String) throws(APIError) {
+    /// (Also run on a body's first bytes while the rest is on its way.)
+    func refuseOverTheBatchLimit(_ body: Data, _ what: String) throws(APIError) {
         let limit = "a request holds at most \(Record.maximumBatchSize) \(what)"
-        if let declared = Wire.declaredRecordCount(request.body) {
+        if let declared = Wire.declaredRecordCount(body) {
             guard declared <= Record.maximumBatchSize else { throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "\(limit), got \(declared)") }
-        } else if Wire.jsonObjectCountExceeds(request.body, Record.maximumBatchSize + 1) {
+        } else if Wire.jsonObjectCountExceeds(body, Record.maximumBatchSize + 1) {
             throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, limit)
         }
     }

@@ -76,6 +76,10 @@ public struct HTTPLimits: Sendable {
     public var connectionTimeoutSeconds: UInt32 = 15
     /// Bytes of memory each connection may use for headers and buffers.
     public var connectionMemoryBytes = 64 << 10
+    /// The most header bytes (names and values) a request may carry; more get a JSON 431. (A
+    /// request whose headers do not even fit `connectionMemoryBytes` is refused by libmicrohttpd
+    /// itself: a 431 with its own small HTML body.)
+    public var maximumHeaderBytes = 16 << 10
 
     public init() {}
 }

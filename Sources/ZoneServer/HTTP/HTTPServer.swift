@@ -4,51 +4,158 @@ import Foundation
 import RecordZone
 import Synchronization
 
-/// An HTTP/1.1 server on libmicrohttpd: one internal polling thread (epoll) accepts, parses and
-/// writes; each complete request is handed to an async handler while its connection is
-/// suspended, so a slow handler (a long poll) never holds the polling thread, and a slow client
-/// never holds anyone but itself.
-/// See <https://www.gnu.org/software/libmicrohttpd/manual/libmicrohttpd.html>.
-public final class HTTPServer: Sendable {
-    public typealias Handler = @Sendable (HTTPRequest) async -> HTTPResponse
+/// What an HTTP server serves: a value that turns requests into responses, with two early looks
+/// at a request so that hostile traffic costs the attacker, not the server.
+public protocol HTTPService: Sendable {
     /// Looks at a request's method, path and headers before its body is read; an answer refuses
     /// it with the body unread (an unauthenticated 40 MiB upload costs nothing).
-    public typealias Preflight = @Sendable (_ method: String, _ path: String, _ headers: [String: String]) -> HTTPResponse?
+    func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse?
+    /// Looks at the first bytes of a body while it is still arriving (at 8 KiB, then each time it
+    /// doubles); an answer refuses the request, and the rest of the body is dropped as it comes.
+    func checkBody(method: String, path: String, prefix: Data) -> HTTPResponse?
+    /// Answers a complete request.
+    func respond(to request: HTTPRequest) async -> HTTPResponse
+}
 
-    let handler: Handler
-    let preflight: Preflight
+extension HTTPService {
+    public func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? { nil }
+    public func checkBody(method: String, path: String, prefix: Data) -> HTTPResponse? { nil }
+}
+
+/// Gauges of an HTTP server, shared with whoever reports them.
+public final class HTTPCounters: Sendable {
+    let inFlight = Atomic<Int>(0)
+    let handlers = Atomic<Int>(0)
+
+    public init() {}
+
+    /// Requests being handled or answered now (counted until their answer has been sent).
+    public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
+    /// Requests handed to a handler and not yet answered by it (a long poll waiting, say).
+    public var runningHandlerCount: Int { handlers.load(ordering: .acquiring) }
+}
+
+/// An HTTP/1.1 server on libmicrohttpd. Its internal polling thread (epoll) accepts, parses and
+/// writes; each complete request is handed, its connection suspended, to the serving loop, which
+/// runs its handler as a child task of one task group — so a slow handler (a long poll) never holds
+/// the polling thread, a slow client holds nobody but itself, and every handler ends before the
+/// server does.
+///
+/// ```swift
+/// let server = HTTPServer(service: MyService())
+/// let port = try server.start(host: "127.0.0.1", port: 0)   // serves in the background
+/// // or, in a task of the caller's: try await server.run(host: "::", port: 8443, tls: identity)
+/// ...
+/// await server.stop(timeout: .seconds(10))
+/// ```
+/// See <https://www.gnu.org/software/libmicrohttpd/manual/libmicrohttpd.html>.
+public final class HTTPServer: Sendable {
+    let service: any HTTPService
     let limits: HTTPLimits
     let logger: Logger
-    /// The running daemon; only start and stop touch it.
-    private struct Daemon: @unchecked Sendable { let pointer: OpaquePointer }
-    private let daemon = Mutex<Daemon?>(nil)
-    /// Handler tasks still running; a task resumes its connection only while the daemon runs
-    /// (under the `daemon` lock), never after ``stop(grace:)`` has stopped it.
-    private let handlers = Mutex(Handlers())
-    private struct Handlers {
-        var running: [UInt64: Task<Void, Never>] = [:]
-        /// Handlers that finished before they were registered.
-        var finishedEarly = Set<UInt64>()
-    }
-    private let nextHandler = Atomic<UInt64>(0)
-    private let inFlight = Atomic<Int>(0)
-    private let boundPort = Atomic<Int>(0)
+    public let counters: HTTPCounters
+    /// Where the serving loop and the handlers run: threads of the server's own, so a process
+    /// whose cooperative pool is busy (CPU-bound work, blocking calls) still answers promptly.
+    private let executor = HandlerExecutor(label: "convkit.http.handlers")
 
-    public init(limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, preflight: @escaping Preflight = { _, _, _ in nil },
-                handler: @escaping Handler) {
-        self.handler = handler
-        self.preflight = preflight
+    /// A complete request waiting for its handler, its connection suspended.
+    private struct Pending: @unchecked Sendable {
+        let exchange: Exchange
+        let request: HTTPRequest
+        let connection: OpaquePointer
+    }
+    private let incoming: AsyncStream<Pending>
+    private let incomingContinuation: AsyncStream<Pending>.Continuation
+
+    private struct Daemon: @unchecked Sendable { let pointer: OpaquePointer }
+    private enum Phase { case idle, listening, stopping, stopped }
+    private struct State {
+        var phase = Phase.idle
+        var daemon: Daemon?
+        var port = 0
+        var deadline = ContinuousClock.now
+        var listeningWaiters: [CheckedContinuation<Int, any Error>] = []
+        var stoppedWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+    /// Guards the daemon: a handler resumes its connection under this lock and only while the
+    /// daemon runs, so none touches a connection the daemon has freed.
+    private let state = Mutex(State())
+
+    public init(service: any HTTPService, limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, counters: HTTPCounters = HTTPCounters()) {
+        self.service = service
         self.limits = limits
         self.logger = logger
+        self.counters = counters
+        (incoming, incomingContinuation) = AsyncStream.makeStream()
     }
 
-    /// Starts listening on `host` (an IPv4 or IPv6 address, or a host name: its first address)
-    /// and `port` (0: any free port), over HTTPS with `tls`.
+    /// Listens on `host` (an IPv4 or IPv6 address, or a host name: its first address) and `port`
+    /// (0: any free port), over HTTPS with `tls`, and serves in a background task until
+    /// ``stop(timeout:)``.
     /// - Returns: the port bound.
-    /// - Throws: ``RecordZoneError/Code/ioError`` when the address cannot be bound.
+    /// - Throws: ``RecordZoneError/Code/ioError`` when the address cannot be bound, saying why.
     @discardableResult
     public func start(host: String, port: Int, tls: TLSIdentity? = nil) throws(RecordZoneError) -> Int {
+        let bound = try listen(host: host, port: port, tls: tls)
+        Task(executorPreference: executor) { await self.serve() }
+        return bound
+    }
+
+    /// Listens (as ``start(host:port:tls:)``) and serves in the caller's task until
+    /// ``stop(timeout:)``: each handler is a child of one task group; after a stop, the handlers
+    /// still running get until the deadline, are then cancelled, and all have ended before the
+    /// daemon stops and this returns.
+    public func run(host: String, port: Int, tls: TLSIdentity? = nil) async throws(RecordZoneError) {
+        try listen(host: host, port: port, tls: tls)
+        await withTaskExecutorPreference(executor) { await serve() }
+    }
+
+    /// The port, once the server listens (for a ``run(host:port:tls:)`` started in another
+    /// task). - Throws: why it could not listen.
+    public func waitUntilListening() async throws -> Int {
+        try await withCheckedThrowingContinuation { continuation in
+            let port = state.withLock { state -> Int? in
+                if state.phase != .idle { return state.port }
+                state.listeningWaiters.append(continuation)
+                return nil
+            }
+            if let port { continuation.resume(returning: port) }
+        }
+    }
+
+    /// The port bound.
+    public var port: Int { state.withLock { $0.port } }
+
+    /// Stops accepting (new requests on open connections get 503), gives the handlers still
+    /// running until `timeout` (the caller releases its long polls first), cancels the rest and
+    /// waits for them, then stops the daemon: no handler resumes a connection after that.
+    public func stop(timeout: Duration = .seconds(10)) async {
+        beginStopping(timeout: timeout)
+        await withCheckedContinuation { continuation in
+            let stopped = state.withLock { state in
+                if state.phase == .stopped { return true }
+                state.stoppedWaiters.append(continuation)
+                return false
+            }
+            if stopped { continuation.resume() }
+        }
+    }
+
+    @discardableResult
+    private func listen(host: String, port: Int, tls: TLSIdentity?) throws(RecordZoneError) -> Int {
+        let result: Result<Int, RecordZoneError>
+        do { result = .success(try bind(host: host, port: port, tls: tls)) } catch { result = .failure(error) }
+        let waiters = state.withLock { state in
+            defer { state.listeningWaiters = [] }
+            return state.listeningWaiters
+        }
+        waiters.forEach { $0.resume(with: result.mapError { $0 as any Error }) }
+        return try result.get()
+    }
+
+    private func bind(host: String, port: Int, tls: TLSIdentity?) throws(RecordZoneError) -> Int {
         guard (0...65535).contains(port) else { throw RecordZoneError(.invalidArguments, "port \(port) is out of range") }
+        guard state.withLock({ $0.phase == .idle }) else { throw RecordZoneError(.invalidArguments, "the server was started already") }
         let context = Unmanaged.passUnretained(self).toOpaque()
         errno = 0
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
@@ -67,48 +174,86 @@ public final class HTTPServer: Sendable {
             }
             throw RecordZoneError(.ioError, "cannot listen on \(host):\(port): \(why)")
         }
-        daemon.withLock { $0 = Daemon(pointer: started) }
         let bound = Int(cmhd_bound_port(started))
-        boundPort.store(bound, ordering: .releasing)
+        state.withLock { state in
+            state.daemon = Daemon(pointer: started)
+            state.phase = .listening
+            state.port = bound
+        }
+        logger.info("listening on \(host):\(bound)\(tls == nil ? "" : " (HTTPS)")")
         return bound
     }
 
-    /// The port bound by ``start(host:port:)``.
-    public var port: Int { boundPort.load(ordering: .acquiring) }
-
-    /// Handlers still running (a long poll waiting, say).
-    public var runningHandlerCount: Int { handlers.withLock { $0.running.count } }
-
-    /// Requests being handled or answered now (counted until their answer has been sent).
-    public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
-
-    /// Called by libmicrohttpd when a request is over, its answer sent or its connection gone.
-    fileprivate func completed(_ exchange: Exchange) {
-        if exchange.started { inFlight.subtract(1, ordering: .relaxed) }
+    /// The serving loop of a listening server (one per server): requests queued by the polling
+    /// thread since `listen` are taken here, each handled by a child task.
+    private func serve() async {
+        do {
+            try await withThrowingDiscardingTaskGroup { group in
+                for await pending in incoming {
+                    group.addTask { await self.handle(pending) }
+                }
+                // Stopping: the handlers still running have until the deadline.
+                let deadline = state.withLock { $0.deadline }
+                group.addTask {
+                    while self.counters.runningHandlerCount > 0 {
+                        if ContinuousClock.now >= deadline { throw CancellationError() }
+                        try await Task.sleep(for: .milliseconds(5))
+                    }
+                }
+            }
+        } catch {
+            logger.info("handlers still running at the stop deadline were cancelled")
+        }
+        // The answers of the last handlers are on their way out: give them the rest of the time.
+        let deadline = state.withLock { $0.deadline }
+        while counters.inFlightCount > 0, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        let (daemon, waiters) = state.withLock { state in
+            defer {
+                state.daemon = nil
+                state.phase = .stopped
+                state.stoppedWaiters = []
+            }
+            return (state.daemon, state.stoppedWaiters)
+        }
+        if let daemon { MHD_stop_daemon(daemon.pointer) }
+        waiters.forEach { $0.resume() }
     }
 
-    /// Stops accepting, waits up to `grace` for the requests in flight, cancels the handlers
-    /// still running and waits for them, then stops the daemon: no handler resumes a connection
-    /// after that.
-    public func stop(grace: Duration = .seconds(10)) async {
-        guard let running = daemon.withLock({ $0 })?.pointer else { return }
-        // Quiescing hands the listening socket back to us: close it, so nobody connects any more.
-        let listener = MHD_quiesce_daemon(running)
-        if listener >= 0 { close(listener) }
-        let deadline = ContinuousClock.now.advanced(by: grace)
-        while inFlightCount > 0, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(10))
+    private func handle(_ pending: Pending) async {
+        pending.exchange.response = await service.respond(to: pending.request)
+        state.withLock { state in
+            if state.daemon != nil { MHD_resume_connection(pending.connection) }
         }
-        let late = handlers.withLock { Array($0.running.values) }
-        for task in late { task.cancel() }
-        for task in late { await task.value }
-        // From here no handler may touch a connection: the daemon frees them all.
-        daemon.withLock { $0 = nil }
-        MHD_stop_daemon(running)
+        counters.handlers.subtract(1, ordering: .relaxed)
+    }
+
+    /// Stops accepting and ends the serving loop's intake; the loop then finishes the stop.
+    private func beginStopping(timeout: Duration) {
+        let daemon = state.withLock { state -> Daemon? in
+            if state.phase == .idle { state.phase = .stopped }
+            guard state.phase == .listening else { return nil }
+            state.phase = .stopping
+            state.deadline = ContinuousClock.now.advanced(by: timeout)
+            return state.daemon
+        }
+        guard let daemon else { return }
+        // Quiescing hands the listening socket back to us: close it, so nobody connects any more.
+        let listener = MHD_quiesce_daemon(daemon.pointer)
+        if listener >= 0 { close(listener) }
+        incomingContinuation.finish()
+    }
+
+    /// Stops without waiting (for a server dropped without a stop): the serving loop gives its
+    /// handlers a second, cancels the rest, and stops the daemon when they have ended.
+    func abandon() {
+        beginStopping(timeout: .seconds(1))
     }
 
     deinit {
-        if let running = daemon.withLock({ $0 }) { MHD_stop_daemon(running.pointer) }
+        // The serving loop holds the server until it has stopped the daemon.
+        if let daemon = state.withLock({ $0.daemon }) { MHD_stop_daemon(daemon.pointer) }
     }
 
     // MARK: Per-request state
@@ -120,7 +265,8 @@ public final class HTTPServer: Sendable {
         /// The request's headers, names lowercased, read once with the request line.
         let headers: [String: String]
         var body = Data()
-        var isTooLarge = false
+        /// The body size at which ``HTTPService/checkBody(method:path:prefix:)`` looks next.
+        var nextCheck = 8 << 10
         var started = false
         var response: HTTPResponse?
 
@@ -133,60 +279,68 @@ public final class HTTPServer: Sendable {
 
     fileprivate func access(_ connection: OpaquePointer, url: String, method: String,
                             upload: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
-                            state: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> MHD_Result {
-        guard let pointer = state.pointee else {
+                            state pointer: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> MHD_Result {
+        guard let existing = pointer.pointee else {
             let exchange = Exchange(method: method, path: url, headers: headers(connection))
-            state.pointee = Unmanaged.passRetained(exchange).toOpaque()
-            if let length = exchange.headers["content-length"].flatMap(Int.init), length > limits.maximumBodyBytes {
-                return queue(Self.error(413, RecordZoneError.Code.limitExceeded.rawValue, "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)"), on: connection)
-            }
-            if let refusal = preflight(method, url, exchange.headers) {
-                exchange.response = refusal
-                return queue(refusal, on: connection)
-            }
-            return .YES
+            pointer.pointee = Unmanaged.passRetained(exchange).toOpaque()
+            let refusal = refusalByHeaders(exchange, connection)
+            exchange.response = refusal
+            return refusal.map { queue($0, on: connection) } ?? .YES
         }
-        let exchange = Unmanaged<Exchange>.fromOpaque(pointer).takeUnretainedValue()
+        let exchange = Unmanaged<Exchange>.fromOpaque(existing).takeUnretainedValue()
         if uploadSize.pointee > 0 {
-            // A request refused by its headers keeps nothing of its body.
-            if !exchange.isTooLarge, exchange.response == nil || exchange.started, let upload {
-                if exchange.body.count + uploadSize.pointee > limits.maximumBodyBytes {
-                    exchange.isTooLarge = true
-                    exchange.body = Data()
-                } else {
-                    upload.withMemoryRebound(to: UInt8.self, capacity: uploadSize.pointee) { exchange.body.append($0, count: uploadSize.pointee) }
+            defer { uploadSize.pointee = 0 }
+            // A refused request keeps nothing of its body.
+            guard exchange.response == nil, let upload else { return .YES }
+            guard exchange.body.count + uploadSize.pointee <= limits.maximumBodyBytes else {
+                return refuse(exchange, Self.error(413, .limitExceeded, "the body is over \(limits.maximumBodyBytes) bytes"))
+            }
+            upload.withMemoryRebound(to: UInt8.self, capacity: uploadSize.pointee) { exchange.body.append($0, count: uploadSize.pointee) }
+            if exchange.body.count >= exchange.nextCheck {
+                exchange.nextCheck = exchange.body.count * 2
+                if let refusal = service.checkBody(method: exchange.method, path: exchange.path, prefix: exchange.body) {
+                    return refuse(exchange, refusal)
                 }
             }
-            uploadSize.pointee = 0
             return .YES
-        }
-        if exchange.isTooLarge {
-            return queue(Self.error(413, RecordZoneError.Code.limitExceeded.rawValue, "the body is over \(limits.maximumBodyBytes) bytes"), on: connection)
         }
         if let response = exchange.response { return queue(response, on: connection) }
         guard !exchange.started else { return .YES }
         exchange.started = true
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
-                                  headers: exchange.headers,
-                                  body: exchange.body)
-        inFlight.add(1, ordering: .relaxed)
-        MHD_suspend_connection(connection)
-        let handler = self.handler
-        nonisolated(unsafe) let suspended = connection
-        let id = nextHandler.add(1, ordering: .relaxed).newValue
-        let task = Task {
-            exchange.response = await handler(request)
-            self.daemon.withLock { running in
-                if running != nil { MHD_resume_connection(suspended) }
-            }
-            self.handlers.withLock { handlers in
-                if handlers.running.removeValue(forKey: id) == nil { handlers.finishedEarly.insert(id) }
-            }
+                                  headers: exchange.headers, body: exchange.body)
+        counters.inFlight.add(1, ordering: .relaxed)
+        let handed = state.withLock { state in
+            guard state.phase == .listening else { return false }
+            MHD_suspend_connection(connection)
+            counters.handlers.add(1, ordering: .relaxed)
+            incomingContinuation.yield(Pending(exchange: exchange, request: request, connection: connection))
+            return true
         }
-        handlers.withLock { handlers in
-            // A fast handler may have finished already; only the running ones are kept.
-            if handlers.finishedEarly.remove(id) == nil { handlers.running[id] = task }
+        if !handed {
+            exchange.response = Self.error(503, .serviceUnavailable, "the server is stopping", headers: [("Retry-After", "1"), ("Connection", "close")])
+            return queue(exchange.response ?? HTTPResponse(status: 503), on: connection)
         }
+        return .YES
+    }
+
+    /// A refusal decided from the request line and headers alone.
+    private func refusalByHeaders(_ exchange: Exchange, _ connection: OpaquePointer) -> HTTPResponse? {
+        let headerBytes = exchange.headers.reduce(0) { $0 + $1.key.utf8.count + $1.value.utf8.count + 4 }
+        if headerBytes > limits.maximumHeaderBytes {
+            return Self.error(431, .limitExceeded, "the headers are \(headerBytes) bytes; the limit is \(limits.maximumHeaderBytes)")
+        }
+        if let length = exchange.headers["content-length"].flatMap(Int.init), length > limits.maximumBodyBytes {
+            return Self.error(413, .limitExceeded, "the body is \(length) bytes; the limit is \(limits.maximumBodyBytes)")
+        }
+        return service.preflight(method: exchange.method, path: exchange.path, headers: exchange.headers)
+    }
+
+    /// Refuses mid-upload: the rest of the body is read and dropped (libmicrohttpd 0.9.75 cannot
+    /// answer before the upload ends), then the refusal is answered.
+    private func refuse(_ exchange: Exchange, _ response: HTTPResponse) -> MHD_Result {
+        exchange.response = response
+        exchange.body = Data()
         return .YES
     }
 
@@ -224,8 +378,13 @@ public final class HTTPServer: Sendable {
         var pairs: [(String, String)] = []
     }
 
-    static func error(_ status: Int, _ code: String, _ message: String, headers: [(String, String)] = []) -> HTTPResponse {
-        .json(Wire.ErrorBody(Wire.Failure(code: code, message: message)), status: status, headers: headers)
+    static func error(_ status: Int, _ code: RecordZoneError.Code, _ message: String, headers: [(String, String)] = []) -> HTTPResponse {
+        .json(Wire.ErrorBody(Wire.Failure(code: code.rawValue, message: message)), status: status, headers: headers)
+    }
+
+    /// Called by libmicrohttpd when a request is over, its answer sent or its connection gone.
+    fileprivate func completed(_ exchange: Exchange) {
+        if exchange.started { counters.inFlight.subtract(1, ordering: .relaxed) }
     }
 }
 
@@ -242,4 +401,21 @@ private let completedHandler: MHD_RequestCompletedCallback = { cls, _, state, _ 
     if let cls { Unmanaged<HTTPServer>.fromOpaque(cls).takeUnretainedValue().completed(exchange.takeUnretainedValue()) }
     exchange.release()
     state.pointee = nil
+}
+
+/// A task executor on a concurrent dispatch queue of its own (whose threads Dispatch adds as they
+/// block), for the server's handlers: tasks that prefer it, and their children, run there rather
+/// than on Swift's cooperative pool of one thread per core.
+final class HandlerExecutor: TaskExecutor {
+    private let queue: DispatchQueue
+
+    init(label: String) {
+        queue = DispatchQueue(label: label, qos: .userInitiated, attributes: .concurrent)
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        queue.async { job.runSynchronously(on: executor) }
+    }
 }

@@ -185,7 +185,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     /// How many callers wait in ``waitForChanges(in:since:timeout:)`` now.
     public var waitingCount: Int { waiters.count }
 
-    /// Releases every waiting caller (the server is stopping).
+    /// Releases every waiting caller, and answers later ones at once (the server is stopping).
     public func releaseWaiters() { waiters.releaseAll() }
 
     // MARK: Records

@@ -1,0 +1,134 @@
+import Foundation
+import RecordZone
+
+/// The record-zone API (version 1) as a value: routes and handlers that turn a request into a
+/// response, over ``SQLiteBackend`` storage, with signed requests, zone access control, limits
+/// and metrics. It knows nothing of sockets: ``ZoneServer`` serves it over ``HTTPServer``, and
+/// tests may call ``respond(to:)`` directly.
+public struct ZoneAPI: HTTPService {
+    public let storage: SQLiteBackend
+    let access: any ZoneAccessPolicy
+    let configuration: ZoneServerConfiguration
+    let authenticator: Authenticator
+    let metrics = Metrics()
+    /// The transport's gauges, reported by `/metrics`.
+    let counters: HTTPCounters
+
+    public init(storage: SQLiteBackend, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration(),
+                counters: HTTPCounters = HTTPCounters()) {
+        self.storage = storage
+        self.access = access
+        self.configuration = configuration
+        self.counters = counters
+        authenticator = Authenticator(policy: storage.policy, now: configuration.now, maximumSkew: configuration.maximumClockSkew,
+                                      requestsPerSecond: configuration.requestsPerSecond, burst: configuration.burst)
+    }
+
+    /// Refuses, before its body is read, a request that cannot succeed whatever its body: an
+    /// unknown route, a control character in the path, or an authenticated route whose
+    /// `Authorization` is missing, malformed, stale, or names a key its identity does not allow
+    /// (the signature itself, which covers the body, is checked once the body is in).
+    public func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? {
+        let refusal: APIError
+        do {
+            let route = try Route.match(method: method, path: path)
+            guard route.isAuthenticated, let why = authenticator.precheck(headers) else { return nil }
+            refusal = APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
+        } catch {
+            refusal = error
+        }
+        metrics.record(method: method, status: refusal.status, seconds: 0)
+        return refusal.response
+    }
+
+    /// Refuses a modify or fetch body over the batch limit from its first bytes (a binary body's
+    /// declared count, a JSON body's first entries), while the rest is still on the wire.
+    public func checkBody(method: String, path: String, prefix: Data) -> HTTPResponse? {
+        guard let route = try? Route.match(method: method, path: path).route, route == .modify || route == .fetch else { return nil }
+        do {
+            try refuseOverTheBatchLimit(prefix, route == .modify ? "records" : "IDs")
+            return nil
+        } catch {
+            metrics.record(method: method, status: error.status, seconds: 0)
+            return error.response
+        }
+    }
+
+    /// Handles one request: the whole API, as a function.
+    public func respond(to request: HTTPRequest) async -> HTTPResponse {
+        let start = ContinuousClock.now
+        var identity = "-"
+        let response: HTTPResponse
+        do {
+            let route = try Route.match(method: request.method, path: request.path)
+            if route.isAuthenticated {
+                do {
+                    identity = try authenticator.authenticate(request)
+                } catch {
+                    switch error {
+                    case .unauthenticated(let why): throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
+                    case .rateLimited(let after):
+                        throw APIError(429, RecordZoneError.Code.requestRateLimited.rawValue, "too many requests; retry after \(String(format: "%.3f", after)) s",
+                                       retryAfter: after)
+                    }
+                }
+            }
+            // A first request binds its identity to its key: on disk before it is answered.
+            try await storage.persistPins()
+            response = try await handle(route, request, identity: identity)
+        } catch let error as APIError {
+            response = error.response
+        } catch let error as RecordZoneError {
+            response = APIError(error).response
+        } catch {
+            response = APIError(500, RecordZoneError.Code.internalError.rawValue, "\(error)").response
+        }
+        let elapsed = ContinuousClock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        metrics.record(method: request.method, status: response.status, seconds: seconds)
+        configuration.logger.debug("\(request.method) \(request.path) \(response.status) \(String(format: "%.1f", seconds * 1000)) ms \(identity)")
+        if response.status >= 500 { configuration.logger.info("\(request.method) \(request.path) failed: \(response.status)") }
+        return response
+    }
+}
+
+/// An error answered as a JSON body with an HTTP status.
+struct APIError: Error {
+    var status: Int
+    var failure: Wire.Failure
+    /// Extra headers (a 405's `Allow`).
+    var headers: [(String, String)] = []
+
+    init(_ status: Int, _ code: String, _ message: String, retryAfter: Double? = nil, headers: [(String, String)] = []) {
+        self.status = status
+        failure = Wire.Failure(code: code, message: message, retryAfter: retryAfter)
+        self.headers = headers
+    }
+
+    init(_ error: RecordZoneError) {
+        status = Self.status(for: error.code)
+        failure = Wire.Failure(error)
+    }
+
+    var response: HTTPResponse {
+        var headers = self.headers
+        if let after = failure.retryAfter { headers.append(("Retry-After", String(Int(after.rounded(.up))))) }
+        return .json(Wire.ErrorBody(failure), status: status, headers: headers)
+    }
+
+    static func status(for code: RecordZoneError.Code) -> Int {
+        switch code {
+        case .invalidArguments, .malformed, .invalidSignature: 400
+        case .notAuthenticated: 401
+        case .notAuthorized: 403
+        case .zoneNotFound, .unknownItem, .routeNotFound: 404
+        case .methodNotAllowed: 405
+        case .serverRecordChanged: 409
+        case .changeTokenExpired: 410
+        case .limitExceeded: 413
+        case .requestRateLimited: 429
+        case .serviceUnavailable, .networkUnavailable, .deviceInUse: 503
+        case .assetCorrupt, .ioError, .internalError: 500
+        }
+    }
+}
