@@ -1,6 +1,6 @@
 import ConversationKit
 import Foundation
-import RecordZone
+@testable import RecordZone
 import Testing
 import TestSupport
 import ZoneServer
@@ -123,9 +123,12 @@ import ZoneServer
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         try await bob.send("pay 10 to carol", to: "alice")
         try await bob.sync()
-        // A hostile folder edits bob's message and rewrites the segment with a valid checksum.
+        // A hostile folder edits bob's message and rewrites the segment with a valid checksum,
+        // under the name its new content calls for.
         let zone = try #require(try bob.conversations().first?.id)
-        let folder = "\(fixture.folder)/zones/\(zone)/1/bob"
+        let generation = "\(fixture.folder)/zones/\(zone)/1"
+        let bobsFolder = try #require(try FileManager.default.contentsOfDirectory(atPath: generation).first { $0.hasPrefix("bob-") })
+        let folder = generation + "/" + bobsFolder
         var altered = 0
         for name in try FileManager.default.contentsOfDirectory(atPath: folder) where name.hasSuffix(".seg") {
             let path = folder + "/" + name
@@ -133,7 +136,10 @@ import ZoneServer
             guard let at = data.range(of: Data("pay 10".utf8)) else { continue }
             var body = data.prefix(data.count - 32)
             body[at.lowerBound + 4] = UInt8(ascii: "9")  // "pay 90"
-            try (body + Sodium.sha256(body)).write(to: URL(fileURLWithPath: path))
+            let forged = body + Sodium.sha256(body)
+            let sequence = try #require(Segment.parse(fileName: name)?.sequence)
+            try FileManager.default.removeItem(atPath: path)
+            try forged.write(to: URL(fileURLWithPath: folder + "/" + Segment.fileName(sequence, digest: Segment.digest(of: forged))))
             altered += 1
         }
         #expect(altered == 1)

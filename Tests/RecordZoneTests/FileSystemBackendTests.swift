@@ -27,23 +27,27 @@ import TestSupport
         #expect(all.rejected.isEmpty)
     }
 
-    @Test func aSecondWriterAsTheSameDeviceGetsALockError() async throws {
+    @Test func aSecondWriterWithTheSameStateGetsALockError() async throws {
         let dir = try TemporaryDirectory("fslock")
-        let holder = try FileSystemBackend(root: dir.path, device: "laptop")
-        #expect { try FileSystemBackend(root: dir.path, device: "laptop") } throws: { ($0 as? RecordZoneError)?.code == .deviceInUse }
-        let child = try ChildProcess(try builtProduct("convkit-zone-writer"), ["--root", dir.path, "--device", "laptop", "--zone", "z", "--count", "5"])
+        let state = dir.path + "/state-laptop"
+        let holder = try FileSystemBackend(root: dir.path + "/shared", device: "laptop", stateDirectory: state)
+        #expect { try FileSystemBackend(root: dir.path + "/shared", device: "laptop", stateDirectory: state) } throws: { ($0 as? RecordZoneError)?.code == .deviceInUse }
+        let child = try ChildProcess(try builtProduct("convkit-zone-writer"),
+                                     ["--root", dir.path + "/shared", "--device", "laptop", "--state", state, "--zone", "z", "--count", "5"])
         #expect(await child.wait() == 1)
         #expect(child.standardError.contains("deviceInUse"))
         #expect(child.standardOutput.isEmpty)
         // Another device is fine, and so is this one once the holder is gone.
-        _ = try FileSystemBackend(root: dir.path, device: "phone")
+        _ = try FileSystemBackend(root: dir.path + "/shared", device: "phone", stateDirectory: dir.path + "/state-phone")
         _ = holder
     }
 
     @Test func aWriterKilledMidWriteLosesNothingItAcknowledged() async throws {
         let dir = try TemporaryDirectory("fskill")
         let tool = try builtProduct("convkit-zone-writer")
-        let child = try ChildProcess(tool, ["--root", dir.path, "--device", "victim", "--zone", "z", "--count", "100000", "--batch", "3"])
+        let state = dir.path + "/state"
+        let root = dir.path + "/shared"
+        let child = try ChildProcess(tool, ["--root", root, "--device", "victim", "--state", state, "--zone", "z", "--count", "100000", "--batch", "3"])
         let gotSome = await child.waitUntil { $0.lines.count >= 60 }
         #expect(gotSome)
         child.kill(SIGKILL)
@@ -51,21 +55,23 @@ import TestSupport
         let acknowledged = Set(child.lines.map { String($0.dropFirst(4)) })
         #expect(acknowledged.count >= 60 && acknowledged.count < 100000)
 
-        let reader = try FileSystemBackend(root: dir.path, device: nil)
+        let reader = try FileSystemBackend(root: root, device: nil)
         let all = try await fetchAll(reader, try zone("z"), limit: 500)
         let present = Set(all.records.map(\.id.name))
         #expect(acknowledged.isSubset(of: present), "lost \(acknowledged.subtracting(present).count) acknowledged records")
         #expect(all.rejected.isEmpty, "\(all.rejected)")
 
-        // The same device starts again (the kernel dropped the lock) and carries on the sequence.
-        let again = try ChildProcess(tool, ["--root", dir.path, "--device", "victim", "--zone", "z", "--count", "5", "--prefix", "again"])
+        // The same device starts again (the kernel dropped the lock) and carries on.
+        let again = try ChildProcess(tool, ["--root", root, "--device", "victim", "--state", state, "--zone", "z", "--count", "5", "--prefix", "again"])
         #expect(await again.wait() == 0, "\(again.standardError)")
         let after = try await fetchAll(reader, try zone("z"), since: all.token)
         #expect(Set(after.records.map(\.id.name)) == Set((0..<5).map { "again-\($0)" }))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: FolderLayout(root: root).generationFolder(try zone("z"), 1)).count == 1,
+                "one device folder: the restarted writer is the same device")
     }
 
     @Test(arguments: ["truncated", "flipped", "trailing"])
-    func aDamagedSegmentIsReportedNotAppliedAndPickedUpOnceWhole(_ damage: String) async throws {
+    func aDamagedSegmentBlocksOnlyItselfAndIsReadOnceWhole(_ damage: String) async throws {
         let dir = try TemporaryDirectory("fsdamage")
         let writer = try FileSystemBackend(root: dir.path, device: "writer")
         let z = try zone("z")
@@ -73,7 +79,9 @@ import TestSupport
         try await saveAll(writer, try (0..<3).map { try signed(z, "first-\($0)", clock: clock.now()) })
         try await saveAll(writer, try (0..<3).map { try signed(z, "second-\($0)", clock: clock.now()) })
         try await saveAll(writer, try (0..<3).map { try signed(z, "third-\($0)", clock: clock.now()) })
-        let path = FolderLayout(root: dir.path).segmentFile(z, 1, device: "writer", sequence: 2)
+        let layout = FolderLayout(root: dir.path)
+        let device = try #require(writer.device)
+        let path = layout.segmentFile(z, 1, device: device, name: try layout.segments(z, generation: 1, device: device)[1].name)
         let whole = try Data(contentsOf: URL(fileURLWithPath: path))
         var broken = whole
         switch damage {
@@ -81,22 +89,30 @@ import TestSupport
         case "flipped": broken[whole.count / 2] ^= 0x10
         default: broken.append(0)
         }
+        // Damaged in place, under its own name (as `cp`, `rsync --inplace` or NFS can leave it).
         try broken.write(to: URL(fileURLWithPath: path))
 
         let reader = try FileSystemBackend(root: dir.path, device: nil)
         let seen = try await fetchAll(reader, z)
-        #expect(Set(seen.records.map(\.id.name)) == ["first-0", "first-1", "first-2"], "nothing at or after the gap is applied")
+        #expect(Set(seen.records.map(\.id.name)) == ["first-0", "first-1", "first-2", "third-0", "third-1", "third-2"],
+                "only the damaged file is held back")
         #expect(seen.rejected.count == 1)
         #expect(seen.rejected.first.map { if case .corruptSegment = $0.reason { true } else { false } } == true)
         #expect(FileManager.default.fileExists(atPath: path), "a damaged file is never deleted")
         #expect(try await reader.waitForChanges(in: z, since: seen.token, timeout: .milliseconds(50)) == false)
+        let feed = try await reader.fetchDatabaseChanges(since: nil)
 
-        // The file-sync tool finishes delivering it: the rest arrives, exactly once.
+        // The file-sync tool finishes delivering it, in place: the rest arrives, exactly once.
         try whole.write(to: URL(fileURLWithPath: path))
+        #expect(try await reader.fetchDatabaseChanges(since: feed.token).changedZones == [z], "the database feed sees a file completed in place")
         #expect(try await reader.waitForChanges(in: z, since: seen.token, timeout: .seconds(5)) == true)
         let rest = try await fetchAll(reader, z, since: seen.token)
-        #expect(rest.records.map(\.id.name).sorted() == ["second-0", "second-1", "second-2", "third-0", "third-1", "third-2"])
+        #expect(rest.records.map(\.id.name).sorted() == ["second-0", "second-1", "second-2"])
         #expect(rest.rejected.isEmpty)
+        // The writer's own sends never fail because of a damaged copy of its own file.
+        try broken.write(to: URL(fileURLWithPath: path))
+        let restarted = try FileSystemBackend(root: dir.path, device: "writer")
+        try await saveAll(restarted, [try signed(z, "fourth", clock: clock.now())])
     }
 
     @Test func temporaryFilesAreIgnoredByReaders() async throws {
@@ -105,8 +121,8 @@ import TestSupport
         let z = try zone("z")
         try await writer.createZone(z)
         try await saveAll(writer, [try signed(z, "a", clock: clock.now())])
-        let folder = FolderLayout(root: dir.path).deviceFolder(z, 1, device: "w")
-        try Data("half a segm".utf8).write(to: URL(fileURLWithPath: folder + "/.000000000002.seg.123.tmp"))
+        let folder = FolderLayout(root: dir.path).deviceFolder(z, 1, device: try #require(writer.device))
+        try Data("half a segm".utf8).write(to: URL(fileURLWithPath: folder + "/.000000000002-0000000000000000.seg.123.tmp"))
         let all = try await fetchAll(writer, z)
         #expect(all.records.map(\.id.name) == ["a"] && all.rejected.isEmpty)
     }
@@ -139,6 +155,93 @@ import TestSupport
         await #expect { try await reader.save([try signed(z, "b", clock: clock.now())]) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
         try "convkit-filesystem-zone 99\n".write(toFile: dir.path + "/FORMAT", atomically: true, encoding: .utf8)
         #expect { try FileSystemBackend(root: dir.path, device: nil) } throws: { ($0 as? RecordZoneError)?.code == .malformed }
-        #expect { try FileSystemBackend(root: dir.path + "/nothing", device: nil) } throws: { ($0 as? RecordZoneError)?.code == .zoneNotFound }
+        #expect { try FileSystemBackend(root: dir.path + "/nothing", device: nil) } throws: { ($0 as? RecordZoneError)?.code == .folderUnavailable }
+    }
+}
+
+/// The accidents of shared folders that used to lose messages silently (issue 10).
+extension FileSystemBackendTests {
+    /// A segment deleted in the folder (a cleanup, a sync tool) is never replaced by a new file of
+    /// the same sequence: a reader that read it sees every later record, and so does a restarted
+    /// writer's reader.
+    @Test func aDeletedSegmentsSequenceIsNeverReused() async throws {
+        let dir = try TemporaryDirectory("fsdeleted")
+        let root = dir.path + "/shared", state = dir.path + "/state"
+        let z = try zone("z")
+        var writer: FileSystemBackend? = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await #require(writer).createZone(z)
+        for batch in 0..<3 { try await saveAll(try #require(writer), [try signed(z, "before-\(batch)", clock: clock.now())]) }
+        let reader = try FileSystemBackend(root: root, device: nil)
+        let first = try await fetchAll(reader, z)
+        #expect(first.records.count == 3)
+        let layout = FolderLayout(root: root)
+        let device = try #require(writer?.device)
+        let newest = try #require(try layout.segments(z, generation: 1, device: device).last)
+        try FileManager.default.removeItem(atPath: layout.segmentFile(z, 1, device: device, name: newest.name))
+        writer = nil  // the process ends; a new one starts with the same local state
+        let again = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await saveAll(again, [try signed(z, "after", clock: clock.now())])
+        let sequences = try layout.segments(z, generation: 1, device: device).map(\.sequence)
+        #expect(!sequences.contains(newest.sequence) && sequences.max() ?? 0 > newest.sequence, "\(sequences)")
+        let later = try await fetchAll(reader, z, since: first.token)
+        #expect(later.records.map(\.id.name) == ["after"], "the new record reaches a reader that read the deleted file")
+    }
+
+    /// A share that is not mounted looks like an empty folder: a device that wrote to the folder
+    /// before gets `folderUnavailable` and writes nothing; so does one pointed at another folder.
+    @Test func anUnmountedOrOtherFolderIsATypedErrorAndNothingIsWritten() async throws {
+        let dir = try TemporaryDirectory("fsmount")
+        let root = dir.path + "/mnt", state = dir.path + "/state"
+        _ = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        // Unmounted: the mount point is there, empty.
+        try FileManager.default.moveItem(atPath: root, toPath: dir.path + "/away")
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: false)
+        #expect { try FileSystemBackend(root: root, device: "laptop", stateDirectory: state) } throws: { error in
+            guard let error = error as? RecordZoneError else { return false }
+            return error.code == .folderUnavailable && error.message.contains("not mounted") && error.isTransient
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: root).isEmpty, "nothing was written into the mount point")
+        // Missing altogether.
+        try FileManager.default.removeItem(atPath: root)
+        #expect { try FileSystemBackend(root: root, device: "laptop", stateDirectory: state) } throws: { ($0 as? RecordZoneError)?.code == .folderUnavailable }
+        #expect(!FileManager.default.fileExists(atPath: root))
+        // Another folder.
+        _ = try FileSystemBackend(root: dir.path + "/other", device: "laptop", stateDirectory: dir.path + "/other-state")
+        #expect { try FileSystemBackend(root: dir.path + "/other", device: "laptop", stateDirectory: state) } throws: { error in
+            (error as? RecordZoneError)?.code == .folderUnavailable && (error as? RecordZoneError)?.message.contains("another zone folder") == true
+        }
+        // Mounted again: all is well.
+        try FileManager.default.moveItem(atPath: dir.path + "/away", toPath: root)
+        _ = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+    }
+
+    /// Two machines that chose one label are two devices: neither overwrites nor hides the other.
+    @Test func twoMachinesWithOneLabelAreTwoDevices() async throws {
+        let dir = try TemporaryDirectory("fslabel")
+        let root = dir.path + "/shared"
+        let z = try zone("z")
+        let one = try FileSystemBackend(root: root, device: "phone", stateDirectory: dir.path + "/machine-1")
+        let two = try FileSystemBackend(root: root, device: "phone", stateDirectory: dir.path + "/machine-2")
+        try await one.createZone(z)
+        for n in 0..<3 {
+            try await saveAll(one, [try signed(z, "one-\(n)", clock: clock.now())])
+            try await saveAll(two, [try signed(z, "two-\(n)", clock: clock.now())])
+        }
+        #expect(one.device != two.device)
+        let reader = try FileSystemBackend(root: root, device: nil)
+        #expect(Set(try await fetchAll(reader, z).records.map(\.id.name)) == Set((0..<3).flatMap { ["one-\($0)", "two-\($0)"] }))
+    }
+
+    /// Bad labels and paths are refused at open, in plain words.
+    @Test func badLabelsAndPathsAreRefusedAtOpen() throws {
+        let dir = try TemporaryDirectory("fsbad")
+        #expect { try FileSystemBackend(root: dir.path, device: "my phone") } throws: { error in
+            (error as? RecordZoneError)?.code == .invalidArguments && (error as? RecordZoneError)?.message.contains("device label 'my phone'") == true
+        }
+        #expect { try FileSystemBackend(root: dir.path, device: String(repeating: "x", count: 41)) } throws: { ($0 as? RecordZoneError)?.code == .invalidArguments }
+        try Data("a file".utf8).write(to: URL(fileURLWithPath: dir.path + "/file"))
+        #expect { try FileSystemBackend(root: dir.path + "/file/zones", device: "w") } throws: { error in
+            (error as? RecordZoneError)?.message.contains("is not a folder (it, or a folder above it, is a file)") == true
+        }
     }
 }

@@ -9,11 +9,13 @@ import RecordZone
 let usage = """
     OVERVIEW: Write signed test records into a filesystem zone as one device.
 
-    USAGE: convkit-zone-writer --root <dir> --device <name> --zone <zone> --count <n> [--batch <n>] [--prefix <p>]
+    USAGE: convkit-zone-writer --root <dir> --device <label> --zone <zone> --count <n> [--state <dir>] [--batch <n>] [--prefix <p>]
 
     OPTIONS:
       --root <dir>       The shared zone folder.
-      --device <name>    The device to write as.
+      --device <label>   The device label to write under.
+      --state <dir>      The device's local state (its ID, lock and sequences); without it
+                         each run is a new device.
       --zone <zone>      The zone to write into (created if missing).
       --count <n>        How many records to write.
       --batch <n>        Records per segment (default 10).
@@ -26,7 +28,7 @@ func fail(_ message: String, code: Int32) -> Never {
     exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-zone-writer")
 }
 
-let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["root", "device", "zone", "count", "batch", "prefix"], help: usage, tool: "convkit-zone-writer").values
+let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["root", "device", "zone", "count", "batch", "prefix", "state"], help: usage, tool: "convkit-zone-writer").values
 guard let root = options["root"], let device = options["device"], let zoneText = options["zone"],
     let count = options["count"].flatMap(Int.init), count >= 0
 else { fail("--root, --device, --zone and --count are required", code: 64) }
@@ -36,7 +38,7 @@ let prefix = options["prefix"] ?? device
 
 do {
     let zone = try ZoneName(zoneText)
-    let backend = try FileSystemBackend(root: root, device: device)
+    let backend = try FileSystemBackend(root: root, device: device, stateDirectory: options["state"])
     try await backend.createZone(zone)
     let key = SigningKey.generate()
     let clock = HybridLogicalClock()

@@ -13,6 +13,9 @@ public struct BackendContext: Sendable {
     public let key: SigningKey
     /// On a linked device, its certificate (``DeviceCertificate``, canonical bytes).
     public let deviceCertificate: Data?
+    /// A directory of the store's own for the backend's local state (a folder writer's device
+    /// ID, lock and sequence counters, the ID of the folder it writes to).
+    public let stateDirectory: String
 }
 
 /// How a store reaches its backend. The store connects on first use, once its local speaker
@@ -25,9 +28,13 @@ public struct BackendFactory: Sendable {
         BackendFactory(make: make)
     }
 
-    /// A shared folder (``FileSystemBackend``), written as `device`.
+    /// A shared folder (``FileSystemBackend``), written under the label `device`. The store
+    /// remembers the folder: once it has synced, a folder that is missing, empty (not mounted?)
+    /// or another one is `folderUnavailable`, and nothing is written.
     public static func folder(_ root: String, device: String) -> BackendFactory {
-        BackendFactory { context throws(RecordZoneError) in try FileSystemBackend(root: root, device: device, policy: context.policy) }
+        BackendFactory { context throws(RecordZoneError) in
+            try FileSystemBackend(root: root, device: device, policy: context.policy, stateDirectory: context.stateDirectory + "/folder")
+        }
     }
 
     /// A zone server (`convkitd serve`) at `url`, e.g. `http://127.0.0.1:8080`.

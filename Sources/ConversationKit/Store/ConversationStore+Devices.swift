@@ -110,7 +110,7 @@ extension ConversationStore {
         let probe = ChatRecords.policy(pinnedKeys: [link.identity: KeyChain(current: link.certifier, isVerified: true)])
         let zone = certificate.id.zone
         do {
-            let backend = try backendFactory.make(BackendContext(policy: probe, identity: link.identity, key: key, deviceCertificate: bytes))
+            let backend = try backendFactory.make(BackendContext(policy: probe, identity: link.identity, key: key, deviceCertificate: bytes, stateDirectory: backendStateDirectory))
             try await backend.createZone(zone)
             var records = [Record](), token: ChangeToken? = nil
             while true {

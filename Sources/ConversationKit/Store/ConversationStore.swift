@@ -41,6 +41,8 @@ public final class ConversationStore: Sendable {
     var keyFile: String { directory + "/speaker.key" }
     /// The device key, on a linked device.
     var deviceKeyFile: String { directory + "/device.key" }
+    /// The backend's local state (``BackendContext/stateDirectory``).
+    var backendStateDirectory: String { directory + "/backend" }
 
     /// Opens (creating if needed) the store in `directory`.
     /// - Throws: ``ConversationError`` — ``ConversationError/Code/storeNotWritable`` when the
@@ -170,7 +172,7 @@ public final class ConversationStore: Sendable {
             if let connected { return connected }
             let made: any RecordZoneBackend
             do throws(RecordZoneError) {
-                made = try backendFactory.make(BackendContext(policy: policy, identity: local.identifier, key: local.key, deviceCertificate: local.certificate))
+                made = try backendFactory.make(BackendContext(policy: policy, identity: local.identifier, key: local.key, deviceCertificate: local.certificate, stateDirectory: backendStateDirectory))
             } catch {
                 throw ConversationError(.backend, "cannot open the backend: \(error)", backendError: error)
             }

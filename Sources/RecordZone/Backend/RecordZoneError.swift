@@ -25,6 +25,9 @@ public struct RecordZoneError: Error, Sendable, CustomStringConvertible {
         case assetCorrupt
         /// Another process already writes as this device.
         case deviceInUse
+        /// A shared folder is missing, empty (not mounted?) or another folder than the one this
+        /// device writes to; nothing was written.
+        case folderUnavailable
         case ioError
         case internalError
         /// A request's signature is missing, malformed, stale, replayed or wrong (HTTP 401).
@@ -55,7 +58,7 @@ public struct RecordZoneError: Error, Sendable, CustomStringConvertible {
     /// decisions are made.
     public var isTransient: Bool {
         switch code {
-        case .networkUnavailable, .serviceUnavailable, .requestRateLimited, .ioError, .deviceInUse: true
+        case .networkUnavailable, .serviceUnavailable, .requestRateLimited, .ioError, .deviceInUse, .folderUnavailable: true
         case .changeTokenExpired, .serverRecordChanged, .zoneNotFound, .unknownItem, .limitExceeded,
             .invalidArguments, .invalidSignature, .notAuthorized, .malformed, .assetCorrupt, .internalError,
             .notAuthenticated, .routeNotFound, .methodNotAllowed:

@@ -83,11 +83,19 @@ enum FileIO {
     }
 
     /// Creates the directory and its parents; an existing directory is fine.
+    /// Creates a folder and its missing parents; a part of the path that is a file, or any other
+    /// failure, is a plain-text ``RecordZoneError/Code/ioError``.
     static func makeDirectory(_ path: String) throws(RecordZoneError) {
-        do {
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        } catch {
-            throw RecordZoneError(.ioError, "cannot create directory \(path): \(error.localizedDescription)")
+        var prefix = path.hasPrefix("/") ? "" : "."
+        for part in path.split(separator: "/", omittingEmptySubsequences: true) {
+            prefix += "/" + part
+            if mkdir(prefix, 0o755) == 0 { continue }
+            let code = errno
+            var info = stat()
+            guard code == EEXIST, stat(prefix, &info) == 0 else { throw error("cannot create the folder", prefix, errno: code) }
+            guard info.st_mode & S_IFMT == S_IFDIR else {
+                throw RecordZoneError(.ioError, "\(prefix) is a file, not a folder")
+            }
         }
     }
 
@@ -95,18 +103,21 @@ enum FileIO {
     static func list(_ path: String) throws(RecordZoneError) -> [String] {
         guard let dir = opendir(path) else {
             if errno == ENOENT { return [] }
+            if errno == ENOTDIR { throw RecordZoneError(.ioError, "\(path) is not a folder (it, or a folder above it, is a file)") }
             throw error("cannot list", path)
         }
         defer { closedir(dir) }
         var names = [String]()
         while let entry = readdir(dir) {
-            let name = withUnsafePointer(to: entry.pointee.d_name) {
-                $0.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
-            }
+            // d_name is read in place: a dirent is only as long as its name, so copying the
+            // whole 256-byte field could read past the end of readdir's buffer.
+            let name = String(cString: UnsafeRawPointer(entry).advanced(by: direntNameOffset).assumingMemoryBound(to: CChar.self))
             if name != "." && name != ".." { names.append(name) }
         }
         return names
     }
+
+    private static let direntNameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name) ?? 19
 
     static func exists(_ path: String) -> Bool {
         access(path, F_OK) == 0

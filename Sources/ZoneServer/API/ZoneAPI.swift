@@ -127,7 +127,7 @@ struct APIError: Error {
         case .changeTokenExpired: 410
         case .limitExceeded: 413
         case .requestRateLimited: 429
-        case .serviceUnavailable, .networkUnavailable, .deviceInUse: 503
+        case .serviceUnavailable, .networkUnavailable, .deviceInUse, .folderUnavailable: 503
         case .assetCorrupt, .ioError, .internalError: 500
         }
     }

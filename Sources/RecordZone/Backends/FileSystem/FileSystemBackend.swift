@@ -6,25 +6,30 @@ import Foundation
 /// The actor runs on its own serial dispatch queue (its executor), so file reads, writes and
 /// fsyncs never hold a thread of Swift's cooperative pool.
 ///
-/// Each device writes only its own files: immutable segments under its own folder, written to
+/// Each device writes only its own files: immutable segments under its own folder (named by its
+/// label and a generated ID), each named by its sequence and a digest of its content, written to
 /// a temporary name, fsynced, then linked into place, then the folder fsynced. Nobody edits or
-/// deletes another device's file. A change token is a version vector: per device, how far its
-/// gap-free run of segments has been read. See ``FolderLayout`` for the on-disk format.
+/// deletes another device's file. A reader reads every segment it has not read yet whose content
+/// is what its name says; a damaged or incomplete file blocks only itself and is read again once
+/// whole. A change token records, per device, which sequences have been read. See
+/// ``FolderLayout`` for the on-disk format and ``FolderState`` for a writer's local state.
 ///
 /// ```swift
-/// let backend = try FileSystemBackend(root: "/srv/shared/chat", device: "laptop", policy: policy)
+/// let backend = try FileSystemBackend(root: "/srv/shared/chat", device: "laptop", policy: policy,
+///                                     stateDirectory: "/var/lib/app/alice/folder")
 /// ```
 public actor FileSystemBackend: RecordZoneBackend {
     static let kind = "filesystem"
+    static let maximumLabelLength = 40
 
     private nonisolated let executor = QueueExecutor(label: "convkit.folder")
     public nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     public nonisolated let policy: RecordPolicy
     public nonisolated let layout: FolderLayout
-    /// The device this backend writes as; nil for a read-only reader.
+    /// This writer's folder name (its label and generated ID); nil for a read-only reader.
     public nonisolated let device: String?
-    private let lock: DeviceLock?
+    private let state: FolderState?
     private let pollInterval: Duration
 
     /// What has been read of one zone generation: the winners and how far each device was read.
@@ -39,32 +44,65 @@ public actor FileSystemBackend: RecordZoneBackend {
     /// segments: read once, then only what is new.
     private struct ZoneClaims {
         var generation: UInt64
-        var read: [String: UInt64] = [:]
+        var read: Set<String> = []
         var claims = KeyClaims()
     }
     private var zoneClaims: [ZoneName: ZoneClaims] = [:]
+    /// Without local state: the next sequence per zone generation, for this instance.
     private var nextSequence: [String: UInt64] = [:]
 
-    /// Opens (creating if needed) a zone folder.
+    /// Opens a zone folder.
     /// - Parameters:
     ///   - root: the shared folder.
-    ///   - device: the name this process writes as (`A–Z a–z 0–9 . _ -`); nil opens read-only.
+    ///   - device: the label this process writes under (1–40 of `A–Z a–z 0–9 . _ -`); nil opens
+    ///     read-only. The device's folder is the label plus a generated ID, kept in
+    ///     `stateDirectory` (without one, each instance is a new device).
     ///   - policy: the checks applied to every record read or written.
     ///   - pollInterval: how often ``waitForChanges(in:since:timeout:)`` looks at the folder.
-    /// - Throws: ``RecordZoneError/Code/deviceInUse`` when another process writes as `device`.
-    public init(root: String, device: String?, policy: RecordPolicy = RecordPolicy(), pollInterval: Duration = .milliseconds(20)) throws(RecordZoneError) {
+    ///   - stateDirectory: the writer's local state, outside the shared folder (``FolderState``):
+    ///     its device ID, the folder's ID, its lock and its sequence counters.
+    /// - Throws: ``RecordZoneError/Code/folderUnavailable`` when the folder is missing or empty
+    ///   (not mounted?) or is another folder than this state wrote to before — nothing is written
+    ///   then; a new folder is created only by a writer whose state has none on record;
+    ///   ``RecordZoneError/Code/deviceInUse`` when another process writes with this state;
+    ///   ``RecordZoneError/Code/invalidArguments`` for a label that is not valid.
+    public init(root: String, device label: String?, policy: RecordPolicy = RecordPolicy(), pollInterval: Duration = .milliseconds(20),
+                stateDirectory: String? = nil) throws(RecordZoneError) {
         let layout = FolderLayout(root: root)
         self.layout = layout
         self.policy = policy
         self.pollInterval = pollInterval
-        self.device = device
-        if let device {
-            _ = try ZoneName(device)  // same portable character set as zone names
-            try layout.prepare(device: device)
-            lock = try DeviceLock(path: layout.lockFile(device: device), device: device)
+        guard let label else {
+            guard try layout.folderID() != nil else {
+                throw RecordZoneError(.folderUnavailable, "\(root) is missing or empty: not a convkit zone folder (not mounted?)")
+            }
+            device = nil
+            state = nil
+            return
+        }
+        try Self.checkLabel(label)
+        let state = try stateDirectory.map { dir throws(RecordZoneError) in try FolderState(directory: dir, label: label) }
+        let remembered = try state?.folderID()
+        let folderID: String
+        if let found = try layout.folderID() {
+            if let remembered, remembered != found {
+                throw RecordZoneError(.folderUnavailable, "\(root) is another zone folder (\(found)) than the one this device writes to (\(remembered))")
+            }
+            folderID = found
+        } else if let remembered {
+            throw RecordZoneError(.folderUnavailable, "\(root) is missing or empty, but this device wrote to folder \(remembered) there: not mounted? Nothing was written")
         } else {
-            try layout.checkFormat()
-            lock = nil
+            folderID = try layout.create()
+        }
+        if remembered == nil { try state?.remember(folderID: folderID) }
+        self.state = state
+        device = state?.device ?? "\(label)-\(Sodium.randomBytes(8).hexString)"
+    }
+
+    /// A device label: 1–40 characters of `A–Z a–z 0–9 . _ -`, not starting with `.` or `_`.
+    static func checkLabel(_ label: String) throws(RecordZoneError) {
+        guard label.utf8.count <= maximumLabelLength, (try? ZoneName(label)) != nil else {
+            throw RecordZoneError(.invalidArguments, "device label '\(label)' must be 1–\(maximumLabelLength) characters of A–Z a–z 0–9 . _ - (not starting with . or _)")
         }
     }
 
@@ -165,23 +203,17 @@ public actor FileSystemBackend: RecordZoneBackend {
             }
             guard !accepted.isEmpty else { continue }
             let sequence = try allocateSequence(zone, generation: generation, device: device)
-            try layout.writeSegment(Segment.encode(accepted.map(\.bytes)), zone: zone, generation: generation, device: device, sequence: sequence)
-            // Our own segment is applied directly when everything before it was read already.
-            if state.position[device] == DevicePosition(segment: sequence - 1, offset: 0) {
-                for (offset, item) in accepted.enumerated() {
-                    var stored = item.record
-                    stored.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, offset), receivedAt: Date())
-                    MergeRule.merge(stored, into: &state.winners)
-                }
-                state.position[device] = DevicePosition(segment: sequence, offset: 0)
-                materialized[zone] = state
-            } else {
-                state = try refreshed(zone, generation: generation)
+            _ = try layout.writeSegment(Segment.encode(accepted.map(\.bytes)), zone: zone, generation: generation, device: device, sequence: sequence)
+            // Our own segment is applied as written: we know what it holds, whatever a sync tool
+            // later does to the copy in the folder.
+            for (offset, item) in accepted.enumerated() {
+                var stored = item.record
+                stored.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, offset), receivedAt: Date())
+                MergeRule.merge(stored, into: &state.winners)
+                results[item.index] = state.winners[item.record.id].map { .success($0) } ?? .success(stored)
             }
-            for item in accepted {
-                results[item.index] = state.winners[item.record.id].map { .success($0) }
-                    ?? .failure(RecordZoneError(.internalError, "saved record is not readable back", recordID: item.record.id))
-            }
+            state.position[device, default: DeviceProgress()].markRead(sequence)
+            materialized[zone] = state
         }
         return results.map { $0 ?? .failure(RecordZoneError(.internalError, "no result")) }
     }
@@ -231,42 +263,39 @@ public actor FileSystemBackend: RecordZoneBackend {
         var moreComing = false
     }
 
-    /// Reads forward from `start`, device by device (sorted by name), each device's gap-free
-    /// run of valid segments, until `limit` records (valid or rejected) have been read. The page
-    /// is admitted as one batch, so what it pins does not depend on the order devices are listed.
+    /// Reads every segment not read yet at `start`, device by device (sorted by name), each
+    /// device's files by sequence, until `limit` records (valid or rejected) have been read. A
+    /// file that does not hold what its name says (incomplete, replaced, damaged) is reported and
+    /// skipped — read again on a later call — and blocks nothing after it. The page is admitted
+    /// as one batch, so what it pins does not depend on the order devices are listed.
     private func read(_ zone: ZoneName, generation: UInt64, from start: VersionVector, limit: Int) throws(RecordZoneError) -> Page {
         var page = Page(position: start)
         var gathered = [(bytes: Data, source: String, changeTag: String)]()
-        for device in try layout.devices(zone, generation: generation) {
-            var at = start[device] ?? DevicePosition(segment: 0, offset: 0)
-            let sequences = Set(try layout.segmentSequences(zone, generation: generation, device: device))
-            var sequence = at.segment + 1
-            deviceLoop: while sequences.contains(sequence) {
-                let path = layout.segmentFile(zone, generation, device: device, sequence: sequence)
-                let source = "\(zone)/\(generation)/\(device)/\(Segment.fileName(sequence))"
+        deviceLoop: for device in try layout.devices(zone, generation: generation) {
+            var progress = start[device] ?? DeviceProgress()
+            defer { page.position[device] = progress }
+            for file in try layout.segments(zone, generation: generation, device: device) where !progress.hasRead(file.sequence) {
+                let source = "\(zone)/\(generation)/\(device)/\(file.name)"
                 let encoded: [Data]
-                switch Segment.decode(try FileIO.read(path)) {
+                switch Segment.decode(try FileIO.read(layout.segmentFile(zone, generation, device: device, name: file.name)), named: file.digest) {
                 case .success(let records): encoded = records
                 case .failure(let reason):
                     page.rejected.append(RejectedRecord(recordID: nil, reason: reason, source: source))
-                    break deviceLoop
+                    continue
                 }
-                let first = min(Int(at.offset), encoded.count)
+                let first = min(progress.offset(in: file.sequence), encoded.count)
                 let room = limit - gathered.count - page.rejected.count
                 let end = first + min(room, encoded.count - first)
                 for index in first..<end {
-                    gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, sequence, index)))
+                    gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, file.sequence, index)))
                 }
                 if end < encoded.count {
                     page.moreComing = true
-                    at = DevicePosition(segment: sequence - 1, offset: UInt32(end))
+                    progress.partial = DeviceProgress.Partial(sequence: file.sequence, offset: UInt32(end))
                     break deviceLoop
                 }
-                at = DevicePosition(segment: sequence, offset: 0)
-                sequence += 1
+                progress.markRead(file.sequence)
             }
-            page.position[device] = at
-            if page.moreComing { break }
         }
         let admitted = policy.admit(batch: gathered.map(\.bytes), source: { gathered[$0].source },
                                     claimsElsewhere: { self.claims(zone, generation: generation) })
@@ -283,16 +312,17 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     /// What every device's readable segments of a zone claim (see ``KeyClaims``), brought up to
-    /// date with the folder. A file that cannot be read or decoded ends its device's run, as in
-    /// ``read(_:generation:from:limit:)``.
+    /// date with the folder. A file that cannot be read or does not hold what its name says is
+    /// left for a later call, as in ``read(_:generation:from:limit:)``.
     private func claims(_ zone: ZoneName, generation: UInt64) -> KeyClaims {
         var state = zoneClaims[zone].flatMap { $0.generation == generation ? $0 : nil } ?? ZoneClaims(generation: generation)
         for device in (try? layout.devices(zone, generation: generation)) ?? [] {
-            let sequences = Set((try? layout.segmentSequences(zone, generation: generation, device: device)) ?? [])
-            var last = state.read[device] ?? 0
-            while sequences.contains(last + 1),
-                let data = try? FileIO.read(layout.segmentFile(zone, generation, device: device, sequence: last + 1)),
-                case .success(let encoded) = Segment.decode(data) {
+            for file in (try? layout.segments(zone, generation: generation, device: device)) ?? [] {
+                let key = "\(device)/\(file.name)"
+                guard !state.read.contains(key),
+                    let data = try? FileIO.read(layout.segmentFile(zone, generation, device: device, name: file.name)),
+                    case .success(let encoded) = Segment.decode(data, named: file.digest)
+                else { continue }
                 for bytes in encoded {
                     guard let record = try? Record(canonical: bytes), case .success(let identity)? = policy.rules.owner(of: record) else { continue }
                     // Any key can sign a claim of its own; a key record (rotation, device) relates
@@ -300,9 +330,8 @@ public actor FileSystemBackend: RecordZoneBackend {
                     if OwnershipRules.keyRules.contains(where: { $0.recordType == record.recordType }), !record.hasValidSignature() { continue }
                     state.claims.add(record, owner: identity)
                 }
-                last += 1
+                state.read.insert(key)
             }
-            state.read[device] = last
         }
         zoneClaims[zone] = state
         return state.claims
@@ -321,6 +350,8 @@ public actor FileSystemBackend: RecordZoneBackend {
         return state
     }
 
+    /// A sequence this device never used in this zone generation: above every one in the folder
+    /// and, with local state, above every one it ever handed out (a deleted file's included).
     private func allocateSequence(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) -> UInt64 {
         let key = "\(zone)/\(generation)"
         if let next = nextSequence[key] {
@@ -328,8 +359,9 @@ public actor FileSystemBackend: RecordZoneBackend {
             return next
         }
         try layout.removeTemporaryFiles(zone, generation: generation, device: device)
-        let next = (try layout.segmentSequences(zone, generation: generation, device: device).max() ?? 0) + 1
-        nextSequence[key] = next + 1
+        let highest = try layout.segments(zone, generation: generation, device: device).last?.sequence ?? 0
+        let next = try state?.nextSequence(key, above: highest) ?? highest + 1
+        if state == nil { nextSequence[key] = next + 1 }
         return next
     }
 
@@ -384,30 +416,77 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 }
 
-/// How far one device's segments have been read: every segment up to `segment`, plus the
-/// first `offset` records of the next.
-struct DevicePosition: Hashable, Sendable {
-    var segment: UInt64
-    var offset: UInt32
+/// Which of one device's segments have been read: whole sequences (as ranges), and how many
+/// records of one more.
+struct DeviceProgress: Hashable, Sendable {
+    /// Sorted, disjoint, non-adjacent ranges of sequences read in full.
+    var ranges: [ClosedRange<UInt64>] = []
+    var partial: Partial?
+
+    struct Partial: Hashable, Sendable {
+        var sequence: UInt64
+        var offset: UInt32
+    }
+
+    func hasRead(_ sequence: UInt64) -> Bool {
+        ranges.contains { $0.contains(sequence) }
+    }
+
+    /// How many records of `sequence` were read already.
+    func offset(in sequence: UInt64) -> Int {
+        partial?.sequence == sequence ? Int(partial?.offset ?? 0) : 0
+    }
+
+    mutating func markRead(_ sequence: UInt64) {
+        if partial?.sequence == sequence { partial = nil }
+        guard !hasRead(sequence) else { return }
+        ranges.append(sequence...sequence)
+        ranges.sort { $0.lowerBound < $1.lowerBound }
+        var merged = [ClosedRange<UInt64>]()
+        for range in ranges {
+            if let last = merged.last, range.lowerBound <= last.upperBound &+ 1 {
+                merged[merged.count - 1] = last.lowerBound...max(last.upperBound, range.upperBound)
+            } else {
+                merged.append(range)
+            }
+        }
+        ranges = merged
+    }
 }
 
-/// The position of a reader in a filesystem zone: one ``DevicePosition`` per device.
+/// The position of a reader in a filesystem zone: one ``DeviceProgress`` per device.
 struct VersionVector: Hashable, Sendable {
-    var devices: [String: DevicePosition] = [:]
+    var devices: [String: DeviceProgress] = [:]
 
-    subscript(device: String) -> DevicePosition? {
+    subscript(device: String) -> DeviceProgress? {
         get { devices[device] }
         set { devices[device] = newValue }
     }
 
-    /// `u16 count`, then per device sorted by name: `u16 len, name, u64 segment, u32 offset`.
+    subscript(device: String, default value: DeviceProgress) -> DeviceProgress {
+        get { devices[device] ?? value }
+        set { devices[device] = newValue }
+    }
+
+    /// `u16 count`, then per device sorted by name: `u16 len, name, u16 ranges, (u64 first,
+    /// u64 last) per range, u8 has partial, [u64 sequence, u32 offset]`.
     var encoded: Data {
         var w = ByteWriter()
         w.u16(UInt16(devices.count))
-        for (device, at) in devices.sorted(by: { $0.key < $1.key }) {
+        for (device, progress) in devices.sorted(by: { $0.key < $1.key }) {
             w.string16(device)
-            w.u64(at.segment)
-            w.u32(at.offset)
+            w.u16(UInt16(progress.ranges.count))
+            for range in progress.ranges {
+                w.u64(range.lowerBound)
+                w.u64(range.upperBound)
+            }
+            if let partial = progress.partial {
+                w.u8(1)
+                w.u64(partial.sequence)
+                w.u32(partial.offset)
+            } else {
+                w.u8(0)
+            }
         }
         return Data(w.bytes)
     }
@@ -415,13 +494,25 @@ struct VersionVector: Hashable, Sendable {
     init() {}
 
     init?(encoded data: Data) {
-        guard let parsed: [String: DevicePosition] = data.withUnsafeBytes({ raw in
+        guard let parsed: [String: DeviceProgress] = data.withUnsafeBytes({ raw in
             var r = ByteReader(raw)
             guard let count = try? r.u16() else { return nil }
-            var devices = [String: DevicePosition]()
+            var devices = [String: DeviceProgress]()
             for _ in 0..<count {
-                guard let name = try? r.string16(what: "device"), let segment = try? r.u64(), let offset = try? r.u32() else { return nil }
-                devices[name] = DevicePosition(segment: segment, offset: offset)
+                guard let name = try? r.string16(what: "device"), let rangeCount = try? r.u16(), Int(rangeCount) <= r.remaining / 16 else { return nil }
+                var progress = DeviceProgress()
+                for _ in 0..<rangeCount {
+                    guard let first = try? r.u64(), let last = try? r.u64(), first <= last else { return nil }
+                    progress.ranges.append(first...last)
+                }
+                guard let flag = try? r.u8() else { return nil }
+                if flag == 1 {
+                    guard let sequence = try? r.u64(), let offset = try? r.u32() else { return nil }
+                    progress.partial = DeviceProgress.Partial(sequence: sequence, offset: offset)
+                } else if flag != 0 {
+                    return nil
+                }
+                devices[name] = progress
             }
             return r.remaining == 0 ? devices : nil
         }) else { return nil }

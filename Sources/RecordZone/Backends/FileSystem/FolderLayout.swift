@@ -1,20 +1,22 @@
 import Foundation
 
-/// The on-disk format of a filesystem zone folder, version 1.
+/// The on-disk format of a filesystem zone folder, version 2.
 ///
 /// ```
-/// <root>/FORMAT                                   "convkit-filesystem-zone 1"
-/// <root>/devices/<device>/lock                    flock'd by the process writing as <device>
-/// <root>/assets/<first 2 hex>/<sha256 hex>        asset bytes, named by their SHA-256
-/// <root>/zones/<zone>/<generation>/               one folder per incarnation of the zone (1, 2, …)
+/// <root>/FORMAT                                  "convkit-filesystem-zone 2\nfolder <id>\n"
+/// <root>/assets/<first 2 hex>/<sha256 hex>       asset bytes, named by their SHA-256
+/// <root>/zones/<zone>/<generation>/              one folder per incarnation of the zone (1, 2, …)
 /// <root>/zones/<zone>/<generation>/deleted.<device>   marker: <device> deleted this incarnation
-/// <root>/zones/<zone>/<generation>/<device>/<seq>.seg  segments, seq = 000000000001, 2, … (``Segment``)
+/// <root>/zones/<zone>/<generation>/<device>/<seq>-<digest>.seg   segments (``Segment``)
 /// ```
-/// A zone exists when its highest generation folder has no `deleted.*` marker; creating a
-/// deleted zone makes the next generation. Files whose names start with `.` are temporary and
-/// never read. No SQLite database (or any other file edited in place) lives in the folder.
+/// `<device>` is a writer's label and its generated ID (`laptop-3f9a…`), so two machines that
+/// chose one label never share a folder; `<digest>` names the segment's content, so a file is
+/// read once it holds exactly what its name says. A zone exists when its highest generation
+/// folder has no `deleted.*` marker. Files whose names start with `.` are temporary and never
+/// read. Nothing in the folder is edited in place; the writer's lock and its sequence counters
+/// live in its local state (``FolderState``), outside the shared folder.
 public struct FolderLayout: Sendable {
-    static let formatLine = "convkit-filesystem-zone 1\n"
+    static let formatHeader = "convkit-filesystem-zone 2"
     static let deletedMarkerPrefix = "deleted."
     static let digestLength = 8
 
@@ -22,41 +24,50 @@ public struct FolderLayout: Sendable {
 
     var formatFile: String { root + "/FORMAT" }
     var zonesFolder: String { root + "/zones" }
-    func lockFile(device: String) -> String { "\(root)/devices/\(device)/lock" }
     func zoneFolder(_ zone: ZoneName) -> String { "\(zonesFolder)/\(zone.rawValue)" }
     func generationFolder(_ zone: ZoneName, _ generation: UInt64) -> String { "\(zoneFolder(zone))/\(generation)" }
     func deviceFolder(_ zone: ZoneName, _ generation: UInt64, device: String) -> String {
         "\(generationFolder(zone, generation))/\(device)"
     }
-    func segmentFile(_ zone: ZoneName, _ generation: UInt64, device: String, sequence: UInt64) -> String {
-        "\(deviceFolder(zone, generation, device: device))/\(Segment.fileName(sequence))"
+    func segmentFile(_ zone: ZoneName, _ generation: UInt64, device: String, name: String) -> String {
+        "\(deviceFolder(zone, generation, device: device))/\(name)"
     }
     var assets: AssetFolder { AssetFolder(root: root + "/assets") }
     func assetFile(_ reference: AssetReference) -> String { assets.path(for: reference) }
 
-    /// Creates the folder skeleton for a writing device.
-    func prepare(device: String) throws(RecordZoneError) {
-        try FileIO.makeDirectory("\(root)/devices/\(device)")
-        try FileIO.makeDirectory(zonesFolder)
+    /// The folder's ID, from its FORMAT file; nil when the folder is missing or empty (a share
+    /// that is not mounted looks like this).
+    /// - Throws: ``RecordZoneError/Code/malformed`` for a folder of another format, and
+    ///   ``RecordZoneError/Code/folderUnavailable`` for a folder that holds files but no FORMAT.
+    func folderID() throws(RecordZoneError) -> String? {
         if !FileIO.exists(formatFile) {
-            do {
-                try FileIO.writeAtomically(Data(Self.formatLine.utf8), to: formatFile, replacing: false)
-            } catch where FileIO.exists(formatFile) {
-                // Another device wrote it first.
+            let entries = try FileIO.list(root).filter { !$0.hasPrefix(".") }
+            if entries.isEmpty { return nil }
+            // Another device may be creating the folder right now: FORMAT comes first.
+            guard FileIO.exists(formatFile) else {
+                throw RecordZoneError(.folderUnavailable, "\(root) holds files but no FORMAT: not a convkit zone folder")
             }
         }
-        try checkFormat()
+        let text = String(decoding: try FileIO.read(formatFile), as: UTF8.self)
+        let lines = text.split(separator: "\n").map(String.init)
+        guard lines.first == Self.formatHeader, lines.count == 2, lines[1].hasPrefix("folder "), lines[1].count > 7 else {
+            throw RecordZoneError(.malformed, "\(root)/FORMAT says '\(lines.first ?? "")'; this version reads '\(Self.formatHeader)'")
+        }
+        return String(lines[1].dropFirst(7))
     }
 
-    /// Refuses a folder of another format.
-    func checkFormat() throws(RecordZoneError) {
-        guard FileIO.exists(formatFile) else {
-            throw RecordZoneError(.zoneNotFound, "\(root) is not a convkit zone folder (no FORMAT file)")
+    /// Makes a new, empty zone folder with a new ID (never over an existing FORMAT).
+    func create() throws(RecordZoneError) -> String {
+        let id = Sodium.randomBytes(16).hexString
+        try FileIO.makeDirectory(root)
+        do {
+            try FileIO.writeAtomically(Data("\(Self.formatHeader)\nfolder \(id)\n".utf8), to: formatFile, replacing: false)
+        } catch where FileIO.exists(formatFile) {
+            // Another device created it first: that one is the folder.
+            return try folderID() ?? id
         }
-        let text = String(decoding: try FileIO.read(formatFile), as: UTF8.self)
-        guard text == Self.formatLine else {
-            throw RecordZoneError(.malformed, "\(root)/FORMAT says '\(text.trimmingCharacters(in: .whitespacesAndNewlines))'; this version reads '\(Self.formatLine.trimmingCharacters(in: .newlines))'")
-        }
+        try FileIO.makeDirectory(zonesFolder)
+        return id
     }
 
     func zoneNames() throws(RecordZoneError) -> [ZoneName] {
@@ -78,18 +89,25 @@ public struct FolderLayout: Sendable {
             .sorted()
     }
 
-    func segmentSequences(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) -> [UInt64] {
-        try FileIO.list(deviceFolder(zone, generation, device: device)).compactMap(Segment.sequence(ofFile:))
+    /// A device's segment files, by sequence (then digest).
+    func segments(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) -> [SegmentFile] {
+        try FileIO.list(deviceFolder(zone, generation, device: device)).compactMap { name in
+            Segment.parse(fileName: name).map { SegmentFile(name: name, sequence: $0.sequence, digest: $0.digest) }
+        }.sorted { ($0.sequence, $0.digest) < ($1.sequence, $1.digest) }
     }
 
-    /// Writes a segment durably; fails rather than replace an existing one.
-    func writeSegment(_ data: Data, zone: ZoneName, generation: UInt64, device: String, sequence: UInt64) throws(RecordZoneError) {
+    /// Writes a segment durably under its content name; fails rather than replace a file.
+    @discardableResult
+    /// - Returns: the file's name.
+    func writeSegment(_ data: Data, zone: ZoneName, generation: UInt64, device: String, sequence: UInt64) throws(RecordZoneError) -> String {
         let folder = deviceFolder(zone, generation, device: device)
         if !FileIO.exists(folder) {
             try FileIO.makeDirectory(folder)
             try FileIO.syncDirectory(generationFolder(zone, generation))
         }
-        try FileIO.writeAtomically(data, to: segmentFile(zone, generation, device: device, sequence: sequence), replacing: false)
+        let name = Segment.fileName(sequence, digest: Segment.digest(of: data))
+        try FileIO.writeAtomically(data, to: "\(folder)/\(name)", replacing: false)
+        return name
     }
 
     /// Removes this device's own leftover temporary files (from a writer killed mid-write).
@@ -100,27 +118,37 @@ public struct FolderLayout: Sendable {
         }
     }
 
-    /// Whether the segment after `position` exists for some device and reads back whole.
+    /// Whether some device has a segment not yet read at `position` that reads back whole.
     func hasReadableSegment(_ zone: ZoneName, generation: UInt64, after position: VersionVector) throws(RecordZoneError) -> Bool {
         for device in try devices(zone, generation: generation) {
-            let at = position[device] ?? DevicePosition(segment: 0, offset: 0)
-            let path = segmentFile(zone, generation, device: device, sequence: at.segment + 1)
-            guard FileIO.exists(path), let data = try? FileIO.read(path) else { continue }
-            if case .success(let records) = Segment.decode(data), records.count > Int(at.offset) { return true }
+            let progress = position[device] ?? DeviceProgress()
+            for file in try segments(zone, generation: generation, device: device) where !progress.hasRead(file.sequence) {
+                guard let data = try? FileIO.read(segmentFile(zone, generation, device: device, name: file.name)) else { continue }
+                if case .success(let records) = Segment.decode(data, named: file.digest), records.count > progress.offset(in: file.sequence) { return true }
+            }
         }
         return false
     }
 
-    /// A short digest of a zone generation's state: its generation and every device's gap-free
-    /// segment count. It changes whenever a reader would find something new.
+    /// A short digest of a zone generation's state: its generation and every segment file's
+    /// name, size and modification time. It changes whenever a reader could find something new
+    /// (a file completed or repaired in place included).
     func digest(_ zone: ZoneName, generation: UInt64) throws(RecordZoneError) -> Data {
         var summary = "\(generation)"
         for device in try devices(zone, generation: generation) {
-            let sequences = Set(try segmentSequences(zone, generation: generation, device: device))
-            var count: UInt64 = 0
-            while sequences.contains(count + 1) { count += 1 }
-            summary += "|\(device):\(count)"
+            for file in try segments(zone, generation: generation, device: device) {
+                var info = stat()
+                let found = stat(segmentFile(zone, generation, device: device, name: file.name), &info) == 0
+                summary += "|\(device)/\(file.name):" + (found ? "\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)" : "-")
+            }
         }
         return Sodium.sha256(Data(summary.utf8)).prefix(Self.digestLength)
     }
+}
+
+/// A segment file in a device's folder.
+struct SegmentFile: Sendable {
+    var name: String
+    var sequence: UInt64
+    var digest: UInt64
 }

@@ -59,15 +59,35 @@ enum Segment {
         }
     }
 
-    static func fileName(_ sequence: UInt64) -> String {
+    /// `<sequence, 12 digits>-<first 8 bytes of the file's SHA-256, hex>.seg`: a name unique to
+    /// the file's content, so a reused sequence or a file replaced in place is never mistaken for
+    /// one already read.
+    static func fileName(_ sequence: UInt64, digest: UInt64) -> String {
         let digits = String(sequence)
-        return String(repeating: "0", count: max(0, 12 - digits.count)) + digits + "." + fileExtension
+        let hex = String(digest, radix: 16)
+        return String(repeating: "0", count: max(0, 12 - digits.count)) + digits + "-"
+            + String(repeating: "0", count: 16 - hex.count) + hex + "." + fileExtension
     }
 
-    /// The sequence number in a segment file name, or nil for any other file (temporary files
-    /// start with a dot and are never read).
-    static func sequence(ofFile name: String) -> UInt64? {
+    /// The digest a file's name carries for `data`.
+    static func digest(of data: Data) -> UInt64 {
+        Sodium.sha256(data).prefix(8).reduce(0) { $0 << 8 | UInt64($1) }
+    }
+
+    /// The sequence and digest in a segment file name, or nil for any other file (temporary
+    /// files start with a dot and are never read).
+    static func parse(fileName name: String) -> (sequence: UInt64, digest: UInt64)? {
         guard !name.hasPrefix("."), name.hasSuffix("." + fileExtension) else { return nil }
-        return UInt64(name.dropLast(fileExtension.count + 1))
+        let parts = name.dropLast(fileExtension.count + 1).split(separator: "-")
+        guard parts.count == 2, parts[1].count == 16, let sequence = UInt64(parts[0]), let digest = UInt64(parts[1], radix: 16) else { return nil }
+        return (sequence, digest)
+    }
+
+    /// The records of a segment file whose content is the one its name names.
+    static func decode(_ data: Data, named digest: UInt64) -> Result<[Data], RejectionReason> {
+        guard Self.digest(of: data) == digest else {
+            return .failure(.corruptSegment("the content is not the one its name names (incomplete, replaced or damaged)"))
+        }
+        return decode(data)
     }
 }

@@ -1,0 +1,94 @@
+import Foundation
+import Synchronization
+
+/// A folder writer's local state, kept outside the shared folder (a store keeps it in its own
+/// directory), so no sync tool ever copies, merges or deletes it:
+///
+/// ```
+/// <state>/device      "<label>-<16 hex>": the device's folder name, generated once
+/// <state>/folder      the ID of the folder this device writes to (from its FORMAT)
+/// <state>/lock        flock'd while a process writes as this device; never written
+/// <state>/sequences   "<zone>/<generation> <next>" per line: sequences handed out, never reused
+/// ```
+final class FolderState: Sendable {
+    let directory: String
+    /// The device's folder name: its label and a generated ID.
+    let device: String
+    private let lock: Int32
+    private struct Counters {
+        var next: [String: UInt64] = [:]
+        var reserved: [String: UInt64] = [:]
+    }
+    private let counters: Mutex<Counters>
+    /// Sequences reserved per write of the counters file (a crash skips at most this many).
+    static let reservation: UInt64 = 64
+
+    /// - Throws: ``RecordZoneError/Code/deviceInUse`` when another process writes with this state.
+    init(directory: String, label: String) throws(RecordZoneError) {
+        self.directory = directory
+        try FileIO.makeDirectory(directory)
+        let lockPath = directory + "/lock"
+        let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw FileIO.error("cannot open the lock file", lockPath) }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let code = errno
+            close(fd)
+            if code == EWOULDBLOCK {
+                throw RecordZoneError(.deviceInUse, "another process already writes as this device (its state \(directory) is locked)")
+            }
+            throw FileIO.error("cannot lock", lockPath, errno: code)
+        }
+        lock = fd
+        let deviceFile = directory + "/device"
+        if FileIO.exists(deviceFile) {
+            device = String(decoding: try FileIO.read(deviceFile), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        } else {
+            device = "\(label)-\(Sodium.randomBytes(8).hexString)"
+            try FileIO.writeAtomically(Data((device + "\n").utf8), to: deviceFile)
+        }
+        var loaded = Counters()
+        let sequencesFile = directory + "/sequences"
+        if FileIO.exists(sequencesFile) {
+            for line in String(decoding: try FileIO.read(sequencesFile), as: UTF8.self).split(separator: "\n") {
+                let parts = line.split(separator: " ")
+                guard parts.count == 2, let value = UInt64(parts[1]) else { continue }
+                loaded.reserved[String(parts[0])] = value
+                loaded.next[String(parts[0])] = value  // whatever was handed out before stays handed out
+            }
+        }
+        counters = Mutex(loaded)
+    }
+
+    deinit {
+        flock(lock, LOCK_UN)
+        close(lock)
+    }
+
+    /// The ID of the folder this device wrote to before, if any.
+    func folderID() throws(RecordZoneError) -> String? {
+        let file = directory + "/folder"
+        guard FileIO.exists(file) else { return nil }
+        return String(decoding: try FileIO.read(file), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    func remember(folderID: String) throws(RecordZoneError) {
+        try FileIO.writeAtomically(Data((folderID + "\n").utf8), to: directory + "/folder")
+    }
+
+    /// The next sequence for `key` (a zone generation), above `floor` (the highest the folder
+    /// shows), never one handed out before — even by a process that crashed.
+    func nextSequence(_ key: String, above floor: UInt64) throws(RecordZoneError) -> UInt64 {
+        let (sequence, toPersist) = counters.withLock { counters -> (UInt64, [String: UInt64]?) in
+            let sequence = max(counters.next[key] ?? 1, floor + 1)
+            counters.next[key] = sequence + 1
+            guard sequence + 1 > counters.reserved[key] ?? 0 else { return (sequence, nil) }
+            counters.reserved[key] = sequence + Self.reservation
+            return (sequence, counters.reserved)
+        }
+        if let toPersist {
+            let text = toPersist.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)\n" }.joined()
+            try FileIO.writeAtomically(Data(text.utf8), to: directory + "/sequences")
+        }
+        return sequence
+    }
+}
