@@ -245,6 +245,9 @@ actor SyncEngine {
         var token = try read { db in
             try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
         }
+        // Damaged files this pull still finds; quarantine rows for the zone's other ones are
+        // resolved at its end (the file was repaired, or read whole since).
+        var damaged = Set<String>()
         while true {
             let page: ZoneChanges
             do {
@@ -263,11 +266,26 @@ actor SyncEngine {
             } catch {
                 throw ConversationError(.backend, "cannot fetch changes of \(zone): \(error)", backendError: error)
             }
+            let finished = !page.moreComing
+            let pageDamage = page.rejected.filter { $0.reason.code == RejectionReason.corruptSegmentCode }.map(\.source)
+            damaged.formUnion(pageDamage)
+            let stillDamaged = damaged
             let counts = try await write { applier in
                 var applied = 0
                 for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
                 for rejected in page.rejected {
+                    // A damaged file is reported by every pull until it is whole: one row for it.
+                    if rejected.reason.code == RejectionReason.corruptSegmentCode,
+                        try applier.db.first("SELECT 1 FROM ck_quarantine WHERE code = ? AND source = ?", [rejected.reason.code, rejected.source], { _ in true }) != nil {
+                        continue
+                    }
                     try applier.quarantine(rejected)
+                }
+                if finished {
+                    let placeholders = Array(repeating: "?", count: stillDamaged.count).joined(separator: ",")
+                    try applier.db.execute("DELETE FROM ck_quarantine WHERE code = ? AND substr(source, 1, ?) = ?"
+                                           + (stillDamaged.isEmpty ? "" : " AND source NOT IN (\(placeholders))"),
+                                           [RejectionReason.corruptSegmentCode, Int64(zone.rawValue.utf8.count + 1), zone.rawValue + "/"] + stillDamaged.map { $0 })
                 }
                 try applier.db.execute("""
                     INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)

@@ -56,6 +56,9 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     }
 
     /// A stable code for the reason, as stored and sent.
+    /// The code of ``corruptSegment(_:)``: a file that is not (yet) what its name says.
+    public static let corruptSegmentCode = "corruptSegment"
+
     public var code: String {
         switch self {
         case .malformed: "malformed"
@@ -68,7 +71,7 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .identityConflict: "identityConflict"
         case .deviceNotCertified: "deviceNotCertified"
         case .deviceRevoked: "deviceRevoked"
-        case .corruptSegment: "corruptSegment"
+        case .corruptSegment: Self.corruptSegmentCode
         case .refusedByBackend: "refusedByBackend"
         }
     }

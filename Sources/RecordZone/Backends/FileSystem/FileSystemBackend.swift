@@ -48,6 +48,8 @@ public actor FileSystemBackend: RecordZoneBackend {
         var claims = KeyClaims()
     }
     private var zoneClaims: [ZoneName: ZoneClaims] = [:]
+    /// This device's own segment files found whole, by path, with the size and time they had.
+    private var ownVerified: [String: String] = [:]
     /// Without local state: the next sequence per zone generation, for this instance.
     private var nextSequence: [String: UInt64] = [:]
 
@@ -153,6 +155,7 @@ public actor FileSystemBackend: RecordZoneBackend {
 
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
         let generation = try currentGeneration(zone)
+        if let device { try republishOwnSegments(zone, generation: generation, device: device) }
         let start = try position(from: token, zone: zone, generation: generation)
         let page = try read(zone, generation: generation, from: start, limit: BackendLimits.clampPage(limit))
         let next = makeToken(zone, generation, page.position)
@@ -185,6 +188,7 @@ public actor FileSystemBackend: RecordZoneBackend {
                 for i in indices { results[i] = .failure(RecordZoneError(error.code, error.message, recordID: records[i].id)) }
                 continue
             }
+            try republishOwnSegments(zone, generation: generation, device: device)
             var state = try refreshed(zone, generation: generation)
             var accepted = [(index: Int, record: Record, bytes: Data)]()
             var pendingIndex = [RecordID: Int]()
@@ -202,8 +206,7 @@ public actor FileSystemBackend: RecordZoneBackend {
                 }
             }
             guard !accepted.isEmpty else { continue }
-            let sequence = try allocateSequence(zone, generation: generation, device: device)
-            _ = try layout.writeSegment(Segment.encode(accepted.map(\.bytes)), zone: zone, generation: generation, device: device, sequence: sequence)
+            let sequence = try writeSegment(accepted.map(\.bytes), zone: zone, generation: generation, device: device)
             // Our own segment is applied as written: we know what it holds, whatever a sync tool
             // later does to the copy in the folder.
             for (offset, item) in accepted.enumerated() {
@@ -348,6 +351,41 @@ public actor FileSystemBackend: RecordZoneBackend {
         }
         materialized[zone] = state
         return state
+    }
+
+    /// Writes a segment of this device's: first its local copy (with local state), then the file
+    /// in the folder. - Returns: its sequence.
+    private func writeSegment(_ records: [Data], zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) -> UInt64 {
+        let sequence = try allocateSequence(zone, generation: generation, device: device)
+        let data = Segment.encode(records)
+        try state?.keepCopy(data, of: Segment.fileName(sequence, digest: Segment.digest(of: data)), zone: zone, generation: generation)
+        try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence)
+        return sequence
+    }
+
+    /// Puts back, as new segments, this device's segments that are missing from the folder or
+    /// do not read back whole there (deleted by a cleanup or a sync tool, or damaged and copied
+    /// back), from its local copies. Readers that read the old file merge the same versions again.
+    private func republishOwnSegments(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) {
+        guard let state else { return }
+        let copies = state.ownSegmentsFolder(zone, generation)
+        for name in try FileIO.list(copies) {
+            guard let parsed = Segment.parse(fileName: name) else { continue }
+            let path = layout.segmentFile(zone, generation, device: device, name: name)
+            var info = stat()
+            let stamp = stat(path, &info) == 0 ? "\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)" : nil
+            if let stamp {
+                if ownVerified[path] == stamp { continue }
+                if let data = try? FileIO.read(path), case .success = Segment.decode(data, named: parsed.digest) {
+                    ownVerified[path] = stamp
+                    continue
+                }
+            }
+            guard case .success(let records) = Segment.decode(try FileIO.read(copies + "/" + name), named: parsed.digest) else { continue }
+            _ = try writeSegment(records, zone: zone, generation: generation, device: device)
+            unlink(copies + "/" + name)
+            ownVerified[path] = nil
+        }
     }
 
     /// A sequence this device never used in this zone generation: above every one in the folder

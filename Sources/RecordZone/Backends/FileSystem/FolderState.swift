@@ -9,6 +9,8 @@ import Synchronization
 /// <state>/folder      the ID of the folder this device writes to (from its FORMAT)
 /// <state>/lock        flock'd while a process writes as this device; never written
 /// <state>/sequences   "<zone>/<generation> <next>" per line: sequences handed out, never reused
+/// <state>/own/<zone>/<generation>/<segment>   a copy of each segment this device wrote, from
+///                     which it republishes one that goes missing or is damaged in the folder
 /// ```
 final class FolderState: Sendable {
     let directory: String
@@ -62,6 +64,17 @@ final class FolderState: Sendable {
     deinit {
         flock(lock, LOCK_UN)
         close(lock)
+    }
+
+    func ownSegmentsFolder(_ zone: ZoneName, _ generation: UInt64) -> String {
+        "\(directory)/own/\(zone.rawValue)/\(generation)"
+    }
+
+    /// Keeps a durable copy of a segment this device writes (before it goes into the folder).
+    func keepCopy(_ data: Data, of name: String, zone: ZoneName, generation: UInt64) throws(RecordZoneError) {
+        let folder = ownSegmentsFolder(zone, generation)
+        try FileIO.makeDirectory(folder)
+        try FileIO.writeAtomically(data, to: folder + "/" + name)
     }
 
     /// The ID of the folder this device wrote to before, if any.
