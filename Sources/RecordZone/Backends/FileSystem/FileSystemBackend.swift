@@ -384,6 +384,8 @@ public actor FileSystemBackend: RecordZoneBackend {
             guard case .success(let records) = Segment.decode(try FileIO.read(copies + "/" + name), named: parsed.digest) else { continue }
             _ = try writeSegment(records, zone: zone, generation: generation, device: device)
             unlink(copies + "/" + name)
+            // The damaged copy is this device's own file: removing it lets readers' reports of it close.
+            if stamp != nil { unlink(path) }
             ownVerified[path] = nil
         }
     }

@@ -1,0 +1,224 @@
+import ConversationKit
+import Foundation
+@testable import RecordZone
+import Testing
+import TestSupport
+
+/// Two machines, each with its own copy of the shared folder and its own stores, kept in step by
+/// Unison (from Debian, installed by the setup script) as a user would run it: `unison A B
+/// -batch`, ignoring the writers' temporary files.
+final class TwoMachines: @unchecked Sendable {
+    let directory: TemporaryDirectory
+    var copyA: String { directory.path + "/a/shared" }
+    var copyB: String { directory.path + "/b/shared" }
+
+    init() throws {
+        directory = try TemporaryDirectory("unison")
+        try FileManager.default.createDirectory(atPath: copyA, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: copyB, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: directory.path + "/unison-archives", withIntermediateDirectories: true)
+    }
+
+    func copy(_ machine: String) -> String { machine == "a" ? copyA : copyB }
+
+    /// A store on one machine, set up and synced once: the first one creates the shared folder
+    /// (the others must join it after a Unison run has copied it to their machine).
+    func store(_ identifier: String, on machine: String, label: String? = nil) async throws -> ConversationStore {
+        let store = try ConversationStore(directory: "\(directory.path)/\(machine)/stores/\(identifier)",
+                                          backend: .folder(copy(machine), device: label ?? identifier))
+        try await store.setupLocalSpeaker(identifier: identifier, name: identifier.capitalized)
+        try await store.sync()
+        return store
+    }
+
+    var unisonArguments: [String] {
+        ["UNISON=\(directory.path)/unison-archives", "unison", copyA, copyB, "-batch", "-silent", "-ignore", "Name .*.tmp", "-perms", "0", "-times"]
+    }
+
+    /// One Unison run between the two copies. - Returns: its exit status (0: everything in step).
+    @discardableResult
+    func unison() async throws -> Int32 {
+        let run = try ChildProcess("/usr/bin/env", unisonArguments)
+        let status = await run.wait()
+        if status != 0 { lastUnisonOutput = run.standardOutput + run.standardError }
+        return status
+    }
+
+    /// What the last failed Unison run printed.
+    nonisolated(unsafe) var lastUnisonOutput = ""
+
+    /// Alice's segment files in one copy, oldest first.
+    func segments(of label: String, in machine: String) throws -> [String] {
+        let zones = copy(machine) + "/zones"
+        var found = [String]()
+        for zone in try FileManager.default.contentsOfDirectory(atPath: zones) where zone.hasPrefix("c-") {
+            let generation = "\(zones)/\(zone)/1"
+            for device in try FileManager.default.contentsOfDirectory(atPath: generation) where device.hasPrefix(label + "-") {
+                found += try FileManager.default.contentsOfDirectory(atPath: "\(generation)/\(device)").filter { $0.hasSuffix(".seg") }.sorted()
+                    .map { "\(generation)/\(device)/\($0)" }
+            }
+        }
+        return found
+    }
+}
+
+@Suite struct UnisonTests {
+    /// Every message each side sent and shows `synced` is on the other side, exactly once.
+    func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comment? = nil) throws {
+        for store in stores {
+            let conversation = try #require(try store.conversations().first?.id)
+            let messages = try history(store, conversation)
+            #expect(messages.count == count, comment)
+            #expect(Set(messages.map(\.id)).count == messages.count, "no message twice")
+        }
+        let ids = try stores.map { store in Set(try history(store, try #require(try store.conversations().first?.id)).map(\.id)) }
+        #expect(ids.dropFirst().allSatisfy { $0 == ids.first }, "both sides hold the same messages")
+    }
+
+    @Test func twoWaySyncWithWritesInBetweenAndDuringAUnisonRun() async throws {
+        let machines = try TwoMachines()
+        let alice = try await machines.store("alice", on: "a")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b")
+        for n in 0..<5 { _ = try await alice.send("a\(n)", to: "bob") }
+        try await alice.sync()
+        #expect(try await machines.unison() == 0)
+        try await bob.sync()
+        for n in 0..<5 { _ = try await bob.send("b\(n)", to: "alice") }
+        try await bob.sync()
+        // Unison runs while alice writes and syncs.
+        let running = try ChildProcess("/usr/bin/env", machines.unisonArguments)
+        for n in 5..<15 {
+            _ = try await alice.send("a\(n)", to: "bob")
+            try await alice.sync()
+        }
+        _ = await running.wait()
+        #expect(try await machines.unison() == 0)
+        try await alice.sync()
+        try await bob.sync()
+        try expectDelivered([alice, bob], count: 20)
+        let shownSynced = try history(alice, try #require(try alice.conversations().first?.id)).filter { $0.syncState == .synced }
+        #expect(shownSynced.count == 20)
+    }
+
+    /// A segment deleted in one copy before the other side read it (a cleanup): the deletion
+    /// reaches the writer's copy, and the writer puts its records back.
+    @Test func aSegmentDeletedInOneCopyIsPutBackByItsWriter() async throws {
+        let machines = try TwoMachines()
+        let alice = try await machines.store("alice", on: "a")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b")
+        for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
+        try await alice.sync()
+        #expect(try await machines.unison() == 0)
+        let victim = try #require(try machines.segments(of: "alice", in: "b").last)
+        try FileManager.default.removeItem(atPath: victim)
+        #expect(try await machines.unison() == 0)
+        #expect(try machines.segments(of: "alice", in: "a").count == machines.segments(of: "alice", in: "b").count, "the deletion reached alice's copy")
+        try await alice.sync()  // finds its segment gone, republishes it
+        #expect(try await machines.unison() == 0)
+        try await bob.sync()
+        try expectDelivered([alice, bob], count: 3)
+    }
+
+    /// A byte flipped in one copy reaches the writer's copy: its sends go on, its records are put
+    /// back, and the other side ends with every message and no open quarantine entry.
+    @Test func aFlippedByteSyncedBackToItsWriter() async throws {
+        let machines = try TwoMachines()
+        let alice = try await machines.store("alice", on: "a")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b")
+        for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
+        try await alice.sync()
+        #expect(try await machines.unison() == 0)
+        let victim = try #require(try machines.segments(of: "alice", in: "b").last)
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: victim))
+        bytes[bytes.count / 2] ^= 0x40
+        try bytes.write(to: URL(fileURLWithPath: victim))
+        // A later time, so Unison's quick check (size and whole-second time) sees the change.
+        try FileManager.default.setAttributes([.modificationDate: Date().addingTimeInterval(5)], ofItemAtPath: victim)
+        try await bob.sync()
+        #expect(try bob.quarantine().count == 1, "the damaged file is reported once")
+        #expect(try await machines.unison() == 0)  // the damaged copy goes back to alice's machine
+        _ = try await alice.send("after", to: "bob")
+        try await alice.sync()
+        #expect(try await machines.unison() == 0)
+        try await bob.sync()
+        try await alice.sync()
+        try expectDelivered([alice, bob], count: 4)
+        #expect(try bob.quarantine().isEmpty, "the damaged file is gone; its records came back in a new one")
+    }
+
+    /// Alice's copy is an unmounted share (an empty mount point): her store refuses to sync it,
+    /// writes nothing into it, and Unison's own check for an emptied replica stays armed.
+    @Test func anUnmountedCopyIsRefusedAndNothingIsWritten() async throws {
+        let machines = try TwoMachines()
+        var alice: ConversationStore? = try await machines.store("alice", on: "a")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b")
+        _ = try await alice?.send("before", to: "bob")
+        try await alice?.sync()
+        #expect(try await machines.unison() == 0)
+        alice = nil  // the app quits; the share goes away; the app starts again
+        try FileManager.default.moveItem(atPath: machines.copyA, toPath: machines.directory.path + "/a/away")
+        try FileManager.default.createDirectory(atPath: machines.copyA, withIntermediateDirectories: false)
+        let alice2 = try ConversationStore(directory: machines.directory.path + "/a/stores/alice", backend: .folder(machines.copyA, device: "alice"))
+        _ = try await alice2.send("while unmounted", to: "bob")
+        await #expect { try await alice2.sync() } throws: { error in
+            (error as? ConversationError)?.backendError?.code == .folderUnavailable
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: machines.copyA).isEmpty, "nothing was written into the mount point")
+        #expect(try await machines.unison() != 0, "Unison refuses to empty the other copy")
+        #expect(try machines.segments(of: "alice", in: "b").count == 1, "the other copy is untouched")
+        // Mounted again: the message goes out.
+        try FileManager.default.removeItem(atPath: machines.copyA)
+        try FileManager.default.moveItem(atPath: machines.directory.path + "/a/away", toPath: machines.copyA)
+        try await alice2.sync()
+        #expect(try await machines.unison() == 0)
+        try await bob.sync()
+        try expectDelivered([alice2, bob], count: 2)
+    }
+
+    /// Two machines with one device label are two devices.
+    @Test func twoMachinesUsingOneDeviceLabel() async throws {
+        let machines = try TwoMachines()
+        let alice = try await machines.store("alice", on: "a", label: "phone")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b", label: "phone")
+        for n in 0..<3 {
+            _ = try await alice.send("a\(n)", to: "bob")
+            _ = try await bob.send("b\(n)", to: "alice")
+            try await alice.sync()
+            try await bob.sync()
+            #expect(try await machines.unison() == 0, "\(machines.lastUnisonOutput)")
+        }
+        try await alice.sync()
+        try await bob.sync()
+        try expectDelivered([alice, bob], count: 6)
+    }
+
+    /// A segment exposed half-written under its final name (a tool that copies in place) is
+    /// reported once and read when it is complete; the report is then resolved.
+    @Test func aSegmentExposedHalfWrittenIsReadWhenComplete() async throws {
+        let machines = try TwoMachines()
+        let alice = try await machines.store("alice", on: "a")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b")
+        _ = try await alice.send("first", to: "bob")
+        try await alice.sync()
+        #expect(try await machines.unison() == 0)
+        try await bob.sync()
+        _ = try await alice.send("second", to: "bob")
+        try await alice.sync()
+        let source = try #require(try machines.segments(of: "alice", in: "a").last)
+        let whole = try Data(contentsOf: URL(fileURLWithPath: source))
+        let target = machines.copyB + source.dropFirst(machines.copyA.count)
+        try whole.prefix(whole.count / 2).write(to: URL(fileURLWithPath: String(target)))
+        try await bob.sync()
+        #expect(try bob.quarantine().count == 1)
+        try whole.write(to: URL(fileURLWithPath: String(target)))
+        try await bob.sync()
+        #expect(try bob.quarantine().isEmpty, "the report is resolved once the file is whole")
+        try expectDelivered([alice, bob], count: 2)
+    }
+}
