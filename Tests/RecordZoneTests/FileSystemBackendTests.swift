@@ -65,11 +65,11 @@ import TestSupport
         let again = try ChildProcess(tool, ["--root", root, "--device", "victim", "--state", state, "--zone", "z", "--count", "5", "--prefix", "again"])
         #expect(await again.wait() == 0, "\(again.standardError)")
         let after = try await fetchAll(reader, try zone("z"), since: all.token)
-        let names = Set(after.records.map(\.id.name)), again = Set((0..<5).map { "again-\($0)" })
-        #expect(again.isSubset(of: names))
+        let names = Set(after.records.map(\.id.name)), expected = Set((0..<5).map { "again-\($0)" })
+        #expect(expected.isSubset(of: names))
         // The batch the kill cut short (kept locally, never acknowledged) may be published now,
         // once: nothing the reader had comes again.
-        #expect(names.subtracting(again).allSatisfy { $0.hasPrefix("victim-") && !present.contains($0) && !acknowledged.contains($0) }, "\(names)")
+        #expect(names.subtracting(expected).allSatisfy { $0.hasPrefix("victim-") && !present.contains($0) && !acknowledged.contains($0) }, "\(names)")
         #expect(try FileManager.default.contentsOfDirectory(atPath: FolderLayout(root: root).generationFolder(try zone("z"), 1)).count == 1,
                 "one device folder: the restarted writer is the same device")
     }
