@@ -56,7 +56,7 @@ let package = Package(
             name: "convkit-lock-holder", dependencies: ["SQLiteKit", "ToolSupport"],
             path: "Tools/convkit-lock-holder"),
         .executableTarget(
-            name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone", "ToolSupport"],
+            name: "convkit-store-sync", dependencies: ["ConversationKit", "RecordZone", "SQLiteKit", "ToolSupport"],
             path: "Tools/convkit-store-sync"),
 
         // Tests.

@@ -2,7 +2,8 @@
 # Sets up (installs missing Debian packages), builds with warnings as errors, runs every test,
 # then the latency test alone, the server's stop tests under AddressSanitizer, a short bounded
 # run of each libFuzzer target (scripts/fuzz.sh --runs 20000) and of the API
-# fuzzer against a real convkitd (scripts/fuzz-api.sh --max-examples 10).
+# fuzzer against a real convkitd (scripts/fuzz-api.sh --max-examples 10), and the folder kill soak
+# (scripts/soak-folder.sh --kills 50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -17,3 +18,4 @@ ASAN_OPTIONS=detect_leaks=0 swift test --skip-build --build-path .build/asan \
   --filter "stopDuringLongPollsAndUploadsEndsCleanly|aServerDroppedWithoutStopStopsCleanly"
 ./scripts/fuzz.sh --runs 20000
 ./scripts/fuzz-api.sh --max-examples 10
+./scripts/soak-folder.sh --kills 50

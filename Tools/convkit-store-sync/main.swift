@@ -1,14 +1,17 @@
 // convkit-store-sync: opens a store on a folder backend and syncs it once, printing one
 // "added <message>" line per message as each pulled page commits. The tests run it as a real
-// process and kill it with SIGKILL mid-pull.
+// process and kill it with SIGKILL mid-pull; the folder soak (scripts/soak-folder.sh) also has
+// it send messages ("acked <message>" once each is synced) and check a store at the end.
 import ConversationKit
 import Foundation
+import SQLiteKit
 import ToolSupport
 
 let usage = """
     OVERVIEW: Sync one ConversationKit store with a folder backend, once.
 
     USAGE: convkit-store-sync --store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>]
+           [--send-to <id> --count <n> --prefix <p>] [--check]
 
     OPTIONS:
       --store <dir>        The store directory.
@@ -18,6 +21,12 @@ let usage = """
       --page-size <n>      Records per pulled page (default 200).
       --kill-self-after <n>
                            Send itself SIGKILL once n messages were applied (crash tests).
+      --send-to <id>       Send --count messages to this speaker, syncing after each, and print
+                           "acked <message>" for each once it is synced.
+      --count <n>          How many messages to send.
+      --prefix <p>         The messages' text prefix.
+      --check              After the sync, print "message <id> <text>" per message of every
+                           conversation and "integrity <result>" from SQLite's integrity check.
       -h, --help           Show help information.
 
     """
@@ -26,7 +35,9 @@ func fail(_ message: String, code: Int32) -> Never {
     exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-store-sync")
 }
 
-let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["store", "folder", "device", "identifier", "page-size", "kill-self-after"], help: usage, tool: "convkit-store-sync").values
+let parsed = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["store", "folder", "device", "identifier", "page-size", "kill-self-after", "send-to", "count", "prefix"],
+                          flags: ["check"], help: usage, tool: "convkit-store-sync")
+let options = parsed.values
 guard let storePath = options["store"], let folder = options["folder"], let device = options["device"], let identifier = options["identifier"] else {
     fail("--store, --folder, --device and --identifier are required", code: 64)
 }
@@ -53,9 +64,33 @@ do {
             if let killAfter, added >= killAfter { kill(getpid(), SIGKILL) }
         }
     }
+    if let listener = options["send-to"] {
+        let count = options["count"].flatMap(Int.init) ?? 1
+        for n in 0..<count {
+            let message = try await store.send("\(options["prefix"] ?? "m")-\(n)", to: listener)
+            try await store.sync()
+            let state = try store.messages(in: message.id.conversation, limit: 1000).messages.first { $0.id == message.id }?.syncState
+            if state == .synced { FileHandle.standardOutput.write(Data("acked \(message.id.name)\n".utf8)) }
+        }
+    }
     let report = try await store.sync()
     try await Task.sleep(for: .milliseconds(50))
     printer.cancel()
+    if parsed.flags.contains("check") {
+        var lines = ""
+        for conversation in try store.conversations() {
+            var cursor: MessageCursor? = nil
+            repeat {
+                let page = try store.messages(in: conversation.id, limit: 500, before: cursor)
+                for message in page.messages { lines += "message \(message.id.name) \(message.content)\n" }
+                cursor = page.olderCursor
+            } while cursor != nil
+        }
+        let database = try Database(path: storePath + "/store.sqlite")
+        let integrity = try database.first("PRAGMA integrity_check") { $0.text(0) } ?? "none"
+        lines += "integrity \(integrity)\n"
+        FileHandle.standardOutput.write(Data(lines.utf8))
+    }
     FileHandle.standardOutput.write(Data("done pulled=\(report.pulled) pushed=\(report.pushed) quarantined=\(report.quarantined)\n".utf8))
 } catch {
     fail("\(error)", code: 1)

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The folder kill soak: two machines (two copies of a shared folder kept in step by Unison), a
+# store on each, and senders, syncing stores and Unison runs killed with SIGKILL at random moments.
+# At the end every message a sender saw synced ("acked") must be in both stores exactly once, and
+# SQLite's integrity check must pass on both.
+# Usage: scripts/soak-folder.sh [--kills N] [--seed S] [--seconds S]   (CI: --kills 50)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kills=1000
+seed=$RANDOM
+seconds=3600
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kills) kills="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    *) echo "usage: scripts/soak-folder.sh [--kills N] [--seed S] [--seconds S]" >&2; exit 64 ;;
+  esac
+done
+./scripts/setup.sh
+swift build --product convkit-store-sync >/dev/null
+tool=./.build/debug/convkit-store-sync
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/a/shared" "$work/b/shared" "$work/unison" "$work/acks"
+RANDOM=$seed
+start=$(date +%s)
+
+# Both run as `exec` in a subshell when backgrounded, so that `$!` is the process itself.
+store() {  # store <machine> <who> [args...]
+  local machine=$1 who=$2; shift 2
+  exec "$tool" --store "$work/$machine/$who" --folder "$work/$machine/shared" --device "$who" --identifier "$who" "$@"
+}
+unison_run() {
+  UNISON="$work/unison" exec unison "$work/a/shared" "$work/b/shared" -batch -silent -ignore 'Name .*.tmp' -perms 0 -times -ignorelocks "$@"
+}
+
+# Alice's machine creates the folder; Unison copies it; Bob joins.
+(store a alice >/dev/null)
+(unison_run >/dev/null)
+(store b bob >/dev/null)
+
+echo "soak-folder: $kills kills, seed $seed"
+done_kills=0
+for i in $(seq 1 "$kills"); do
+  [ $(( $(date +%s) - start )) -ge "$seconds" ] && break
+  case $(( RANDOM % 3 )) in
+    0) (store a alice --send-to bob --count 20 --prefix "a$i" >"$work/acks/a$i" 2>/dev/null) & ;;
+    1) (store b bob --send-to alice --count 20 --prefix "b$i" >"$work/acks/b$i" 2>/dev/null) & ;;
+    2) (unison_run >/dev/null 2>&1) & ;;
+  esac
+  pid=$!
+  sleep "0.$(printf '%03d' $(( RANDOM % 400 )))"
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  done_kills=$((done_kills + 1))
+done
+
+# Let everything settle: sync both stores and the copies until nothing moves.
+for _ in 1 2 3; do
+  (store a alice >/dev/null)
+  (unison_run >/dev/null 2>&1) || (unison_run >/dev/null 2>&1) || true
+  (store b bob >/dev/null)
+  (unison_run >/dev/null 2>&1) || true
+done
+
+(store a alice --check >"$work/check-a")
+(store b bob --check >"$work/check-b")
+status=0
+for side in a b; do
+  integrity=$(sed -n 's/^integrity //p' "$work/check-$side")
+  [ "$integrity" = "ok" ] || { echo "soak-folder: integrity check on $side: $integrity" >&2; status=1; }
+  duplicates=$(sed -n 's/^message \([^ ]*\) .*/\1/p' "$work/check-$side" | sort | uniq -d | head -3)
+  [ -z "$duplicates" ] || { echo "soak-folder: messages twice on $side: $duplicates" >&2; status=1; }
+done
+acked=$(cat "$work"/acks/* 2>/dev/null | sed -n 's/^acked //p' | sort -u)
+missing=0
+for side in a b; do
+  present=$(sed -n 's/^message \([^ ]*\) .*/\1/p' "$work/check-$side" | sort -u)
+  lost=$(comm -23 <(echo "$acked" | sed '/^$/d') <(echo "$present"))
+  if [ -n "$lost" ]; then
+    echo "soak-folder: $(echo "$lost" | wc -l) acknowledged messages missing on $side, e.g. $(echo "$lost" | head -3 | tr '\n' ' ')" >&2
+    missing=1
+  fi
+done
+[ "$missing" -eq 0 ] || status=1
+echo "soak-folder: $done_kills kills in $(( $(date +%s) - start )) s, $(echo "$acked" | sed '/^$/d' | wc -l) acknowledged messages, seed $seed: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+exit $status
