@@ -31,6 +31,13 @@ final class TwoMachines: @unchecked Sendable {
         return store
     }
 
+    /// Alice on machine A creates the folder, Unison copies it, Bob joins on machine B.
+    func aliceAndBob(labels: (String, String)? = nil) async throws -> (ConversationStore, ConversationStore) {
+        let alice = try await store("alice", on: "a", label: labels?.0)
+        #expect(try await unison() == 0)
+        return (alice, try await store("bob", on: "b", label: labels?.1))
+    }
+
     var unisonArguments: [String] {
         ["UNISON=\(directory.path)/unison-archives", "unison", copyA, copyB, "-batch", "-silent", "-ignore", "Name .*.tmp", "-perms", "0", "-times"]
     }
@@ -77,9 +84,7 @@ final class TwoMachines: @unchecked Sendable {
 
     @Test func twoWaySyncWithWritesInBetweenAndDuringAUnisonRun() async throws {
         let machines = try TwoMachines()
-        let alice = try await machines.store("alice", on: "a")
-        #expect(try await machines.unison() == 0)
-        let bob = try await machines.store("bob", on: "b")
+        let (alice, bob) = try await machines.aliceAndBob()
         for n in 0..<5 { _ = try await alice.send("a\(n)", to: "bob") }
         try await alice.sync()
         #expect(try await machines.unison() == 0)
@@ -105,9 +110,7 @@ final class TwoMachines: @unchecked Sendable {
     /// reaches the writer's copy, and the writer puts its records back.
     @Test func aSegmentDeletedInOneCopyIsPutBackByItsWriter() async throws {
         let machines = try TwoMachines()
-        let alice = try await machines.store("alice", on: "a")
-        #expect(try await machines.unison() == 0)
-        let bob = try await machines.store("bob", on: "b")
+        let (alice, bob) = try await machines.aliceAndBob()
         for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
         try await alice.sync()
         #expect(try await machines.unison() == 0)
@@ -125,9 +128,7 @@ final class TwoMachines: @unchecked Sendable {
     /// back, and the other side ends with every message and no open quarantine entry.
     @Test func aFlippedByteSyncedBackToItsWriter() async throws {
         let machines = try TwoMachines()
-        let alice = try await machines.store("alice", on: "a")
-        #expect(try await machines.unison() == 0)
-        let bob = try await machines.store("bob", on: "b")
+        let (alice, bob) = try await machines.aliceAndBob()
         for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
         try await alice.sync()
         #expect(try await machines.unison() == 0)
@@ -153,9 +154,8 @@ final class TwoMachines: @unchecked Sendable {
     /// writes nothing into it, and Unison's own check for an emptied replica stays armed.
     @Test func anUnmountedCopyIsRefusedAndNothingIsWritten() async throws {
         let machines = try TwoMachines()
-        var alice: ConversationStore? = try await machines.store("alice", on: "a")
-        #expect(try await machines.unison() == 0)
-        let bob = try await machines.store("bob", on: "b")
+        var alice: ConversationStore?, bob: ConversationStore
+        (alice, bob) = try await machines.aliceAndBob()
         _ = try await alice?.send("before", to: "bob")
         try await alice?.sync()
         #expect(try await machines.unison() == 0)
@@ -182,9 +182,7 @@ final class TwoMachines: @unchecked Sendable {
     /// Two machines with one device label are two devices.
     @Test func twoMachinesUsingOneDeviceLabel() async throws {
         let machines = try TwoMachines()
-        let alice = try await machines.store("alice", on: "a", label: "phone")
-        #expect(try await machines.unison() == 0)
-        let bob = try await machines.store("bob", on: "b", label: "phone")
+        let (alice, bob) = try await machines.aliceAndBob(labels: ("phone", "phone"))
         for n in 0..<3 {
             _ = try await alice.send("a\(n)", to: "bob")
             _ = try await bob.send("b\(n)", to: "alice")
@@ -201,9 +199,7 @@ final class TwoMachines: @unchecked Sendable {
     /// reported once and read when it is complete; the report is then resolved.
     @Test func aSegmentExposedHalfWrittenIsReadWhenComplete() async throws {
         let machines = try TwoMachines()
-        let alice = try await machines.store("alice", on: "a")
-        #expect(try await machines.unison() == 0)
-        let bob = try await machines.store("bob", on: "b")
+        let (alice, bob) = try await machines.aliceAndBob()
         _ = try await alice.send("first", to: "bob")
         try await alice.sync()
         #expect(try await machines.unison() == 0)
