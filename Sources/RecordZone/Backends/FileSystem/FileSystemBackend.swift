@@ -50,6 +50,8 @@ public actor FileSystemBackend: RecordZoneBackend {
     private var zoneClaims: [ZoneName: ZoneClaims] = [:]
     /// This device's own segment files found whole, by path, with the size and time they had.
     private var ownVerified: [String: String] = [:]
+    /// When this device's folder in each zone generation was last looked over, and its time then.
+    private var ownChecked: [String: (stamp: String, at: ContinuousClock.Instant)] = [:]
     /// Without local state: the next sequence per zone generation, for this instance.
     private var nextSequence: [String: UInt64] = [:]
 
@@ -360,6 +362,12 @@ public actor FileSystemBackend: RecordZoneBackend {
         let data = Segment.encode(records)
         try state?.keepCopy(data, of: Segment.fileName(sequence, digest: Segment.digest(of: data)), zone: zone, generation: generation)
         try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence)
+        // Our own write changed the folder's time: that is no reason to look the folder over again.
+        let key = "\(zone)/\(generation)"
+        var info = stat()
+        if let last = ownChecked[key], stat(layout.deviceFolder(zone, generation, device: device), &info) == 0 {
+            ownChecked[key] = ("\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)", last.at)
+        }
         return sequence
     }
 
@@ -368,6 +376,14 @@ public actor FileSystemBackend: RecordZoneBackend {
     /// back), from its local copies. Readers that read the old file merge the same versions again.
     private func republishOwnSegments(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) {
         guard let state else { return }
+        // Each file is looked at only when the device's folder changed (a file added, removed or
+        // renamed over), and at least every 30 s (a file changed in place).
+        var folderInfo = stat()
+        let folder = layout.deviceFolder(zone, generation, device: device)
+        let folderStamp = stat(folder, &folderInfo) == 0 ? "\(folderInfo.st_mtim.tv_sec).\(folderInfo.st_mtim.tv_nsec)" : "-"
+        let key = "\(zone)/\(generation)", now = ContinuousClock.now
+        if let last = ownChecked[key], last.stamp == folderStamp, now - last.at < .seconds(30) { return }
+        defer { ownChecked[key] = (folderStamp, now) }
         let copies = state.ownSegmentsFolder(zone, generation)
         for name in try FileIO.list(copies) {
             guard let parsed = Segment.parse(fileName: name) else { continue }
