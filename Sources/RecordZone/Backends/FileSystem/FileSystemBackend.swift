@@ -192,6 +192,7 @@ public actor FileSystemBackend: RecordZoneBackend {
             }
             try republishOwnSegments(zone, generation: generation, device: device)
             var state = try refreshed(zone, generation: generation)
+            materialized[zone] = nil  // `state` holds the only reference: changed in place, put back below (a throw drops the cache; it is read again)
             var accepted = [(index: Int, record: Record, bytes: Data)]()
             var pendingIndex = [RecordID: Int]()
             let admitted = SaveChecks.admit(indices.map { records[$0] }, policy: policy)
@@ -207,7 +208,10 @@ public actor FileSystemBackend: RecordZoneBackend {
                     accepted.append((i, record, encoded))
                 }
             }
-            guard !accepted.isEmpty else { continue }
+            guard !accepted.isEmpty else {
+                materialized[zone] = state
+                continue
+            }
             let sequence = try writeSegment(accepted.map(\.bytes), zone: zone, generation: generation, device: device)
             // Our own segment is applied as written: we know what it holds, whatever a sync tool
             // later does to the copy in the folder.
@@ -344,7 +348,9 @@ public actor FileSystemBackend: RecordZoneBackend {
 
     /// The zone's materialized winners, brought up to date with the folder.
     private func refreshed(_ zone: ZoneName, generation: UInt64) throws(RecordZoneError) -> Materialized {
-        var state = materialized[zone].flatMap { $0.generation == generation ? $0 : nil } ?? Materialized(generation: generation)
+        // Taken out while it is brought up to date, so its winners are changed in place rather
+        // than copied whole (a copy per save costs the zone's whole history).
+        var state = materialized.removeValue(forKey: zone).flatMap { $0.generation == generation ? $0 : nil } ?? Materialized(generation: generation)
         while true {
             let page = try read(zone, generation: generation, from: state.position, limit: Int.max)
             for record in page.records { MergeRule.merge(record, into: &state.winners) }
