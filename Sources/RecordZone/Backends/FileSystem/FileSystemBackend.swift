@@ -279,14 +279,19 @@ public actor FileSystemBackend: RecordZoneBackend {
     /// as one batch, so what it pins does not depend on the order devices are listed.
     private func read(_ zone: ZoneName, generation: UInt64, from start: VersionVector, limit: Int) throws(RecordZoneError) -> Page {
         var page = Page(position: start)
-        var gathered = [(bytes: Data, source: String, changeTag: String)]()
+        var gathered = [(bytes: Data, source: String, changeTag: String, file: Int)]()
+        // The files read whole in this page: their key, full hash, and whether their signatures
+        // were verified before (by this device, in its local state).
+        var files = [(key: String, hash: Data, trusted: Bool)]()
         deviceLoop: for device in try layout.devices(zone, generation: generation) {
             var progress = start[device] ?? DeviceProgress()
             defer { page.position[device] = progress }
             for file in try layout.segments(zone, generation: generation, device: device) where !progress.hasRead(file.sequence) {
                 let source = "\(zone)/\(generation)/\(device)/\(file.name)"
+                let data = try FileIO.read(layout.segmentFile(zone, generation, device: device, name: file.name))
+                let hash = Sodium.sha256(data)
                 let encoded: [Data]
-                switch Segment.decode(try FileIO.read(layout.segmentFile(zone, generation, device: device, name: file.name)), named: file.digest) {
+                switch Segment.decode(data, named: file.digest, hash: hash) {
                 case .success(let records): encoded = records
                 case .failure(let reason):
                     page.rejected.append(RejectedRecord(recordID: nil, reason: reason, source: source))
@@ -295,8 +300,9 @@ public actor FileSystemBackend: RecordZoneBackend {
                 let first = min(progress.offset(in: file.sequence), encoded.count)
                 let room = limit - gathered.count - page.rejected.count
                 let end = first + min(room, encoded.count - first)
+                files.append((source, hash, state?.wasVerified(source, hash: hash) == true))
                 for index in first..<end {
-                    gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, file.sequence, index)))
+                    gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, file.sequence, index), files.count - 1))
                 }
                 if end < encoded.count {
                     page.moreComing = true
@@ -306,16 +312,24 @@ public actor FileSystemBackend: RecordZoneBackend {
                 progress.markRead(file.sequence)
             }
         }
+        // Signatures of a file this device verified before, byte for byte the same (its full
+        // hash), are not checked again; ownership is decided for every record as always.
         let admitted = policy.admit(batch: gathered.map(\.bytes), source: { gathered[$0].source },
-                                    claimsElsewhere: { self.claims(zone, generation: generation) })
+                                    claimsElsewhere: { self.claims(zone, generation: generation) },
+                                    signedHere: { files[gathered[$0].file].trusted })
+        var clean = Array(repeating: true, count: files.count)
         for (item, outcome) in zip(gathered, admitted) {
             switch outcome {
             case .success(var record):
                 record.serverMetadata = ServerMetadata(changeTag: item.changeTag)
                 page.records.append(record)
             case .failure(let rejection):
+                clean[item.file] = false
                 page.rejected.append(rejection)
             }
+        }
+        for (index, file) in files.enumerated() where clean[index] && !file.trusted {
+            state?.markVerified(file.key, hash: file.hash)
         }
         return page
     }
@@ -366,8 +380,12 @@ public actor FileSystemBackend: RecordZoneBackend {
     private func writeSegment(_ records: [Data], zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) -> UInt64 {
         let sequence = try allocateSequence(zone, generation: generation, device: device)
         let data = Segment.encode(records)
-        try state?.keepCopy(data, of: Segment.fileName(sequence, digest: Segment.digest(of: data)), zone: zone, generation: generation)
+        let hash = Sodium.sha256(data)
+        let name = Segment.fileName(sequence, digest: hash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) })
+        try state?.keepCopy(data, of: name, zone: zone, generation: generation)
         try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence)
+        // Every record in it was verified on its way in (the save's checks).
+        state?.markVerified("\(zone)/\(generation)/\(device)/\(name)", hash: hash)
         // Our own write changed the folder's time: that is no reason to look the folder over again.
         let key = "\(zone)/\(generation)"
         var info = stat()

@@ -83,9 +83,10 @@ enum Segment {
         return (sequence, digest)
     }
 
-    /// The records of a segment file whose content is the one its name names.
-    static func decode(_ data: Data, named digest: UInt64) -> Result<[Data], RejectionReason> {
-        guard Self.digest(of: data) == digest else {
+    /// The records of a segment file whose content is the one its name names (`hash`: the
+    /// file's SHA-256, when the caller has it).
+    static func decode(_ data: Data, named digest: UInt64, hash: Data? = nil) -> Result<[Data], RejectionReason> {
+        guard (hash ?? Sodium.sha256(data)).prefix(8).reduce(0, { $0 << 8 | UInt64($1) }) == digest else {
             return .failure(.corruptSegment("the content is not the one its name names (incomplete, replaced or damaged)"))
         }
         return decode(data)
