@@ -251,4 +251,31 @@ extension FileSystemBackendTests {
             (error as? RecordZoneError)?.message.contains("is not a folder (it, or a folder above it, is a file)") == true
         }
     }
+
+    /// More damaged files than a page holds records never stall a reader: each page reports them
+    /// and moves on, and the good records all arrive.
+    @Test func manyDamagedFilesNeverStallPaging() async throws {
+        let dir = try TemporaryDirectory("fsmanydamaged")
+        let writer = try FileSystemBackend(root: dir.path, device: "w")
+        let z = try zone("z")
+        try await writer.createZone(z)
+        for n in 0..<6 { try await saveAll(writer, [try signed(z, "r\(n)", clock: clock.now())]) }
+        let layout = FolderLayout(root: dir.path)
+        let device = try #require(writer.device)
+        for file in try layout.segments(z, generation: 1, device: device).prefix(4) {
+            let path = layout.segmentFile(z, 1, device: device, name: file.name)
+            try Data("damaged".utf8).write(to: URL(fileURLWithPath: path))
+        }
+        let reader = try FileSystemBackend(root: dir.path, device: nil)
+        var token: ChangeToken? = nil, names = [String](), pages = 0
+        repeat {
+            let page = try await reader.fetchChanges(in: z, since: token, limit: 1)
+            names += page.records.map(\.id.name)
+            token = page.token
+            pages += 1
+            if !page.moreComing { break }
+        } while pages < 50
+        #expect(pages < 50, "paging ended")
+        #expect(Set(names) == ["r4", "r5"])
+    }
 }

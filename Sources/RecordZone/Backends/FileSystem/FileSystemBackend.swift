@@ -280,9 +280,9 @@ public actor FileSystemBackend: RecordZoneBackend {
     private func read(_ zone: ZoneName, generation: UInt64, from start: VersionVector, limit: Int) throws(RecordZoneError) -> Page {
         var page = Page(position: start)
         var gathered = [(bytes: Data, source: String, changeTag: String, file: Int)]()
-        // The files read whole in this page: their key, full hash, and whether their signatures
-        // were verified before (by this device, in its local state).
-        var files = [(key: String, hash: Data, trusted: Bool)]()
+        // The files read in this page: their key, full hash, whether their signatures were
+        // verified before (by this device, in its local state), and whether all of it is here.
+        var files = [(key: String, hash: Data, trusted: Bool, whole: Bool)]()
         deviceLoop: for device in try layout.devices(zone, generation: generation) {
             var progress = start[device] ?? DeviceProgress()
             defer { page.position[device] = progress }
@@ -297,10 +297,12 @@ public actor FileSystemBackend: RecordZoneBackend {
                     page.rejected.append(RejectedRecord(recordID: nil, reason: reason, source: source))
                     continue
                 }
+                // Only records count against the page: damaged files are reported whatever their
+                // number, so a page always moves on.
                 let first = min(progress.offset(in: file.sequence), encoded.count)
-                let room = limit - gathered.count - page.rejected.count
+                let room = max(0, limit - gathered.count)
                 let end = first + min(room, encoded.count - first)
-                files.append((source, hash, state?.wasVerified(source, hash: hash) == true))
+                files.append((source, hash, state?.wasVerified(source, hash: hash) == true, first == 0 && end == encoded.count))
                 for index in first..<end {
                     gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, file.sequence, index), files.count - 1))
                 }
@@ -328,7 +330,7 @@ public actor FileSystemBackend: RecordZoneBackend {
                 page.rejected.append(rejection)
             }
         }
-        for (index, file) in files.enumerated() where clean[index] && !file.trusted {
+        for (index, file) in files.enumerated() where clean[index] && file.whole && !file.trusted {
             state?.markVerified(file.key, hash: file.hash)
         }
         return page
