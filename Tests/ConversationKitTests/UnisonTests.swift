@@ -217,4 +217,26 @@ final class TwoMachines: @unchecked Sendable {
         #expect(try bob.quarantine().isEmpty, "the report is resolved once the file is whole")
         try expectDelivered([alice, bob], count: 2)
     }
+
+    /// The share goes away while the app runs: the send stays pending (never shown synced),
+    /// nothing is written into the mount point, and it goes out once the share is back.
+    @Test func aShareUnmountedWhileTheAppRuns() async throws {
+        let machines = try TwoMachines()
+        let (alice, bob) = try await machines.aliceAndBob()
+        try FileManager.default.moveItem(atPath: machines.copyA, toPath: machines.directory.path + "/a/away")
+        try FileManager.default.createDirectory(atPath: machines.copyA, withIntermediateDirectories: false)
+        let message = try await alice.send("while unmounted", to: "bob")
+        await #expect { try await alice.sync() } throws: { error in
+            (error as? ConversationError)?.backendError?.code == .folderUnavailable
+        }
+        let shown = try history(alice, message.id.conversation).first { $0.id == message.id }
+        #expect(shown?.syncState == .pending, "never shown synced while the share is away")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: machines.copyA).isEmpty, "nothing was written into the mount point")
+        try FileManager.default.removeItem(atPath: machines.copyA)
+        try FileManager.default.moveItem(atPath: machines.directory.path + "/a/away", toPath: machines.copyA)
+        try await alice.sync()
+        #expect(try await machines.unison() == 0)
+        try await bob.sync()
+        try expectDelivered([alice, bob], count: 1)
+    }
 }

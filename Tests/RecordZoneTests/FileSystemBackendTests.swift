@@ -278,4 +278,52 @@ extension FileSystemBackendTests {
         #expect(pages < 50, "paging ended")
         #expect(Set(names) == ["r4", "r5"])
     }
+
+    /// A share unmounted while a backend is open is refused at the next write or read, with
+    /// nothing written into the empty mount point (a store would otherwise recreate the zone
+    /// there and show the message synced).
+    @Test func aShareUnmountedWhileOpenIsRefusedAndNothingIsWritten() async throws {
+        let dir = try TemporaryDirectory("fslive")
+        let root = dir.path + "/mnt"
+        let z = try zone("z")
+        let writer = try FileSystemBackend(root: root, device: "laptop", stateDirectory: dir.path + "/state")
+        try await writer.createZone(z)
+        try await saveAll(writer, [try signed(z, "before", clock: clock.now())])
+        try FileManager.default.moveItem(atPath: root, toPath: dir.path + "/away")
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: false)
+        let unavailable = { (error: any Error) in (error as? RecordZoneError)?.code == .folderUnavailable }
+        await #expect(performing: { try await writer.createZone(z) }, throws: unavailable)
+        await #expect(performing: { try await writer.save([try signed(z, "after", clock: clock.now())]) }, throws: unavailable)
+        await #expect(performing: { try await writer.fetchDatabaseChanges(since: nil) }, throws: unavailable)
+        await #expect(performing: { try await writer.fetchChanges(in: z, since: nil, limit: 10) }, throws: unavailable)
+        await #expect(performing: { try await writer.putAsset(Data("x".utf8)) }, throws: unavailable)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: root).isEmpty, "nothing was written into the mount point")
+        // Mounted again, the writer carries on.
+        try FileManager.default.removeItem(atPath: root)
+        try FileManager.default.moveItem(atPath: dir.path + "/away", toPath: root)
+        try await saveAll(writer, [try signed(z, "after", clock: clock.now())])
+    }
+
+    /// An old segment copied back under a new name (a replay by a hostile tool) changes nothing:
+    /// the newer version of each record stays the winner.
+    @Test func aReplayedOldSegmentChangesNothing() async throws {
+        let dir = try TemporaryDirectory("fsreplay")
+        let writer = try FileSystemBackend(root: dir.path, device: "w")
+        let z = try zone("z")
+        try await writer.createZone(z)
+        var record = try signed(z, "m", clock: clock.now())
+        try await saveAll(writer, [record])
+        record["text"] = .string("edited")
+        try record.sign(with: Keys.alice, clock: clock.now())
+        try await saveAll(writer, [record])
+        let layout = FolderLayout(root: dir.path)
+        let device = try #require(writer.device)
+        let old = try #require(try layout.segments(z, generation: 1, device: device).first)
+        let bytes = try Data(contentsOf: URL(fileURLWithPath: layout.segmentFile(z, 1, device: device, name: old.name)))
+        try bytes.write(to: URL(fileURLWithPath: layout.segmentFile(z, 1, device: device, name: Segment.fileName(99, digest: Segment.digest(of: bytes)))))
+        let reader = try FileSystemBackend(root: dir.path, device: nil)
+        _ = try await fetchAll(reader, z)
+        let winner = try #require(try await reader.fetch([record.id]).first).get()
+        #expect(winner["text"] == .string("edited"))
+    }
 }

@@ -30,6 +30,8 @@ public actor FileSystemBackend: RecordZoneBackend {
     /// This writer's folder name (its label and generated ID); nil for a read-only reader.
     public nonisolated let device: String?
     private let state: FolderState?
+    /// The ID in the folder's FORMAT when it was opened: checked again before each operation.
+    private let folderID: String
     private let pollInterval: Duration
 
     /// What has been read of one zone generation: the winners and how far each device was read.
@@ -77,9 +79,10 @@ public actor FileSystemBackend: RecordZoneBackend {
         self.policy = policy
         self.pollInterval = pollInterval
         guard let label else {
-            guard try layout.folderID() != nil else {
+            guard let found = try layout.folderID() else {
                 throw RecordZoneError(.folderUnavailable, "\(root) is missing or empty: not a convkit zone folder (not mounted?)")
             }
+            folderID = found
             device = nil
             state = nil
             return
@@ -99,8 +102,17 @@ public actor FileSystemBackend: RecordZoneBackend {
             folderID = try layout.create()
         }
         if remembered == nil { try state?.remember(folderID: folderID) }
+        self.folderID = folderID
         self.state = state
         device = state?.device ?? "\(label)-\(Sodium.randomBytes(8).hexString)"
+    }
+
+    /// Refuses to go on when the folder is no longer the one opened: a share unmounted (or
+    /// another one mounted) while the backend is open. Nothing is read from or written into it.
+    private func checkFolder() throws(RecordZoneError) {
+        guard try layout.folderID() == folderID else {
+            throw RecordZoneError(.folderUnavailable, "\(layout.root) is missing, empty (not mounted?) or another zone folder than the one opened; nothing was written")
+        }
     }
 
     /// A device label: 1–40 characters of `A–Z a–z 0–9 . _ -`, not starting with `.` or `_`.
@@ -113,16 +125,19 @@ public actor FileSystemBackend: RecordZoneBackend {
     // MARK: Zones
 
     public func createZone(_ zone: ZoneName) throws(RecordZoneError) {
+        try checkFolder()
         let state = try layout.zoneState(zone)
         guard !state.exists else { return }
         try FileIO.makeDirectory(layout.generationFolder(zone, state.generation + 1))
     }
 
     public func zones() throws(RecordZoneError) -> [ZoneName] {
-        try layout.zoneNames().filter { (try? layout.zoneState($0).exists) == true }
+        try checkFolder()
+        return try layout.zoneNames().filter { (try? layout.zoneState($0).exists) == true }
     }
 
     public func deleteZone(_ zone: ZoneName) throws(RecordZoneError) {
+        try checkFolder()
         let device = try writingDevice()
         let generation = try currentGeneration(zone)
         let marker = layout.generationFolder(zone, generation) + "/" + FolderLayout.deletedMarkerPrefix + device
@@ -131,6 +146,7 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     public func fetchDatabaseChanges(since token: ChangeToken?) throws(RecordZoneError) -> DatabaseChanges {
+        try checkFolder()
         var previous = [String: Data]()
         if let token {
             let contents = try TokenContents(token, expecting: .database, backend: Self.kind)
@@ -156,6 +172,7 @@ public actor FileSystemBackend: RecordZoneBackend {
     // MARK: Changes
 
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) throws(RecordZoneError) -> ZoneChanges {
+        try checkFolder()
         let generation = try currentGeneration(zone)
         if let device { try republishOwnSegments(zone, generation: generation, device: device) }
         let start = try position(from: token, zone: zone, generation: generation)
@@ -180,6 +197,7 @@ public actor FileSystemBackend: RecordZoneBackend {
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try BackendLimits.checkBatch(records.count)
+        try checkFolder()
         let device = try writingDevice()
         var results = [Result<Record, RecordZoneError>?](repeating: nil, count: records.count)
         let byZone = Dictionary(grouping: records.indices, by: { records[$0].id.zone })
@@ -228,6 +246,7 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     public func fetch(_ ids: [RecordID]) throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try checkFolder()
         try BackendLimits.checkBatch(ids.count)
         var results = [Result<Record, RecordZoneError>]()
         var states = [ZoneName: Materialized]()
@@ -248,6 +267,7 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
+        try checkFolder()
         let state = try refreshed(query.zone, generation: try currentGeneration(query.zone))
         return try query.run(over: state.winners.values, cursor: cursor, limit: limit)
     }
@@ -255,6 +275,7 @@ public actor FileSystemBackend: RecordZoneBackend {
     // MARK: Assets
 
     public func putAsset(_ data: Data, expected: AssetReference?) throws(RecordZoneError) -> AssetReference {
+        try checkFolder()
         _ = try writingDevice()
         return try layout.assets.put(data, expected: expected)
     }
