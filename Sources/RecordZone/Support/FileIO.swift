@@ -119,6 +119,13 @@ enum FileIO {
 
     private static let direntNameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name) ?? 19
 
+    /// A file's size and modification time as text, to tell whether it changed; nil when absent.
+    static func stamp(_ path: String) -> String? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return "\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
+    }
+
     static func exists(_ path: String) -> Bool {
         access(path, F_OK) == 0
     }

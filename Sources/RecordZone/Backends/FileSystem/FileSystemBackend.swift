@@ -54,8 +54,8 @@ public actor FileSystemBackend: RecordZoneBackend {
     private var ownVerified: [String: String] = [:]
     /// When this device's folder in each zone generation was last looked over, and its time then.
     private var ownChecked: [String: (stamp: String, at: ContinuousClock.Instant)] = [:]
-    /// Without local state: the next sequence per zone generation, for this instance.
-    private var nextSequence: [String: UInt64] = [:]
+    /// The last sequence this instance handed out, per zone generation.
+    private var lastSequence: [String: UInt64] = [:]
 
     /// Opens a zone folder.
     /// - Parameters:
@@ -404,16 +404,15 @@ public actor FileSystemBackend: RecordZoneBackend {
         let sequence = try allocateSequence(zone, generation: generation, device: device)
         let data = Segment.encode(records)
         let hash = Sodium.sha256(data)
-        let name = Segment.fileName(sequence, digest: hash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) })
+        let name = Segment.fileName(sequence, digest: Segment.digest(fromHash: hash))
         try state?.keepCopy(data, of: name, zone: zone, generation: generation)
-        try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence)
+        try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence, hash: hash)
         // Every record in it was verified on its way in (the save's checks).
         state?.markVerified("\(zone)/\(generation)/\(device)/\(name)", hash: hash)
         // Our own write changed the folder's time: that is no reason to look the folder over again.
         let key = "\(zone)/\(generation)"
-        var info = stat()
-        if let last = ownChecked[key], stat(layout.deviceFolder(zone, generation, device: device), &info) == 0 {
-            ownChecked[key] = ("\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)", last.at)
+        if let last = ownChecked[key], let stamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) {
+            ownChecked[key] = (stamp, last.at)
         }
         return sequence
     }
@@ -425,9 +424,7 @@ public actor FileSystemBackend: RecordZoneBackend {
         guard let state else { return }
         // Each file is looked at only when the device's folder changed (a file added, removed or
         // renamed over), and at least every 30 s (a file changed in place).
-        var folderInfo = stat()
-        let folder = layout.deviceFolder(zone, generation, device: device)
-        let folderStamp = stat(folder, &folderInfo) == 0 ? "\(folderInfo.st_mtim.tv_sec).\(folderInfo.st_mtim.tv_nsec)" : "-"
+        let folderStamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) ?? "-"
         let key = "\(zone)/\(generation)", now = ContinuousClock.now
         if let last = ownChecked[key], last.stamp == folderStamp, now - last.at < .seconds(30) { return }
         defer { ownChecked[key] = (folderStamp, now) }
@@ -435,8 +432,7 @@ public actor FileSystemBackend: RecordZoneBackend {
         for name in try FileIO.list(copies) {
             guard let parsed = Segment.parse(fileName: name) else { continue }
             let path = layout.segmentFile(zone, generation, device: device, name: name)
-            var info = stat()
-            let stamp = stat(path, &info) == 0 ? "\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)" : nil
+            let stamp = FileIO.stamp(path)
             if let stamp {
                 if ownVerified[path] == stamp { continue }
                 if let data = try? FileIO.read(path), case .success = Segment.decode(data, named: parsed.digest) {
@@ -454,17 +450,19 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     /// A sequence this device never used in this zone generation: above every one in the folder
-    /// and, with local state, above every one it ever handed out (a deleted file's included).
+    /// (listed once per process) and, with local state, above every one it ever handed out (a
+    /// deleted file's included).
     private func allocateSequence(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) -> UInt64 {
         let key = "\(zone)/\(generation)"
-        if let next = nextSequence[key] {
-            nextSequence[key] = next + 1
-            return next
+        let floor: UInt64
+        if let handedOut = lastSequence[key] {
+            floor = handedOut
+        } else {
+            try layout.removeTemporaryFiles(zone, generation: generation, device: device)
+            floor = try layout.segments(zone, generation: generation, device: device).last?.sequence ?? 0
         }
-        try layout.removeTemporaryFiles(zone, generation: generation, device: device)
-        let highest = try layout.segments(zone, generation: generation, device: device).last?.sequence ?? 0
-        let next = try state?.nextSequence(key, above: highest) ?? highest + 1
-        if state == nil { nextSequence[key] = next + 1 }
+        let next = try state?.nextSequence(key, above: floor) ?? floor + 1
+        lastSequence[key] = next
         return next
     }
 

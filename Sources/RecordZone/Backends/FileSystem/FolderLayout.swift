@@ -96,16 +96,16 @@ public struct FolderLayout: Sendable {
         }.sorted { ($0.sequence, $0.digest) < ($1.sequence, $1.digest) }
     }
 
-    /// Writes a segment durably under its content name; fails rather than replace a file.
+    /// Writes a segment durably under its content name (`hash`: its SHA-256, when the caller
+    /// has it); fails rather than replace a file. - Returns: the file's name.
     @discardableResult
-    /// - Returns: the file's name.
-    func writeSegment(_ data: Data, zone: ZoneName, generation: UInt64, device: String, sequence: UInt64) throws(RecordZoneError) -> String {
+    func writeSegment(_ data: Data, zone: ZoneName, generation: UInt64, device: String, sequence: UInt64, hash: Data? = nil) throws(RecordZoneError) -> String {
         let folder = deviceFolder(zone, generation, device: device)
         if !FileIO.exists(folder) {
             try FileIO.makeDirectory(folder)
             try FileIO.syncDirectory(generationFolder(zone, generation))
         }
-        let name = Segment.fileName(sequence, digest: Segment.digest(of: data))
+        let name = Segment.fileName(sequence, digest: Segment.digest(fromHash: hash ?? Sodium.sha256(data)))
         try FileIO.writeAtomically(data, to: "\(folder)/\(name)", replacing: false)
         return name
     }
@@ -137,9 +137,7 @@ public struct FolderLayout: Sendable {
         var summary = "\(generation)"
         for device in try devices(zone, generation: generation) {
             for file in try segments(zone, generation: generation, device: device) {
-                var info = stat()
-                let found = stat(segmentFile(zone, generation, device: device, name: file.name), &info) == 0
-                summary += "|\(device)/\(file.name):" + (found ? "\(info.st_size):\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)" : "-")
+                summary += "|\(device)/\(file.name):" + (FileIO.stamp(segmentFile(zone, generation, device: device, name: file.name)) ?? "-")
             }
         }
         return Sodium.sha256(Data(summary.utf8)).prefix(Self.digestLength)

@@ -70,9 +70,10 @@ enum Segment {
     }
 
     /// The digest a file's name carries for `data`.
-    static func digest(of data: Data) -> UInt64 {
-        Sodium.sha256(data).prefix(8).reduce(0) { $0 << 8 | UInt64($1) }
-    }
+    static func digest(of data: Data) -> UInt64 { digest(fromHash: Sodium.sha256(data)) }
+
+    /// The digest a file's name carries, from the file's SHA-256.
+    static func digest(fromHash hash: Data) -> UInt64 { hash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) } }
 
     /// The sequence and digest in a segment file name, or nil for any other file (temporary
     /// files start with a dot and are never read).
@@ -86,7 +87,7 @@ enum Segment {
     /// The records of a segment file whose content is the one its name names (`hash`: the
     /// file's SHA-256, when the caller has it).
     static func decode(_ data: Data, named digest: UInt64, hash: Data? = nil) -> Result<[Data], RejectionReason> {
-        guard (hash ?? Sodium.sha256(data)).prefix(8).reduce(0, { $0 << 8 | UInt64($1) }) == digest else {
+        guard Self.digest(fromHash: hash ?? Sodium.sha256(data)) == digest else {
             return .failure(.corruptSegment("the content is not the one its name names (incomplete, replaced or damaged)"))
         }
         return decode(data)
