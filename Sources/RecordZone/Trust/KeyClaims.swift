@@ -30,6 +30,17 @@ struct KeyClaims {
 
     var identities: Dictionary<String, Set<Data>>.Keys { keys.keys }
 
+    /// Every claim as (identity, key, whether a rotation or certificate leads to the key): what
+    /// a reader keeps to take up again later with ``insert(identity:key:rotated:)``.
+    var pairs: [(identity: String, key: Data, rotated: Bool)] {
+        keys.flatMap { identity, keys in keys.map { (identity, $0, false) } }
+            + rotatedTo.flatMap { identity, keys in keys.map { (identity, $0, true) } }
+    }
+
+    mutating func insert(identity: String, key: Data, rotated: Bool) {
+        if rotated { rotatedTo[identity, default: []].insert(key) } else { keys[identity, default: []].insert(key) }
+    }
+
     /// Whether `identity` is claimed by more than one key that no rotation leads to.
     func isConflicted(_ identity: String) -> Bool {
         (keys[identity] ?? []).subtracting(rotatedTo[identity] ?? []).count > 1

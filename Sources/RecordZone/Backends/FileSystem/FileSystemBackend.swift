@@ -34,24 +34,19 @@ public actor FileSystemBackend: RecordZoneBackend {
     private let folderID: String
     private let pollInterval: Duration
 
-    /// What has been read of one zone generation: the winners and how far each device was read.
-    private struct Materialized {
-        var generation: UInt64
-        var position = VersionVector()
-        var winners: [RecordID: Record] = [:]
-    }
-    private var materialized: [ZoneName: Materialized] = [:]
+    /// What this device has read of the folder: winners, positions, claims, verified files.
+    private let index: FolderIndex
+    /// How many records a look at the folder applies to the index per transaction.
+    private static let refreshPage = 2_000
 
     /// Every key that claims an identity in one zone generation, over all devices' readable
-    /// segments: read once, then only what is new.
+    /// segments: taken from the index once, then only what is new.
     private struct ZoneClaims {
         var generation: UInt64
         var read: Set<String> = []
         var claims = KeyClaims()
     }
     private var zoneClaims: [ZoneName: ZoneClaims] = [:]
-    /// This device's own segment files found whole, by path, with the size and time they had.
-    private var ownVerified: [String: String] = [:]
     /// When this device's folder in each zone generation was last looked over, and its time then.
     private var ownChecked: [String: (stamp: String, at: ContinuousClock.Instant)] = [:]
     /// The last sequence this instance handed out, per zone generation.
@@ -85,6 +80,7 @@ public actor FileSystemBackend: RecordZoneBackend {
             folderID = found
             device = nil
             state = nil
+            index = try FolderIndex(path: nil)
             return
         }
         try Self.checkLabel(label)
@@ -105,6 +101,7 @@ public actor FileSystemBackend: RecordZoneBackend {
         self.folderID = folderID
         self.state = state
         device = state?.device ?? "\(label)-\(Sodium.randomBytes(8).hexString)"
+        index = try FolderIndex(path: state?.indexPath)
     }
 
     /// Refuses to go on when the folder is no longer the one opened: a share unmounted (or
@@ -142,7 +139,6 @@ public actor FileSystemBackend: RecordZoneBackend {
         let generation = try currentGeneration(zone)
         let marker = layout.generationFolder(zone, generation) + "/" + FolderLayout.deletedMarkerPrefix + device
         try FileIO.writeAtomically(Data("deleted by \(device)\n".utf8), to: marker)
-        materialized[zone] = nil
     }
 
     public func fetchDatabaseChanges(since token: ChangeToken?) throws(RecordZoneError) -> DatabaseChanges {
@@ -209,15 +205,15 @@ public actor FileSystemBackend: RecordZoneBackend {
                 continue
             }
             try republishOwnSegments(zone, generation: generation, device: device)
-            var state = try refreshed(zone, generation: generation)
-            materialized[zone] = nil  // `state` holds the only reference: changed in place, put back below (a throw drops the cache; it is read again)
+            var position = try refresh(zone, generation: generation)
             var accepted = [(index: Int, record: Record, bytes: Data)]()
             var pendingIndex = [RecordID: Int]()
             let admitted = SaveChecks.admit(indices.map { records[$0] }, policy: policy)
             for (i, outcome) in zip(indices, admitted) {
                 let record = records[i]
                 // A version earlier in this batch counts as held.
-                let current = pendingIndex[record.id].map { accepted[$0].record } ?? state.winners[record.id]
+                var current = pendingIndex[record.id].map { accepted[$0].record }
+                if current == nil { current = try index.winner(record.id, generation) }
                 switch SaveChecks.decide(record, admitted: outcome, current: current, policy: savePolicy) {
                 case .refused(let error): results[i] = .failure(error)
                 case .superseded(let winner): results[i] = .success(winner)
@@ -226,21 +222,19 @@ public actor FileSystemBackend: RecordZoneBackend {
                     accepted.append((i, record, encoded))
                 }
             }
-            guard !accepted.isEmpty else {
-                materialized[zone] = state
-                continue
-            }
+            guard !accepted.isEmpty else { continue }
             let sequence = try writeSegment(accepted.map(\.bytes), zone: zone, generation: generation, device: device)
             // Our own segment is applied as written: we know what it holds, whatever a sync tool
             // later does to the copy in the folder.
-            for (offset, item) in accepted.enumerated() {
+            position[device, default: DeviceProgress()].markRead(sequence)
+            let stored = accepted.enumerated().map { offset, item in
                 var stored = item.record
                 stored.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, offset), receivedAt: Date())
-                MergeRule.merge(stored, into: &state.winners)
-                results[item.index] = state.winners[item.record.id].map { .success($0) } ?? .success(stored)
+                return (stored, item.bytes)
             }
-            state.position[device, default: DeviceProgress()].markRead(sequence)
-            materialized[zone] = state
+            for (item, winner) in zip(accepted, try index.apply(stored, zone, generation, position: position)) {
+                results[item.index] = .success(winner)
+            }
         }
         return results.map { $0 ?? .failure(RecordZoneError(.internalError, "no result")) }
     }
@@ -249,18 +243,21 @@ public actor FileSystemBackend: RecordZoneBackend {
         try checkFolder()
         try BackendLimits.checkBatch(ids.count)
         var results = [Result<Record, RecordZoneError>]()
-        var states = [ZoneName: Materialized]()
+        var generations = [ZoneName: UInt64]()
         for id in ids {
-            if states[id.zone] == nil {
-                do { states[id.zone] = try refreshed(id.zone, generation: try currentGeneration(id.zone)) } catch {
-                    results.append(.failure(RecordZoneError(error.code, error.message, recordID: id)))
-                    continue
+            do throws(RecordZoneError) {
+                let generation: UInt64
+                if let known = generations[id.zone] {
+                    generation = known
+                } else {
+                    generation = try currentGeneration(id.zone)
+                    _ = try refresh(id.zone, generation: generation)
+                    generations[id.zone] = generation
                 }
-            }
-            if let record = states[id.zone]?.winners[id] {
+                guard let record = try index.winner(id, generation) else { throw RecordZoneError(.unknownItem, "no record \(id)") }
                 results.append(.success(record))
-            } else {
-                results.append(.failure(RecordZoneError(.unknownItem, "no record \(id)", recordID: id)))
+            } catch {
+                results.append(.failure(RecordZoneError(error.code, error.message, recordID: id)))
             }
         }
         return results
@@ -268,8 +265,9 @@ public actor FileSystemBackend: RecordZoneBackend {
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) throws(RecordZoneError) -> QueryResult {
         try checkFolder()
-        let state = try refreshed(query.zone, generation: try currentGeneration(query.zone))
-        return try query.run(over: state.winners.values, cursor: cursor, limit: limit)
+        let generation = try currentGeneration(query.zone)
+        _ = try refresh(query.zone, generation: generation)
+        return try query.run(over: try index.winners(query.zone, generation), cursor: cursor, limit: limit)
     }
 
     // MARK: Assets
@@ -323,9 +321,9 @@ public actor FileSystemBackend: RecordZoneBackend {
                 let first = min(progress.offset(in: file.sequence), encoded.count)
                 let room = max(0, limit - gathered.count)
                 let end = first + min(room, encoded.count - first)
-                files.append((source, hash, state?.wasVerified(source, hash: hash) == true, first == 0 && end == encoded.count))
-                for index in first..<end {
-                    gathered.append((encoded[index], "\(source) #\(index)", Self.changeTag(device, file.sequence, index), files.count - 1))
+                files.append((source, hash, index.wasVerified(source, hash: hash), first == 0 && end == encoded.count))
+                for offset in first..<end {
+                    gathered.append((encoded[offset], "\(source) #\(offset)", Self.changeTag(device, file.sequence, offset), files.count - 1))
                 }
                 if end < encoded.count {
                     page.moreComing = true
@@ -351,8 +349,8 @@ public actor FileSystemBackend: RecordZoneBackend {
                 page.rejected.append(rejection)
             }
         }
-        for (index, file) in files.enumerated() where clean[index] && file.whole && !file.trusted {
-            state?.markVerified(file.key, hash: file.hash)
+        for (file, clean) in zip(files, clean) where clean && file.whole && !file.trusted {
+            index.markVerified(file.key, hash: file.hash)
         }
         return page
     }
@@ -361,7 +359,12 @@ public actor FileSystemBackend: RecordZoneBackend {
     /// date with the folder. A file that cannot be read or does not hold what its name says is
     /// left for a later call, as in ``read(_:generation:from:limit:)``.
     private func claims(_ zone: ZoneName, generation: UInt64) -> KeyClaims {
-        var state = zoneClaims[zone].flatMap { $0.generation == generation ? $0 : nil } ?? ZoneClaims(generation: generation)
+        var state = zoneClaims[zone].flatMap { $0.generation == generation ? $0 : nil } ?? {
+            let known = try? index.claims(zone, generation)
+            return ZoneClaims(generation: generation, read: known?.files ?? [], claims: known?.claims ?? KeyClaims())
+        }()
+        var added = KeyClaims()
+        var files = [String]()
         for device in (try? layout.devices(zone, generation: generation)) ?? [] {
             for file in (try? layout.segments(zone, generation: generation, device: device)) ?? [] {
                 let key = "\(device)/\(file.name)"
@@ -374,28 +377,36 @@ public actor FileSystemBackend: RecordZoneBackend {
                     // Any key can sign a claim of its own; a key record (rotation, device) relates
                     // keys only when it is genuine.
                     if OwnershipRules.keyRules.contains(where: { $0.recordType == record.recordType }), !record.hasValidSignature() { continue }
-                    state.claims.add(record, owner: identity)
+                    added.add(record, owner: identity)
                 }
                 state.read.insert(key)
+                files.append(key)
             }
+        }
+        if !files.isEmpty {
+            state.claims.merge(added)
+            // Not kept (a full disk): read again by the next process.
+            try? index.addClaims(added, files: files, zone, generation)
         }
         zoneClaims[zone] = state
         return state.claims
     }
 
-    /// The zone's materialized winners, brought up to date with the folder.
-    private func refreshed(_ zone: ZoneName, generation: UInt64) throws(RecordZoneError) -> Materialized {
-        // Taken out while it is brought up to date, so its winners are changed in place rather
-        // than copied whole (a copy per save costs the zone's whole history).
-        var state = materialized.removeValue(forKey: zone).flatMap { $0.generation == generation ? $0 : nil } ?? Materialized(generation: generation)
+    /// Brings the index's winners of a zone generation up to date with the folder, a page of
+    /// records per transaction. - Returns: how far it has read.
+    private func refresh(_ zone: ZoneName, generation: UInt64) throws(RecordZoneError) -> VersionVector {
+        var position = try index.position(zone, generation)
         while true {
-            let page = try read(zone, generation: generation, from: state.position, limit: Int.max)
-            for record in page.records { MergeRule.merge(record, into: &state.winners) }
-            state.position = page.position
-            if !page.moreComing { break }
+            let page = try read(zone, generation: generation, from: position, limit: Self.refreshPage)
+            if page.position != position {
+                var versions = [(record: Record, bytes: Data)]()
+                versions.reserveCapacity(page.records.count)
+                for record in page.records { versions.append((record, try record.encoded())) }
+                try index.apply(versions, zone, generation, position: page.position)
+                position = page.position
+            }
+            if !page.moreComing { return position }
         }
-        materialized[zone] = state
-        return state
     }
 
     /// Writes a segment of this device's: first its local copy (with local state), then the file
@@ -408,7 +419,7 @@ public actor FileSystemBackend: RecordZoneBackend {
         try state?.keepCopy(data, of: name, zone: zone, generation: generation)
         try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence, hash: hash)
         // Every record in it was verified on its way in (the save's checks).
-        state?.markVerified("\(zone)/\(generation)/\(device)/\(name)", hash: hash)
+        index.markVerified("\(zone)/\(generation)/\(device)/\(name)", hash: hash)
         // Our own write changed the folder's time: that is no reason to look the folder over again.
         let key = "\(zone)/\(generation)"
         if let last = ownChecked[key], let stamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) {
@@ -434,9 +445,9 @@ public actor FileSystemBackend: RecordZoneBackend {
             let path = layout.segmentFile(zone, generation, device: device, name: name)
             let stamp = FileIO.stamp(path)
             if let stamp {
-                if ownVerified[path] == stamp { continue }
+                if index.ownFileStamp(path) == stamp { continue }
                 if let data = try? FileIO.read(path), case .success = Segment.decode(data, named: parsed.digest) {
-                    ownVerified[path] = stamp
+                    index.setOwnFileStamp(path, stamp)
                     continue
                 }
             }
@@ -445,7 +456,7 @@ public actor FileSystemBackend: RecordZoneBackend {
             unlink(copies + "/" + name)
             // The damaged copy is this device's own file: removing it lets readers' reports of it close.
             if stamp != nil { unlink(path) }
-            ownVerified[path] = nil
+            index.setOwnFileStamp(path, nil)
         }
     }
 

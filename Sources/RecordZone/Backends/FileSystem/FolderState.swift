@@ -11,8 +11,7 @@ import Synchronization
 /// <state>/sequences   "<zone>/<generation> <next>" per line: sequences handed out, never reused
 /// <state>/own/<zone>/<generation>/<segment>   a copy of each segment this device wrote, from
 ///                     which it republishes one that goes missing or is damaged in the folder
-/// <state>/verified    "<segment path> <sha256 hex>" per line: files whose every signature this
-///                     device verified; read again byte for byte the same, they are not re-verified
+/// <state>/index.sqlite  what this device has read of the folder (``FolderIndex``)
 /// ```
 final class FolderState: Sendable {
     let directory: String
@@ -24,8 +23,6 @@ final class FolderState: Sendable {
         var reserved: [String: UInt64] = [:]
     }
     private let counters: Mutex<Counters>
-    /// Segment files verified whole, by path in the folder, with their full SHA-256.
-    private let verified: Mutex<[String: Data]>
     /// Sequences reserved per write of the counters file (a crash skips at most this many).
     static let reservation: UInt64 = 64
 
@@ -63,29 +60,9 @@ final class FolderState: Sendable {
             }
         }
         counters = Mutex(loaded)
-        var known = [String: Data]()
-        if let text = try? FileIO.read(directory + "/verified") {
-            for line in String(decoding: text, as: UTF8.self).split(separator: "\n") {
-                let parts = line.split(separator: " ")
-                guard parts.count == 2, let hash = Data(hexString: String(parts[1])), hash.count == 32 else { continue }
-                known[String(parts[0])] = hash
-            }
-        }
-        verified = Mutex(known)
     }
 
-    func wasVerified(_ key: String, hash: Data) -> Bool {
-        verified.withLock { $0[key] == hash }
-    }
-
-    /// Records that a file's signatures all verified (appended; a lost line only costs a check).
-    func markVerified(_ key: String, hash: Data) {
-        verified.withLock { $0[key] = hash }
-        let fd = open(directory + "/verified", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { return }
-        defer { close(fd) }
-        try? FileIO.writeAll(fd, Data("\(key) \(hash.hexString)\n".utf8), path: directory + "/verified")
-    }
+    var indexPath: String { directory + "/" + FolderIndex.fileName }
 
     deinit {
         flock(lock, LOCK_UN)
