@@ -326,4 +326,60 @@ extension FileSystemBackendTests {
         let winner = try #require(try await reader.fetch([record.id]).first).get()
         #expect(winner["text"] == .string("edited"))
     }
+
+    /// A new process on the same local state answers from its index what an earlier one read:
+    /// another device's files, gone from the folder since, still give their records, and only
+    /// what is new is read. A zone deleted and created again starts an empty index generation.
+    @Test func aNewProcessAnswersFromItsIndexAndReadsOnlyWhatIsNew() async throws {
+        let dir = try TemporaryDirectory("fsindex")
+        let root = dir.path + "/shared", state = dir.path + "/state"
+        let z = try zone("z")
+        let other = try FileSystemBackend(root: root, device: "phone", stateDirectory: dir.path + "/phone")
+        try await other.createZone(z)
+        let early = try (0..<5).map { try signed(z, "early-\($0)", clock: clock.now()) }
+        try await saveAll(other, early)
+        var laptop: FileSystemBackend? = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await saveAll(try #require(laptop), [try signed(z, "mine", clock: clock.now())])
+        laptop = nil
+        // The phone's first file goes away (a cleanup); then it writes something new.
+        let layout = FolderLayout(root: root)
+        let phone = try #require(other.device)
+        for file in try layout.segments(z, generation: 1, device: phone) {
+            try FileManager.default.removeItem(atPath: layout.segmentFile(z, 1, device: phone, name: file.name))
+        }
+        try await saveAll(other, [try signed(z, "late", clock: clock.now())])
+        let again = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        let ids = try (early.map(\.id.name) + ["mine", "late"]).map { try RecordID(zone: z, name: $0) }
+        let found = try await again.fetch(ids).map { try $0.get().id.name }
+        #expect(found == ids.map(\.name), "read before from the index, the new one from the folder")
+        let queried = try await again.query(RecordQuery(zone: z, recordType: "Shared"), cursor: nil, limit: 100)
+        #expect(queried.records.count == 7)
+        // Deleted and created again: nothing of the old generation answers.
+        try await again.deleteZone(z)
+        try await again.createZone(z)
+        let gone = try await again.fetch([ids[0]])
+        #expect(throws: RecordZoneError.self) { try gone[0].get() }
+    }
+
+    /// The index is a cache: a damaged one is set aside and rebuilt from the folder, and every
+    /// record reads back.
+    @Test func aDamagedIndexIsRebuiltFromTheFolder() async throws {
+        let dir = try TemporaryDirectory("fsbadindex")
+        let root = dir.path + "/shared", state = dir.path + "/state"
+        let z = try zone("z")
+        var writer: FileSystemBackend? = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await #require(writer).createZone(z)
+        let records = try (0..<20).map { try signed(z, "m\($0)", clock: clock.now()) }
+        try await saveAll(try #require(writer), records)
+        writer = nil
+        let index = state + "/" + FolderIndex.fileName
+        #expect(FileManager.default.fileExists(atPath: index))
+        for suffix in ["-wal", "-shm"] { try? FileManager.default.removeItem(atPath: index + suffix) }
+        try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: index))
+        let reopened = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        let fetched = try await reopened.fetch(records.map(\.id)).map { try $0.get().id }
+        #expect(fetched == records.map(\.id))
+        try await saveAll(reopened, [try signed(z, "after", clock: clock.now())])
+        #expect(try await fetchAll(FileSystemBackend(root: root, device: nil), z).records.count == 21)
+    }
 }

@@ -232,7 +232,8 @@ public actor FileSystemBackend: RecordZoneBackend {
                 stored.serverMetadata = ServerMetadata(changeTag: Self.changeTag(device, sequence, offset), receivedAt: Date())
                 return (stored, item.bytes)
             }
-            for (item, winner) in zip(accepted, try index.apply(stored, zone, generation, position: position)) {
+            // Each won over the version held (or the one before it in this batch) in its decision.
+            for (item, winner) in zip(accepted, try index.apply(stored, zone, generation, position: position, decided: true)) {
                 results[item.index] = .success(winner)
             }
         }
@@ -418,6 +419,8 @@ public actor FileSystemBackend: RecordZoneBackend {
         let name = Segment.fileName(sequence, digest: Segment.digest(fromHash: hash))
         try state?.keepCopy(data, of: name, zone: zone, generation: generation)
         try layout.writeSegment(data, zone: zone, generation: generation, device: device, sequence: sequence, hash: hash)
+        let path = layout.segmentFile(zone, generation, device: device, name: name)
+        index.setOwnFileStamp(path, FileIO.stamp(path))
         // Every record in it was verified on its way in (the save's checks).
         index.markVerified("\(zone)/\(generation)/\(device)/\(name)", hash: hash)
         // Our own write changed the folder's time: that is no reason to look the folder over again.

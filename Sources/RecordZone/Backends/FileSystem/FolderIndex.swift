@@ -106,18 +106,20 @@ final class FolderIndex {
     }
 
     /// Merges versions read or written (each with its change tag and canonical bytes) into the
-    /// winners and moves the position, in one transaction. - Returns: per version, the winner
-    /// after it.
+    /// winners and moves the position, in one transaction. - Parameter decided: the versions are
+    /// known to win over what is held (a save decided it): they are stored without comparing.
+    /// - Returns: per version, the winner after it.
     @discardableResult
-    func apply(_ versions: [(record: Record, bytes: Data)], _ zone: ZoneName, _ generation: UInt64, position: VersionVector) throws(RecordZoneError) -> [Record] {
+    func apply(_ versions: [(record: Record, bytes: Data)], _ zone: ZoneName, _ generation: UInt64, position: VersionVector,
+               decided: Bool = false) throws(RecordZoneError) -> [Record] {
         try run("writing records") { () throws(SQLiteError) in
             try transaction { () throws(SQLiteError) in
                 var pending = [String: Record]()
                 var winners = [Record]()
                 winners.reserveCapacity(versions.count)
                 for (record, bytes) in versions {
-                    var current = pending[record.id.name]
-                    if current == nil { current = try stored(record.id, generation) }
+                    var current = decided ? nil : pending[record.id.name]
+                    if current == nil && !decided { current = try stored(record.id, generation) }
                     if let current, !MergeRule.wins(record, over: current) {
                         winners.append(current)
                         continue
