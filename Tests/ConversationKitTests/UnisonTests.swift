@@ -69,19 +69,19 @@ final class TwoMachines: @unchecked Sendable {
     }
 }
 
-@Suite struct UnisonTests {
-    /// Every message each side sent and shows `synced` is on the other side, exactly once.
-    func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comment? = nil) throws {
-        for store in stores {
-            let conversation = try #require(try store.conversations().first?.id)
-            let messages = try history(store, conversation)
-            #expect(messages.count == count, comment)
-            #expect(Set(messages.map(\.id)).count == messages.count, "no message twice")
-        }
-        let ids = try stores.map { store in Set(try history(store, try #require(try store.conversations().first?.id)).map(\.id)) }
-        #expect(ids.dropFirst().allSatisfy { $0 == ids.first }, "both sides hold the same messages")
+/// Every message each side sent and shows `synced` is on the other side, exactly once.
+func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comment? = nil) throws {
+    for store in stores {
+        let conversation = try #require(try store.conversations().first?.id)
+        let messages = try history(store, conversation)
+        #expect(messages.count == count, comment)
+        #expect(Set(messages.map(\.id)).count == messages.count, "no message twice")
     }
+    let ids = try stores.map { store in Set(try history(store, try #require(try store.conversations().first?.id)).map(\.id)) }
+    #expect(ids.dropFirst().allSatisfy { $0 == ids.first }, "both sides hold the same messages")
+}
 
+@Suite struct UnisonTests {
     @Test func twoWaySyncWithWritesInBetweenAndDuringAUnisonRun() async throws {
         let machines = try TwoMachines()
         let (alice, bob) = try await machines.aliceAndBob()
