@@ -11,7 +11,10 @@ public final class RawConnection {
     /// - Parameter source: the local address to connect from (any of 127.0.0.0/8 reaches the
     ///   server as another client address).
     public init(port: Int, source: String? = nil) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        // Everything that can fail works on a local descriptor: a class whose init throws once
+        // every property is set still runs its deinit, which would close the descriptor a second
+        // time — by then, perhaps, another thread's (a server's connection in the same process).
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw POSIXError(.EIO) }
         if let source {
             var local = sockaddr_in()
@@ -38,6 +41,7 @@ public final class RawConnection {
         }
         var timeout = timeval(tv_sec: 30, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        self.fd = fd
     }
 
     deinit { close(fd) }

@@ -41,8 +41,22 @@ final class FolderState: Sendable {
             }
             throw FileIO.error("cannot lock", lockPath, errno: code)
         }
+        let loaded: (device: String, counters: Counters)
+        do {
+            loaded = try Self.load(directory, label: label)
+        } catch {
+            close(fd)
+            throw error
+        }
+        device = loaded.device
+        counters = Mutex(loaded.counters)
         lock = fd
+    }
+
+    /// The device's folder name (generated on first use) and its sequence counters.
+    private static func load(_ directory: String, label: String) throws(RecordZoneError) -> (device: String, counters: Counters) {
         let deviceFile = directory + "/device"
+        let device: String
         if FileIO.exists(deviceFile) {
             device = String(decoding: try FileIO.read(deviceFile), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         } else {
@@ -59,7 +73,7 @@ final class FolderState: Sendable {
                 loaded.next[String(parts[0])] = value  // whatever was handed out before stays handed out
             }
         }
-        counters = Mutex(loaded)
+        return (device, loaded)
     }
 
     var indexPath: String { directory + "/" + FolderIndex.fileName }
