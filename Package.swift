@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "ConversationKit", targets: ["ConversationKit"]),
         .library(name: "ZoneServer", targets: ["ZoneServer"]),
         .library(name: "SQLiteKit", targets: ["SQLiteKit"]),
+        .library(name: "ImageKit", targets: ["ImageKit"]),
         .executable(name: "convkitd", targets: ["convkitd"]),
         .executable(name: "convkit-bench", targets: ["convkit-bench"]),
     ],
@@ -25,13 +26,20 @@ let package = Package(
         .systemLibrary(
             name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(
+            name: "CPNG", path: "Sources/CPNG", pkgConfig: "libpng",
+            providers: [.apt(["libpng-dev"])]),
+        .systemLibrary(
+            name: "CTurboJPEG", path: "Sources/CTurboJPEG", pkgConfig: "libturbojpeg",
+            providers: [.apt(["libturbojpeg0-dev"])]),
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
-        // The modules: tools → ConversationKit / ZoneServer → RecordZone → SQLiteKit → C.
+        // The modules: tools → ConversationKit / ZoneServer → RecordZone, ImageKit → SQLiteKit → C.
         .target(name: "RecordZone", dependencies: ["CSodium", "CCurl", "SQLiteKit"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
-        .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit"]),
+        .target(name: "ImageKit", dependencies: ["CPNG", "CTurboJPEG"]),
+        .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit", "ImageKit"]),
         .target(
             name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"],
             exclude: ["openapi.json"]),
@@ -42,7 +50,7 @@ let package = Package(
             name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),
         .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "CSodium", "CSQLite", "CRawLimits"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG"],
             path: "Tools/convkit-bench"),
         // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
         .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),
@@ -62,10 +70,11 @@ let package = Package(
         // Tests.
         .target(name: "CSpawn", path: "Tests/CSpawn"),
         .target(name: "TestSupport", dependencies: ["CSpawn"], path: "Tests/TestSupport"),
+        .testTarget(name: "ImageKitTests", dependencies: ["ImageKit", "CPNG", "TestSupport"]),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
         .testTarget(
             name: "ConversationKitTests",
-            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
+            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "CPNG", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
     ],
     swiftLanguageModes: [.v6]
