@@ -10,3 +10,4 @@ static const png_uint_32 ck_png_format_linear_gray = PNG_FORMAT_LINEAR_Y;
 static const png_uint_32 ck_png_format_rgba_colormap = PNG_FORMAT_RGBA_COLORMAP;
 static const png_uint_32 ck_png_image_version = PNG_IMAGE_VERSION;
 static const png_uint_32 ck_png_image_warning = PNG_IMAGE_WARNING;
+static const png_uint_32 ck_png_image_flag_fast = PNG_IMAGE_FLAG_FAST;

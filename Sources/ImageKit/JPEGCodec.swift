@@ -38,11 +38,12 @@ enum JPEGCodec {
         return try outcome.get()
     }
 
-    /// The smallest of the library's scaling factors whose result still covers `fitting` (so
-    /// area averaging does the last step), or 1/1.
-    private static func scale(width: Int, height: Int, fitting: (width: Int, height: Int)?) -> tjscalingfactor {
+    /// The smallest of the library's scaling factors whose result still covers the size the
+    /// image will have once fitted in `box` (so area averaging does the last step), or 1/1.
+    private static func scale(width: Int, height: Int, fitting box: (width: Int, height: Int)?) -> tjscalingfactor {
         let one = tjscalingfactor(num: 1, denom: 1)
-        guard let fitting else { return one }
+        guard let box else { return one }
+        let fitting = RGBAImage.fittingSize(width: width, height: height, maxWidth: box.width, maxHeight: box.height)
         var count: Int32 = 0
         guard let factors = tjGetScalingFactors(&count) else { return one }
         var best = one

@@ -7,7 +7,7 @@ import Foundation
 struct Options {
     var seconds = 1.0
     var json = false
-    var sections: Set<String> = ["records", "store", "server", "registration"]
+    var sections: Set<String> = ["records", "store", "server", "registration", "images"]
     var identities = [1_000, 100_000]
     var messages = 1_000_000
 }
@@ -22,8 +22,8 @@ func parseOptions() -> Options {
             options.seconds = value
         case "--json": options.json = true
         case "--only":
-            guard let section = args.popFirst(), ["records", "store", "server", "registration"].contains(section) else {
-                usageError("--only takes records, store, server or registration")
+            guard let section = args.popFirst(), ["records", "store", "server", "registration", "images"].contains(section) else {
+                usageError("--only takes records, store, server, registration or images")
             }
             options.sections = [section]
         case "--messages":
@@ -37,11 +37,11 @@ func parseOptions() -> Options {
             print("""
                 OVERVIEW: Measure ConversationKit against raw libsodium and disk limits on this machine.
 
-                USAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration] [--messages <n>] [--identities <n,n>] [--json]
+                USAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration|images] [--messages <n>] [--identities <n,n>] [--json]
 
                 OPTIONS:
                   --seconds <s>     Time spent on each measurement (default 1.0).
-                  --only <section>  Run one section: records, store, server or registration.
+                  --only <section>  Run one section: records, store, server, registration or images.
                   --messages <n>    Messages in the store for the newest-50 query (default 1000000).
                   --identities <n,n>
                                     Identities the server holds before registration and a tag query are measured
@@ -57,7 +57,7 @@ func parseOptions() -> Options {
 }
 
 func usageError(_ message: String) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration] [--messages <n>] [--identities <n,n>] [--json]\n".utf8))
+    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration|images] [--messages <n>] [--identities <n,n>] [--json]\n".utf8))
     exit(64)
 }
 
@@ -72,6 +72,7 @@ do {
         try await serverMemoryBench(reporter)
     }
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
+    if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
     try reporter.finish()
 } catch {
     FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
