@@ -62,6 +62,18 @@ enum StoreSchema {
         // Version 3: a profile comes from the speaker's zone and from the directory; the newest
         // version (by clock) is the one shown.
         Migration(version: 3, sql: "ALTER TABLE speakers ADD COLUMN clock INTEGER NOT NULL DEFAULT 0;"),
+        // Version 4: avatars. A profile's avatar (an asset: hash and size, and its pixel size),
+        // why it could not be had (a missing or corrupt asset; cleared when it changes), and the
+        // image cache's files (`Images/`, by hash) with their last use, for LRU eviction.
+        Migration(version: 4, sql: """
+            ALTER TABLE speakers ADD COLUMN avatar_hash BLOB;
+            ALTER TABLE speakers ADD COLUMN avatar_size INTEGER;
+            ALTER TABLE speakers ADD COLUMN avatar_width INTEGER;
+            ALTER TABLE speakers ADD COLUMN avatar_height INTEGER;
+            ALTER TABLE speakers ADD COLUMN avatar_error TEXT;
+            CREATE TABLE image_cache (hash BLOB PRIMARY KEY, size INTEGER NOT NULL, last_used INTEGER NOT NULL) STRICT, WITHOUT ROWID;
+            CREATE INDEX image_cache_by_use ON image_cache (last_used);
+            """),
     ]
 }
 

@@ -1,6 +1,7 @@
 import Foundation
 import RecordZone
 import SQLiteKit
+import ImageKit
 
 /// The store's errors: a code, a message, and what caused it underneath.
 public struct ConversationError: Error, Sendable, CustomStringConvertible {
@@ -25,6 +26,9 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case unknownDevice
         /// The store belongs to another local speaker; open that speaker's own store.
         case storeBelongsToAnotherSpeaker
+        /// Image bytes that cannot be an avatar: too large, too many pixels, not a PNG or JPEG,
+        /// damaged or truncated (``ConversationError/imageError`` says which).
+        case invalidImage
         case storeNotWritable
         case databaseCorrupt
         case database
@@ -37,6 +41,8 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
     public var sqliteError: SQLiteError?
     /// The backend error underneath, for ``Code/backend``.
     public var backendError: RecordZoneError?
+    /// The image error underneath, for ``Code/invalidImage``.
+    public var imageError: ImageError?
 
     public init(_ code: Code, _ message: String, sqliteError: SQLiteError? = nil, backendError: RecordZoneError? = nil) {
         self.code = code
@@ -56,6 +62,10 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
             if error.isAccessProblem { return ConversationError(.storeNotWritable, "the store's database cannot be written: \(error.message)", sqliteError: error) }
             return ConversationError(.database, error.description, sqliteError: error)
         case let error as RecordZoneError: return ConversationError(.backend, error.description, backendError: error)
+        case let error as ImageError:
+            var wrapped = ConversationError(.invalidImage, error.description)
+            wrapped.imageError = error
+            return wrapped
         default: return ConversationError(.database, "\(error)")
         }
     }

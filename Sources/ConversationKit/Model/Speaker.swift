@@ -4,8 +4,9 @@ import SQLiteKit
 
 /// A person who speaks in conversations: a snapshot of their profile.
 public struct Speaker: Sendable, Hashable, Identifiable {
-    /// The largest avatar edge, in pixels (avatars are scaled down to fit, aspect kept).
-    public static let maxImageSize = 100
+    /// The box avatars are scaled down to fit, aspect kept (ConversationKit's `maxImageSize`);
+    /// a store can choose another (``StoreConfiguration/maxImageSize``).
+    public static let maxImageSize = PixelSize(width: 100, height: 100)
 
     /// The unique identifier, e.g. `alice@example.org`. 1–128 bytes, no control characters.
     public let identifier: String
@@ -17,6 +18,12 @@ public struct Speaker: Sendable, Hashable, Identifiable {
     public var publicKey: Data?
     /// How far the store trusts that key.
     public var trust: SpeakerTrust
+    /// The pixel size of the speaker's avatar, when the profile has one (the image itself:
+    /// ``ConversationStore/avatarImage(for:)``).
+    public var avatarSize: PixelSize?
+    /// Why the speaker's avatar cannot be shown (its asset is missing or damaged), until the
+    /// speaker sets another one.
+    public var avatarProblem: String?
 
     public var id: String { identifier }
 
@@ -36,6 +43,20 @@ public struct Speaker: Sendable, Hashable, Identifiable {
         self.publicKey = publicKey
         self.trust = trust
     }
+}
+
+/// A size in pixels.
+public struct PixelSize: Sendable, Hashable, Codable, CustomStringConvertible {
+    public var width: Int
+    public var height: Int
+    public init(width: Int, height: Int) {
+        self.width = width
+        self.height = height
+    }
+    public var description: String { "\(width)×\(height)" }
+
+    /// The largest side an avatar read from someone else's profile may claim.
+    static let largestAvatarSide = 4096
 }
 
 /// How a store came to hold a speaker's key.

@@ -104,9 +104,16 @@ enum ChatRecords {
 
     // MARK: Building records
 
-    /// A profile: the version in the speaker's own zone, and its copy in the directory.
-    static func speaker(identifier: String, name: String, tags: [String]) throws(RecordZoneError) -> [Record] {
-        let fields: [String: FieldValue] = ["name": .string(name), "tags": .list(tags.map { .string($0) })]
+    /// A profile: the version in the speaker's own zone, and its copy in the directory. The
+    /// avatar is an asset (a capped PNG) with its pixel size: `avatar`, `avatarWidth`,
+    /// `avatarHeight`.
+    static func speaker(identifier: String, name: String, tags: [String], avatar: AvatarReference? = nil) throws(RecordZoneError) -> [Record] {
+        var fields: [String: FieldValue] = ["name": .string(name), "tags": .list(tags.map { .string($0) })]
+        if let avatar {
+            fields["avatar"] = .asset(avatar.asset)
+            fields["avatarWidth"] = .int(Int64(avatar.size.width))
+            fields["avatarHeight"] = .int(Int64(avatar.size.height))
+        }
         return [Record(id: try RecordID(zone: speakerZone(identifier), name: identifier), type: speakerType, fields: fields),
                 Record(id: try RecordID(zone: speakersZone, name: identifier), type: speakerType, fields: fields)]
     }
@@ -139,6 +146,26 @@ enum ChatRecords {
         Record(id: try RecordID(zone: zone, name: receiptName(for: message, reader: reader)), type: receiptType, fields: [
             "reader": .string(reader), "message": .string(message), "readAt": .date(milliseconds: readAt),
         ])
+    }
+}
+
+/// A profile's avatar: the asset holding the PNG, and its pixel size.
+struct AvatarReference: Sendable, Hashable {
+    var asset: AssetReference
+    var size: PixelSize
+
+    /// The avatar a Speaker record names, if it names a well-formed one.
+    init?(_ record: Record) {
+        guard !record.isDeleted, let asset = record["avatar"]?.assetValue,
+            let width = record["avatarWidth"]?.intValue, let height = record["avatarHeight"]?.intValue,
+            (1...Int64(PixelSize.largestAvatarSide)).contains(width), (1...Int64(PixelSize.largestAvatarSide)).contains(height)
+        else { return nil }
+        self.init(asset: asset, size: PixelSize(width: Int(width), height: Int(height)))
+    }
+
+    init(asset: AssetReference, size: PixelSize) {
+        self.asset = asset
+        self.size = size
     }
 }
 

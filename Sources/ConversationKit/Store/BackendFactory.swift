@@ -1,4 +1,5 @@
 import Foundation
+import ImageKit
 import RecordZone
 import SQLiteKit
 
@@ -49,6 +50,14 @@ public struct BackendFactory: Sendable {
 }
 
 /// Tunables of a store, with defaults for production; tests inject the clock and randomness.
+/// When a store downloads other speakers' avatars.
+public enum AvatarDownload: Sendable, Hashable {
+    /// Every sync fetches the avatars it does not hold yet.
+    case duringSync
+    /// Only when ``ConversationStore/avatarImage(for:)`` asks for one.
+    case onFirstAccess
+}
+
 public struct StoreConfiguration: Sendable {
     /// Records per pulled page.
     public var pageSize = 200
@@ -63,6 +72,17 @@ public struct StoreConfiguration: Sendable {
     public var random: @Sendable () -> Double = { Double.random(in: 0..<1) }
     /// The version clock; defaults to one driven by ``now``.
     public var clock: HybridLogicalClock?
+    /// The box avatars are scaled down to fit (default 100×100, ``Speaker/maxImageSize``).
+    public var maxImageSize = Speaker.maxImageSize
+    /// Limits on images given to ``ConversationStore/setAvatar(imageData:)``: bytes (default
+    /// 20 MiB) and pixels (default 25 million), checked before any pixel is decoded.
+    public var imageLimits = ImageLimits()
+    /// The bytes the image cache (`Images/`) may hold before the least recently used images
+    /// go (default 50 MiB); the local speaker's own avatar is never evicted.
+    public var imageCacheBytes = 50 << 20
+    /// When other speakers' avatars are downloaded: during ``ConversationStore/sync()``
+    /// (default) or on first access (``ConversationStore/avatarImage(for:)``).
+    public var avatarDownload = AvatarDownload.duringSync
 
     public init() {}
 }

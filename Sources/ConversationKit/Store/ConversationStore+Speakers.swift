@@ -26,17 +26,33 @@ extension ConversationStore {
                 throw ConversationError(.keyConflict, "this store holds another key for '\(identifier)'")
             }
         }
-        let records: [Record]
-        do { records = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
+        do { _ = try ChatRecords.speaker(identifier: identifier, name: name, tags: tags) } catch {
             throw ConversationError(.invalidIdentifier, error.message)
         }
         try await write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
             applier.localSpeaker = identifier
-            for record in records { try self.commitLocal(record, as: local, in: &applier) }
+            // A new name or tags keep the avatar.
+            let avatar = try Self.avatar(of: identifier, in: applier.db)
+            for record in try ChatRecords.speaker(identifier: identifier, name: name, tags: tags, avatar: avatar) {
+                try self.commitLocal(record, as: local, in: &applier)
+            }
         }
         identity.withLock { $0 = local }
-        return Speaker(identifier: identifier, name: name, tags: tags, isLocalSpeaker: true, publicKey: policy.pins.chain(for: identifier)?.current, trust: .verified)
+        guard let speaker = try speaker(fromRef: SpeakerRef(identifier: identifier)) else {
+            throw ConversationError(.database, "the local speaker's profile was not stored")
+        }
+        return speaker
+    }
+
+    /// The avatar a speaker's profile names, from the cache.
+    static func avatar(of identifier: String, in db: Database) throws -> AvatarReference? {
+        try db.first("SELECT avatar_hash, avatar_size, avatar_width, avatar_height FROM speakers WHERE identifier = ? AND avatar_hash IS NOT NULL",
+                     [identifier]) { row in
+            (try? AssetReference(hash: row.blob(0), size: UInt64(row.int(1)))).map {
+                AvatarReference(asset: $0, size: PixelSize(width: Int(row.int(2)), height: Int(row.int(3))))
+            }
+        } ?? nil
     }
 
     /// Changes the local speaker's name and tags (a new signed version of its Speaker record).
@@ -106,13 +122,18 @@ extension ConversationStore {
     }
 
     func speakers(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String?) throws -> [Speaker] {
-        let rows = try db.rows("SELECT s.identifier, s.name FROM speakers s WHERE \(condition) ORDER BY s.identifier", values) { row in
-            (row.text(0), row.text(1))
+        let rows = try db.rows("""
+            SELECT s.identifier, s.name, s.avatar_width, s.avatar_height, s.avatar_error FROM speakers s WHERE \(condition) ORDER BY s.identifier
+            """, values) { row in
+            (row.text(0), row.text(1), row.optionalInt(2).flatMap { w in row.optionalInt(3).map { PixelSize(width: Int(w), height: Int($0)) } }, row.optionalText(4))
         }
-        return try rows.map { identifier, name in
+        return try rows.map { identifier, name, avatarSize, avatarProblem in
             let tags = try db.rows("SELECT tag FROM speaker_tags WHERE identifier = ? ORDER BY tag", [identifier]) { $0.text(0) }
-            return Speaker(identifier: identifier, name: name.isEmpty ? identifier : name, tags: tags, isLocalSpeaker: identifier == local,
-                           publicKey: policy.pins.chain(for: identifier)?.current, trust: trust(of: identifier))
+            var speaker = Speaker(identifier: identifier, name: name.isEmpty ? identifier : name, tags: tags, isLocalSpeaker: identifier == local,
+                                  publicKey: policy.pins.chain(for: identifier)?.current, trust: trust(of: identifier))
+            speaker.avatarSize = avatarSize
+            speaker.avatarProblem = avatarProblem
+            return speaker
         }
     }
 }

@@ -90,7 +90,7 @@ public final class ConversationStore: Sendable {
         }
         database = StoreDatabase(queue: queue, policy: policy, hub: EventHub())
         backendFactory = backend
-        engine = SyncEngine(database: database, configuration: configuration)
+        engine = SyncEngine(database: database, configuration: configuration, images: AssetFolder(root: directory + "/Images"))
     }
 
     deinit { database.hub.finish() }
@@ -189,7 +189,12 @@ public final class ConversationStore: Sendable {
     @discardableResult
     public func sync() async throws(ConversationError) -> SyncReport {
         let local = try requireIdentity()
-        return try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: try backend())
+        let backend = try backend()
+        var report = try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: backend)
+        if configuration.avatarDownload == .duringSync {
+            report.avatarsDownloaded = await downloadMissingAvatars(from: backend)
+        }
+        return report
     }
 
     /// How many local changes wait in the outbox.
@@ -207,12 +212,17 @@ public final class ConversationStore: Sendable {
         }
     }
 
-    /// Drops everything that can be fetched again — synced records, tokens, the quarantine — and
-    /// keeps the local speaker, its key, pinned keys and every unsent change. The next
+    /// Drops everything that can be fetched again — synced records, tokens, the quarantine, the
+    /// image cache — and keeps the local speaker, its key, its avatar, pinned keys and every
+    /// unsent change. The next
     /// ``sync()`` fetches everything again.
     public func clearAllCachedData() async throws(ConversationError) {
         let local = try requireIdentity()
-        try await write { applier in try CacheReset.drop(zone: nil, keeping: local.identifier, in: applier.db) }
+        let files = imageFiles
+        try await write { applier in
+            try CacheReset.drop(zone: nil, keeping: local.identifier, in: applier.db)
+            for hash in try ImageCacheIndex.clear(in: applier.db) { files.remove(hash) }
+        }
     }
 }
 

@@ -139,10 +139,17 @@ struct RecordApplier {
         let name = record.isDeleted ? "" : record.string("name") ?? ""
         let newer = try db.first("SELECT clock FROM speakers WHERE identifier = ?", [identifier]) { UInt64(bitPattern: $0.int(0)) <= record.clock.rawValue } ?? true
         guard newer else { return }
+        let avatar = AvatarReference(record)
+        // A new avatar clears the reason the old one could not be had.
         try db.execute("""
-            INSERT INTO speakers (identifier, name, public_key, is_known, clock) VALUES (?, ?, ?, 0, ?)
-            ON CONFLICT (identifier) DO UPDATE SET name = excluded.name, public_key = excluded.public_key, clock = excluded.clock
-            """, [identifier, name, record.authorKey, record.clock.rawValue])
+            INSERT INTO speakers (identifier, name, public_key, is_known, clock, avatar_hash, avatar_size, avatar_width, avatar_height)
+                VALUES (?, ?, ?, 0, ?, ?, ?, ?, ?)
+            ON CONFLICT (identifier) DO UPDATE SET name = excluded.name, public_key = excluded.public_key, clock = excluded.clock,
+                avatar_error = CASE WHEN avatar_hash IS excluded.avatar_hash THEN avatar_error END,
+                avatar_hash = excluded.avatar_hash, avatar_size = excluded.avatar_size,
+                avatar_width = excluded.avatar_width, avatar_height = excluded.avatar_height
+            """, [identifier, name, record.authorKey, record.clock.rawValue, avatar?.asset.hash, avatar.map { Int64($0.asset.size) },
+                  avatar.map { $0.size.width }, avatar.map { $0.size.height }])
         try db.execute("DELETE FROM speaker_tags WHERE identifier = ?", [identifier])
         if !record.isDeleted {
             for tag in Set(record["tags"]?.listValue?.compactMap(\.stringValue) ?? []) {

@@ -16,6 +16,8 @@ public struct SyncReport: Sendable, Hashable {
     public var quarantined = 0
     /// Zones fetched again from the start after their token expired.
     public var refetchedZones = 0
+    /// Other speakers' avatars downloaded into the image cache.
+    public var avatarsDownloaded = 0
 }
 
 /// Pushes the outbox and pulls changes. One sync runs at a time (an actor); reads of the store
@@ -35,6 +37,8 @@ public struct SyncReport: Sendable, Hashable {
 actor SyncEngine {
     let database: StoreDatabase
     let configuration: StoreConfiguration
+    /// The image cache, from which the assets records reference are uploaded.
+    let images: AssetFolder
     /// The backend of the sync in progress.
     private var connected: (any RecordZoneBackend)?
     private var backend: any RecordZoneBackend {
@@ -42,9 +46,10 @@ actor SyncEngine {
         return connected
     }
 
-    init(database: StoreDatabase, configuration: StoreConfiguration) {
+    init(database: StoreDatabase, configuration: StoreConfiguration, images: AssetFolder) {
         self.database = database
         self.configuration = configuration
+        self.images = images
     }
 
     func sync(localSpeaker: String, deviceKey: Data, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
@@ -115,6 +120,9 @@ actor SyncEngine {
             try await ensureZonesExist(Set(records.map(\.id.zone)))
             let results: [Result<Record, RecordZoneError>]
             do {
+                // The assets they reference first (an avatar), so no reader sees a reference
+                // before its bytes.
+                try await uploadAssets(of: records)
                 results = try await backend.save(records)
             } catch {
                 guard error.isTransient else { throw ConversationError(.backend, "push failed: \(error)", backendError: error) }
@@ -164,6 +172,18 @@ actor SyncEngine {
                 applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
             }
             report.failed += 1
+        }
+    }
+
+    /// Uploads the assets the records reference, from the image cache. One this store does not
+    /// hold (its cache was emptied by hand) is left out: readers then report it missing.
+    private func uploadAssets(of records: [Record]) async throws(RecordZoneError) {
+        var seen = Set<Data>()
+        for record in records {
+            for case .asset(let reference) in record.fields.values where seen.insert(reference.hash).inserted {
+                guard let data = try? images.get(reference) else { continue }
+                _ = try await backend.putAsset(data, expected: reference)
+            }
         }
     }
 
