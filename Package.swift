@@ -69,12 +69,12 @@ let package = Package(
 
         // Tests.
         .target(name: "CSpawn", path: "Tests/CSpawn"),
-        .target(name: "TestSupport", dependencies: ["CSpawn"], path: "Tests/TestSupport"),
-        .testTarget(name: "ImageKitTests", dependencies: ["ImageKit", "CPNG", "TestSupport"]),
+        .target(name: "TestSupport", dependencies: ["CSpawn", "ImageKit", "CPNG"], path: "Tests/TestSupport"),
+        .testTarget(name: "ImageKitTests", dependencies: ["ImageKit", "TestSupport"]),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
         .testTarget(
             name: "ConversationKitTests",
-            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "CPNG", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
+            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
     ],
     swiftLanguageModes: [.v6]

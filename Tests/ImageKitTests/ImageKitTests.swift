@@ -12,16 +12,16 @@ import TestSupport
     /// Every PNG colour type and bit depth (16-bit with and without a gamma chunk), interlaced
     /// or not, at several sizes and aspect ratios: capped to fit 100×100 with the aspect kept, a two-colour split keeps its split
     /// and each side its colour.
-    @Test(arguments: Fixtures.PNGKind.allCases)
-    func pngOfEveryKindIsCappedKeepingAspectAndColours(_ kind: Fixtures.PNGKind) throws {
+    @Test(arguments: ImageFixtures.PNGKind.allCases)
+    func pngOfEveryKindIsCappedKeepingAspectAndColours(_ kind: ImageFixtures.PNGKind) throws {
         for (width, height, interlaced) in [(320, 240, false), (150, 450, true), (64, 40, false), (500, 50, true)] {
             var left = kind.isGray ? Self.lightGray : Self.red
             var right = kind.isGray ? Self.darkGray : Self.blue
             if kind.hasAlpha { left.3 = 160 }
             if kind == .palette8 { right.3 = 255 }
-            let source = Fixtures.split(width: width, height: height, left: left, right: right)
+            let source = ImageFixtures.split(width: width, height: height, left: left, right: right)
             // 16-bit files with and without an sRGB chunk (libpng alone would take the latter for linear light).
-            let file = try Fixtures.png(source, kind, interlaced: interlaced, tagged: interlaced)
+            let file = try ImageFixtures.png(source, kind, interlaced: interlaced, tagged: interlaced)
             let capped = try Images.cap(file, maxWidth: 100, maxHeight: 100)
             let expected = RGBAImage.fittingSize(width: width, height: height, maxWidth: 100, maxHeight: 100)
             #expect(capped.width == expected.width && capped.height == expected.height, "\(kind) \(width)×\(height)")
@@ -41,7 +41,7 @@ import TestSupport
         for (width, height) in [(512, 384), (240, 600), (90, 60)] {
             let gray = space == .grayscale
             let left = gray ? Self.lightGray : Self.red, right = gray ? Self.darkGray : Self.blue
-            let source = Fixtures.split(width: width, height: height, left: left, right: right)
+            let source = ImageFixtures.split(width: width, height: height, left: left, right: right)
             let file = try Images.encodeJPEG(source, quality: 92, progressive: progressive, colorSpace: space)
             let capped = try Images.cap(file, maxWidth: 100, maxHeight: 100)
             let expected = RGBAImage.fittingSize(width: width, height: height, maxWidth: 100, maxHeight: 100)
@@ -57,19 +57,19 @@ import TestSupport
     /// "turn 90° clockwise" (6) becomes portrait with red on the right; tagged 3 (180°), blue
     /// on top; tagged 8, red on the left.
     @Test func exifOrientationIsApplied() throws {
-        let stored = Fixtures.topBottom(width: 400, height: 200, top: (220, 30, 40), bottom: (20, 60, 200))
+        let stored = ImageFixtures.topBottom(width: 400, height: 200, top: (220, 30, 40), bottom: (20, 60, 200))
         let jpeg = try Images.encodeJPEG(stored, quality: 92, progressive: true)
         let red = Self.red, blue = Self.blue
 
-        let turned = try Images.decode(try Images.cap(Fixtures.withOrientation(jpeg, 6), maxWidth: 100, maxHeight: 100).png)
+        let turned = try Images.decode(try Images.cap(ImageFixtures.withOrientation(jpeg, 6), maxWidth: 100, maxHeight: 100).png)
         #expect(turned.width == 50 && turned.height == 100)
         #expect(near(turned.pixel(turned.width - 5, 50), red, 10) && near(turned.pixel(4, 50), blue, 10))
 
-        let upsideDown = try Images.decode(try Images.cap(Fixtures.withOrientation(jpeg, 3), maxWidth: 100, maxHeight: 100).png)
+        let upsideDown = try Images.decode(try Images.cap(ImageFixtures.withOrientation(jpeg, 3), maxWidth: 100, maxHeight: 100).png)
         #expect(upsideDown.width == 100 && upsideDown.height == 50)
         #expect(near(upsideDown.pixel(50, 4), blue, 10) && near(upsideDown.pixel(50, 45), red, 10))
 
-        let left = try Images.decode(try Images.cap(Fixtures.withOrientation(jpeg, 8), maxWidth: 100, maxHeight: 100).png)
+        let left = try Images.decode(try Images.cap(ImageFixtures.withOrientation(jpeg, 8), maxWidth: 100, maxHeight: 100).png)
         #expect(left.width == 50 && left.height == 100)
         #expect(near(left.pixel(4, 50), red, 10) && near(left.pixel(45, 50), blue, 10))
     }
@@ -84,7 +84,7 @@ import TestSupport
         #expect(small.width == 50 && small.height == 20)
         for x in [0, 17, 49] { #expect(near(small.pixel(x, 10), (128, 128, 128, 255), 2), "\(small.pixel(x, 10))") }
         // Transparent pixels lend no colour: red at full alpha beside clear black averages to red.
-        let half = Fixtures.split(width: 20, height: 20, left: (255, 0, 0, 255), right: (0, 0, 0, 0))
+        let half = ImageFixtures.split(width: 20, height: 20, left: (255, 0, 0, 255), right: (0, 0, 0, 0))
         let one = half.scaled(toFitWidth: 1, height: 1)
         #expect(near(one.pixel(0, 0), (255, 0, 0, 128), 1), "\(one.pixel(0, 0))")
     }
@@ -92,7 +92,7 @@ import TestSupport
     /// The capped PNG holds pixels only — no text, time, EXIF or other ancillary chunk — and the
     /// one byte that says they are sRGB.
     @Test func theCappedPNGHoldsNoMetadata() throws {
-        let jpeg = Fixtures.withOrientation(try Images.encodeJPEG(Fixtures.split(width: 300, height: 200, left: Self.red, right: Self.blue)), 1)
+        let jpeg = ImageFixtures.withOrientation(try Images.encodeJPEG(ImageFixtures.split(width: 300, height: 200, left: Self.red, right: Self.blue)), 1)
         let png = try Images.cap(jpeg, maxWidth: 100, maxHeight: 100).png
         var chunks = [String]()
         var at = 8
@@ -109,8 +109,8 @@ import TestSupport
         func code(_ data: Data, limits: ImageLimits = ImageLimits()) -> ImageError.Code? {
             do { _ = try Images.cap(data, maxWidth: 100, maxHeight: 100, limits: limits); return nil } catch { return error.code }
         }
-        let picture = Fixtures.split(width: 300, height: 200, left: Self.red, right: Self.blue)
-        let png = try Fixtures.png(picture, .rgba8)
+        let picture = ImageFixtures.split(width: 300, height: 200, left: Self.red, right: Self.blue)
+        let png = try ImageFixtures.png(picture, .rgba8)
         let jpeg = try Images.encodeJPEG(picture)
         // A PNG whose header claims 100,000 × 100,000 pixels (40 GB of RGBA; its checksum made
         // right), and a JPEG claiming 60,000².
@@ -119,7 +119,7 @@ import TestSupport
         let crc = crc32(claimed[12..<29])
         claimed[29...32] = [UInt8(crc >> 24), UInt8((crc >> 16) & 0xFF), UInt8((crc >> 8) & 0xFF), UInt8(crc & 0xFF)]
         #expect(code(Data(claimed)) == .tooManyPixels)
-        #expect(code(try Fixtures.claiming(jpeg, width: 60_000, height: 60_000)) == .tooManyPixels)
+        #expect(code(try ImageFixtures.claiming(jpeg, width: 60_000, height: 60_000)) == .tooManyPixels)
         #expect(code(png, limits: ImageLimits(maximumPixels: 300 * 200 - 1)) == .tooManyPixels)
         // Truncated.
         for cut in [png.count / 2, png.count - 13, 40] { #expect(code(png.prefix(cut)) == .corrupt, "PNG cut at \(cut)") }

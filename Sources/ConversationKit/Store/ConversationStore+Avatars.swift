@@ -74,7 +74,7 @@ extension ConversationStore {
             for record in try ChatRecords.speaker(identifier: local.identifier, name: current, tags: tags, avatar: avatar) {
                 try self.commitLocal(record, as: local, in: &applier)
             }
-            for hash in try ImageCacheIndex.evict(toFit: budget, in: db) { files.remove(hash) }
+            for hash in try ImageCacheIndex.evict(toFit: budget, keeping: avatar?.asset.hash, in: db) { files.remove(hash) }
         }
         guard let speaker = try speaker(fromRef: SpeakerRef(identifier: local.identifier)) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")
@@ -146,7 +146,7 @@ extension ConversationStore {
                 try await write { applier in
                     _ = try files.put(png, expected: avatar.asset)
                     try ImageCacheIndex.add(avatar.asset, now: now, in: applier.db)
-                    for hash in try ImageCacheIndex.evict(toFit: budget, in: applier.db) { files.remove(hash) }
+                    for hash in try ImageCacheIndex.evict(toFit: budget, keeping: avatar.asset.hash, in: applier.db) { files.remove(hash) }
                 }
                 return AvatarImage(png: png, size: avatar.size)
             }
@@ -184,9 +184,10 @@ enum ImageCacheIndex {
         try db.execute("UPDATE image_cache SET last_used = ? WHERE hash = ?", [now, hash])
     }
 
-    /// Forgets the least recently used images until the cache holds at most `budget` bytes.
+    /// Forgets the least recently used images until the cache holds at most `budget` bytes,
+    /// but not `kept` (the image just added: it is being used).
     /// - Returns: the hashes whose files the caller removes.
-    static func evict(toFit budget: Int, in db: Database) throws -> [Data] {
+    static func evict(toFit budget: Int, keeping kept: Data?, in db: Database) throws -> [Data] {
         var total = try db.first("SELECT coalesce(sum(size), 0) FROM image_cache") { $0.int(0) } ?? 0
         guard total > budget else { return [] }
         let candidates = try db.rows("""
@@ -195,7 +196,7 @@ enum ImageCacheIndex {
             ORDER BY last_used, hash
             """) { ($0.blob(0), $0.int(1)) }
         var evicted = [Data]()
-        for (hash, size) in candidates where total > budget {
+        for (hash, size) in candidates where total > budget && hash != kept {
             try db.execute("DELETE FROM image_cache WHERE hash = ?", [hash])
             total -= size
             evicted.append(hash)

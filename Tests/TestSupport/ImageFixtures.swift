@@ -6,10 +6,10 @@ import Testing
 /// Test images made with the real libraries: every PNG colour type and bit depth (through
 /// libpng's full writing API, which the decoder under test does not use), JPEGs through
 /// TurboJPEG, and EXIF orientation spliced in as cameras write it.
-enum Fixtures {
-    enum PNGKind: String, CaseIterable, Sendable {
+public enum ImageFixtures {
+    public enum PNGKind: String, CaseIterable, Sendable {
         case gray8, grayAlpha8, rgb8, rgba8, palette8, gray16, rgb16, rgba16
-        var colorType: Int32 {
+        public var colorType: Int32 {
             switch self {
             case .gray8, .gray16: 0
             case .rgb8, .rgb16: 2
@@ -18,13 +18,13 @@ enum Fixtures {
             case .rgba8, .rgba16: 6
             }
         }
-        var bitDepth: Int32 { [.gray16, .rgb16, .rgba16].contains(self) ? 16 : 8 }
-        var isGray: Bool { [.gray8, .grayAlpha8, .gray16].contains(self) }
-        var hasAlpha: Bool { [.grayAlpha8, .rgba8, .rgba16, .palette8].contains(self) }
+        public var bitDepth: Int32 { [.gray16, .rgb16, .rgba16].contains(self) ? 16 : 8 }
+        public var isGray: Bool { [.gray8, .grayAlpha8, .gray16].contains(self) }
+        public var hasAlpha: Bool { [.grayAlpha8, .rgba8, .rgba16, .palette8].contains(self) }
     }
 
     /// An image whose left part (`split` of its width) is one colour and the rest another.
-    static func split(width: Int, height: Int, left: (UInt8, UInt8, UInt8, UInt8), right: (UInt8, UInt8, UInt8, UInt8), at split: Double = 0.5) -> RGBAImage {
+    public static func split(width: Int, height: Int, left: (UInt8, UInt8, UInt8, UInt8), right: (UInt8, UInt8, UInt8, UInt8), at split: Double = 0.5) -> RGBAImage {
         let edge = Int(Double(width) * split)
         var row = [UInt8](repeating: 0, count: width * 4)
         for x in 0..<width {
@@ -35,7 +35,7 @@ enum Fixtures {
     }
 
     /// An image whose top half is one colour and bottom half another.
-    static func topBottom(width: Int, height: Int, top: (UInt8, UInt8, UInt8), bottom: (UInt8, UInt8, UInt8)) -> RGBAImage {
+    public static func topBottom(width: Int, height: Int, top: (UInt8, UInt8, UInt8), bottom: (UInt8, UInt8, UInt8)) -> RGBAImage {
         var pixels = [UInt8]()
         for y in 0..<height {
             let c = y < height / 2 ? top : bottom
@@ -47,7 +47,7 @@ enum Fixtures {
     /// The image as a PNG of `kind` (gray kinds take the red channel), through libpng's full
     /// writing API; a `tagged` 16-bit file carries an sRGB chunk (as image editors write them),
     /// an untagged one says nothing of its gamma (as many tools write them).
-    static func png(_ image: RGBAImage, _ kind: PNGKind, interlaced: Bool = false, tagged: Bool = true) throws -> Data {
+    public static func png(_ image: RGBAImage, _ kind: PNGKind, interlaced: Bool = false, tagged: Bool = true) throws -> Data {
         let path = FileManager.default.temporaryDirectory.path + "/fixture-\(UUID().uuidString).png"
         defer { try? FileManager.default.removeItem(atPath: path) }
         guard let file = fopen(path, "wb") else { throw FixtureError("cannot create \(path)") }
@@ -109,7 +109,7 @@ enum Fixtures {
 
     /// A JPEG with an EXIF APP1 segment holding only the orientation tag (big-endian TIFF, as
     /// many cameras write it), right after the start-of-image marker.
-    static func withOrientation(_ jpeg: Data, _ orientation: UInt8) -> Data {
+    public static func withOrientation(_ jpeg: Data, _ orientation: UInt8) -> Data {
         let tiff: [UInt8] = [0x4D, 0x4D, 0x00, 0x2A, 0x00, 0x00, 0x00, 0x08,  // "MM", 42, IFD0 at 8
                              0x00, 0x01,  // one entry
                              0x01, 0x12, 0x00, 0x03, 0x00, 0x00, 0x00, 0x01, 0x00, orientation, 0x00, 0x00,
@@ -123,7 +123,7 @@ enum Fixtures {
     }
 
     /// A JPEG whose frame header (SOF) claims another size.
-    static func claiming(_ jpeg: Data, width: UInt16, height: UInt16) throws -> Data {
+    public static func claiming(_ jpeg: Data, width: UInt16, height: UInt16) throws -> Data {
         var bytes = [UInt8](jpeg)
         guard let sof = bytes.indices.dropLast(9).first(where: { bytes[$0] == 0xFF && (bytes[$0 + 1] == 0xC0 || bytes[$0 + 1] == 0xC2) }) else {
             throw FixtureError("no frame header")
@@ -134,13 +134,13 @@ enum Fixtures {
     }
 }
 
-struct FixtureError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
+public struct FixtureError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
 }
 
 /// Whether two colours are within `tolerance` on every channel.
-func near(_ a: (r: UInt8, g: UInt8, b: UInt8, a: UInt8), _ b: (UInt8, UInt8, UInt8, UInt8), _ tolerance: Int = 6) -> Bool {
+public func near(_ a: (r: UInt8, g: UInt8, b: UInt8, a: UInt8), _ b: (UInt8, UInt8, UInt8, UInt8), _ tolerance: Int = 6) -> Bool {
     abs(Int(a.r) - Int(b.0)) <= tolerance && abs(Int(a.g) - Int(b.1)) <= tolerance
         && abs(Int(a.b) - Int(b.2)) <= tolerance && abs(Int(a.a) - Int(b.3)) <= tolerance
 }
