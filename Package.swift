@@ -55,7 +55,7 @@ let package = Package(
         // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
         .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),
         // libFuzzer targets for the decoders (scripts/fuzz.sh builds them with the sanitizers).
-        .executableTarget(name: "convkit-fuzz", dependencies: ["RecordZone"], path: "Tools/convkit-fuzz"),
+        .executableTarget(name: "convkit-fuzz", dependencies: ["RecordZone", "ImageKit"], path: "Tools/convkit-fuzz"),
         // Helpers the tests run as real processes.
         .executableTarget(
             name: "convkit-zone-writer", dependencies: ["RecordZone", "ToolSupport"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (convkit-fuzz, with AddressSanitizer) and runs each from the seed
 # corpus in Tests/FuzzCorpus. Usage: scripts/fuzz.sh [--runs N | --seconds S] [target...]
-# Targets: record token header wire link (default: all). A crash stops the run with the input
+# Targets: record token header wire link image (default: all). A crash stops the run with the input
 # saved as ./crash-*; turn it into a regression test. CI runs a short form (--runs 20000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ case "${1:-}" in
   --seconds) limit=(-max_total_time="$2"); shift 2 ;;
 esac
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(record token header wire link)
+[ ${#targets[@]} -eq 0 ] && targets=(record token header wire link image)
 swift build --build-path .build/fuzz -c release --product convkit-fuzz \
   -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING -Xswiftc -Xclang-linker -Xswiftc -fuse-ld=lld
 work=$(mktemp -d)

@@ -2,12 +2,14 @@
 // `scripts/fuzz.sh` (with `-sanitize=fuzzer,address -D FUZZING`: the program hands its arguments
 // to libFuzzer's driver); a plain build makes a program that says so. The target is chosen with
 // CONVKIT_FUZZ_TARGET: record (the canonical decoder), token (change tokens), header (request
-// Authorization headers), wire (JSON and binary bodies), link (link codes).
+// Authorization headers), wire (JSON and binary bodies), link (link codes), image (avatar
+// capping: PNG and JPEG through libpng and libjpeg-turbo, EXIF, scaling).
 import Foundation
+import ImageKit
 import RecordZone
 
 let fuzzTarget = ProcessInfo.processInfo.environment["CONVKIT_FUZZ_TARGET"] ?? "record"
-let fuzzTargets: Set<String> = ["record", "token", "header", "wire", "link"]
+let fuzzTargets: Set<String> = ["record", "token", "header", "wire", "link", "image"]
 guard fuzzTargets.contains(fuzzTarget) else {
     FileHandle.standardError.write(Data("convkit-fuzz: unknown CONVKIT_FUZZ_TARGET '\(fuzzTarget)'; one of \(fuzzTargets.sorted())\n".utf8))
     exit(64)
@@ -37,6 +39,13 @@ func convkitFuzz(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
         _ = Wire.jsonObjectCountExceeds(bytes, 401)
     case "link":
         _ = try? LinkCode(text: String(decoding: bytes, as: UTF8.self))
+    case "image":
+        // Whatever is capped fits the box and decodes again to its own size.
+        if let capped = try? Images.cap(bytes, maxWidth: 100, maxHeight: 100, limits: ImageLimits(maximumBytes: 1 << 16, maximumPixels: 1 << 22)) {
+            guard capped.width <= 100, capped.height <= 100, let again = try? Images.decode(capped.png),
+                again.width == capped.width, again.height == capped.height
+            else { fatalError("a capped image does not fit its box or does not decode") }
+        }
     default:
         break  // checked before the driver starts
     }
