@@ -211,4 +211,36 @@ import TestSupport
             #expect(near(pixels.pixel(35, 25), who == "alice" ? Self.red : Self.blue, 2), "\(who)")
         }
     }
+
+    /// Another process (`convkit-store-sync --avatar-of`) reads the store's image cache while
+    /// the store's own process keeps evicting and downloading again: each of its reads is the
+    /// whole image of the right speaker, or a backend error (the backend is the other process's).
+    @Test func anotherProcessReadsTheCacheWhileTheStoreEvicts() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
+        for (store, colour) in [(alice, Self.red), (carol, Self.blue)] {
+            try await store.setAvatar(imageData: try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: colour)))
+            _ = try await store.send("hi", to: "bob")
+            try await store.sync()
+        }
+        let aliceHash = AssetReference(for: try Images.cap(try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: Self.red)), maxWidth: 100, maxHeight: 100).png).hexHash
+        var configuration = StoreConfiguration()
+        configuration.avatarDownload = .onFirstAccess
+        configuration.imageCacheBytes = 1
+        let bob = try await fixture.store("bob", configuration: configuration)
+        try await bob.sync()
+        _ = try await bob.avatarImage(for: "alice")
+        let reader = try ChildProcess(try builtProduct("convkit-store-sync"), ["--store", fixture.storePath("bob"), "--folder", fixture.folder, "--device", "bob",
+                                                                               "--identifier", "bob", "--avatar-of", "alice", "--reads", "200"])
+        var rounds = 0
+        while reader.isRunning && rounds < 2000 {
+            _ = try await bob.avatarImage(for: rounds % 2 == 0 ? "carol" : "alice")
+            rounds += 1
+        }
+        #expect(await reader.wait() == 0, "\(reader.standardError)")
+        let lines = reader.lines
+        #expect(lines.count == 200)
+        #expect(lines.allSatisfy { $0 == "avatar 70x50 \(aliceHash)" || $0 == "error backend" }, "\(Set(lines))")
+        #expect(lines.contains("avatar 70x50 \(aliceHash)"), "some reads found it cached")
+    }
 }

@@ -4,6 +4,7 @@
 // it send messages ("acked <message>" once each is synced) and check a store at the end.
 import ConversationKit
 import Foundation
+import RecordZone
 import SQLiteKit
 import ToolSupport
 
@@ -11,7 +12,7 @@ let usage = """
     OVERVIEW: Sync one ConversationKit store with a folder backend, once.
 
     USAGE: convkit-store-sync --store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>]
-           [--send-to <id> --count <n> --prefix <p>] [--check]
+           [--send-to <id> --count <n> --prefix <p>] [--check] [--avatar-of <id> [--reads <n>]]
 
     OPTIONS:
       --store <dir>        The store directory.
@@ -27,6 +28,9 @@ let usage = """
       --prefix <p>         The messages' text prefix.
       --check              After the sync, print "message <id> <text>" per message of every
                            conversation and "integrity <result>" from SQLite's integrity check.
+      --avatar-of <id>     Instead of syncing, read this speaker's avatar --reads times and print
+                           "avatar <width>x<height> <sha256 hex>" or "error <code>" for each.
+      --reads <n>          How many times (default 1).
       -h, --help           Show help information.
 
     """
@@ -35,7 +39,7 @@ func fail(_ message: String, code: Int32) -> Never {
     exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-store-sync")
 }
 
-let parsed = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["store", "folder", "device", "identifier", "page-size", "kill-self-after", "send-to", "count", "prefix"],
+let parsed = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["store", "folder", "device", "identifier", "page-size", "kill-self-after", "send-to", "count", "prefix", "avatar-of", "reads"],
                           flags: ["check"], help: usage, tool: "convkit-store-sync")
 let options = parsed.values
 guard let storePath = options["store"], let folder = options["folder"], let device = options["device"], let identifier = options["identifier"] else {
@@ -52,6 +56,23 @@ do {
     let store = try ConversationStore(directory: storePath, backend: .folder(folder, device: device), configuration: configuration)
     if store.localSpeakerIdentifier == nil {
         try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
+    }
+    if let speaker = options["avatar-of"] {
+        // Another process reading a store's image cache (the store's own process keeps the backend).
+        var lines = ""
+        for _ in 0..<(options["reads"].flatMap(Int.init) ?? 1) {
+            do {
+                if let avatar = try await store.avatarImage(for: speaker) {
+                    lines += "avatar \(avatar.size.width)x\(avatar.size.height) \(AssetReference(for: avatar.png).hexHash)\n"
+                } else {
+                    lines += "none\n"
+                }
+            } catch {
+                lines += "error \(error.code.rawValue)\n"
+            }
+        }
+        FileHandle.standardOutput.write(Data(lines.utf8))
+        exit(0)
     }
     let events = store.events()
     let printer = Task {
