@@ -50,4 +50,16 @@ public enum StoreEvent: Sendable, Hashable {
     case speakerFound(String)
     case conversationChanged(String)
     case syncStateChanged(MessageID)
+    /// What the continuous sync (``ConversationStore/run(pollInterval:longPolls:)``) is doing.
+    case syncActivity(SyncActivity)
+}
+
+/// The continuous sync's activity (ConversationKit's network activity and `cloudAvailable`).
+public enum SyncActivity: Sendable, Hashable {
+    /// A round finished: what it pushed and pulled.
+    case synced(SyncReport)
+    /// The backend could not be reached (with why); the sync backs off and tries again.
+    case unreachable(String)
+    /// The backend answers again after being unreachable.
+    case reachable
 }

@@ -161,6 +161,7 @@ public final class ConversationStore: Sendable {
             INSERT INTO ck_outbox (zone, name, record) VALUES (?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET record = excluded.record, attempts = 0, next_attempt_at = 0, last_error = NULL
             """, [record.id.zone.rawValue, record.id.name, try record.encoded()])
+        applier.queuedLocalChange = true
     }
 
     /// The backend, connected on first use with the local speaker's identity and key.

@@ -9,6 +9,10 @@ final class StoreDatabase: Sendable {
     let queue: DatabaseQueue
     let policy: RecordPolicy
     let hub: EventHub
+    /// Woken after each commit that queued a local change (``ConversationStore/run(pollInterval:)``
+    /// pushes it at once).
+    let localChanges = ChangeWaiters()
+    static let outboxSignal = ChatRecords.constantZone("outbox")
 
     init(queue: DatabaseQueue, policy: RecordPolicy, hub: EventHub) {
         self.queue = queue
@@ -27,15 +31,16 @@ final class StoreDatabase: Sendable {
     func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
         let policy = self.policy
         do {
-            let (result, events) = try await queue.write { db in
+            let (result, events, queued) = try await queue.write { db in
                 let local = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
                 var applier = RecordApplier(db: db, localSpeaker: local)
                 let result = try body(&applier)
                 try applier.readmitKeyConflicts(of: policy.pins.changedIdentities, policy: policy)
                 try applier.finish()
                 try PinTable.saveChanges(of: policy.pins, in: db)
-                return (result, applier.events)
+                return (result, applier.events, applier.queuedLocalChange)
             }
+            if queued { localChanges.wake(Self.outboxSignal) }
             hub.publish(events)
             return result
         } catch {

@@ -13,6 +13,8 @@ struct RecordApplier {
     var localSpeaker: String?
     private(set) var events: [StoreEvent] = []
     private(set) var quarantinedCount = 0
+    /// Whether this transaction queued a local change for the backend.
+    var queuedLocalChange = false
     /// Conversations already ensured in this transaction, and their newest message time.
     private var ensured = Set<String>()
     private var newestMessage: [String: Int64] = [:]

@@ -61,6 +61,22 @@ actor SyncEngine {
         return report
     }
 
+    /// Pushes the outbox only (a local change to send at once).
+    func pushOnly(localSpeaker: String, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
+        connected = backend
+        var report = SyncReport()
+        try await push(&report, localSpeaker: localSpeaker)
+        return report
+    }
+
+    /// Pulls the given zones only (a long poll said they moved), without the database feed.
+    func pull(zones: [ZoneName], backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
+        connected = backend
+        var report = SyncReport()
+        for zone in zones.sorted() { try await pullZone(zone, report: &report) }
+        return report
+    }
+
     /// Once this device learns it was revoked, what it signed after the revocation is marked
     /// failed (a folder may have taken it, but no reader will) and never pushed again.
     private func failRevoked(localSpeaker: String, deviceKey: Data) async throws(ConversationError) {

@@ -1,0 +1,211 @@
+import Foundation
+import RecordZone
+import SQLiteKit
+import Synchronization
+
+extension ConversationStore {
+    /// Keeps the store in step with its backend until the calling task is cancelled (as
+    /// CKSyncEngine schedules sync for its apps): a local change is pushed as soon as it is
+    /// committed — by this process, or by another one writing the same store (seen through
+    /// SQLite's `data_version`, every 250 ms); a remote change is pulled as soon as the backend
+    /// announces it: a long poll per followed zone (`longPolls`, the default for HTTP and
+    /// in-memory backends), and a look at the database feed every `pollInterval` for zones that
+    /// are new (a conversation someone else started) and for backends without long polls (a
+    /// folder). While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
+    /// catches up when it answers; ``StoreEvent/syncActivity(_:)`` reports each round and each
+    /// change of reachability.
+    /// - Throws: only what stops it for good — ``ConversationError/Code/noLocalSpeaker``, a
+    ///   backend that cannot be opened (a folder locked by another process).
+    public func run(pollInterval: Duration = .seconds(1), longPolls: Bool? = nil) async throws(ConversationError) {
+        let local = try requireIdentity()
+        let backend = try backend()
+        let useLongPolls = longPolls ?? !(backend is FileSystemBackend)
+        let kicks = SyncKicks()
+        let rounds = ChangeWaiters()
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.watchLocalChanges(kicks) }
+            group.addTask { await self.watchOtherProcesses(kicks) }
+            group.addTask {
+                while !Task.isCancelled {
+                    kicks.kick(.poll)
+                    do { try await Task.sleep(for: pollInterval) } catch { return }
+                }
+            }
+            if useLongPolls {
+                group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
+            }
+            await self.runRounds(local, backend, kicks: kicks, rounds: rounds)
+            group.cancelAll()
+        }
+    }
+
+    /// Runs a round per batch of kicks until cancelled: a poll or a retry is a whole sync, a
+    /// local change a push, a moved zone a pull of that zone.
+    private func runRounds(_ local: LocalIdentity, _ backend: any RecordZoneBackend, kicks: SyncKicks, rounds: ChangeWaiters) async {
+        var unreachable = false
+        var backoff = 0.5
+        while !Task.isCancelled {
+            let causes = await kicks.next()
+            if Task.isCancelled { return }
+            do {
+                var report: SyncReport
+                if causes.contains(.poll) {
+                    report = try await sync()
+                } else {
+                    report = SyncReport()
+                    if causes.contains(.localChange) { report = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend) }
+                    let zones = causes.compactMap { if case .zone(let zone) = $0 { zone } else { nil } }
+                    if !zones.isEmpty {
+                        let pulled = try await engine.pull(zones: zones, backend: backend)
+                        report.pulled += pulled.pulled
+                        report.quarantined += pulled.quarantined
+                    }
+                }
+                if unreachable {
+                    unreachable = false
+                    database.hub.publish([.syncActivity(.reachable)])
+                }
+                backoff = 0.5
+                if report != SyncReport() { database.hub.publish([.syncActivity(.synced(report))]) }
+            } catch {
+                if !unreachable {
+                    unreachable = true
+                    database.hub.publish([.syncActivity(.unreachable(error.description))])
+                }
+                kicks.kick(.poll)  // catch up whole once it answers
+                do { try await Task.sleep(for: .milliseconds(Int(backoff * 1000))) } catch { return }
+                backoff = min(30, backoff * 2)
+            }
+            rounds.wake(Self.roundSignal)
+        }
+    }
+
+    private static let roundSignal = ChatRecords.constantZone("round")
+
+    /// Kicks a push after each commit of this process that queued a local change.
+    private func watchLocalChanges(_ kicks: SyncKicks) async {
+        let signal = StoreDatabase.outboxSignal
+        var seen = database.localChanges.generation(of: signal)
+        if (try? pendingChangeCount()) ?? 0 > 0 { kicks.kick(.localChange) }
+        while !Task.isCancelled {
+            guard await database.localChanges.wait(for: signal, after: seen, timeout: .seconds(3600)) else { continue }
+            seen = database.localChanges.generation(of: signal)
+            kicks.kick(.localChange)
+        }
+    }
+
+    /// Kicks a push when another process (or connection) committed to the store and left
+    /// something due in the outbox.
+    private func watchOtherProcesses(_ kicks: SyncKicks) async {
+        var version = try? read { db in try db.first("PRAGMA data_version") { $0.int(0) } }
+        while !Task.isCancelled {
+            do { try await Task.sleep(for: .milliseconds(250)) } catch { return }
+            let now = try? read { db in try db.first("PRAGMA data_version") { $0.int(0) } }
+            guard now != version else { continue }
+            version = now
+            let due = SyncEngine.milliseconds(configuration.now())
+            let pending = (try? read { db in try db.first("SELECT count(*) FROM ck_outbox WHERE next_attempt_at <= ?", [due]) { $0.int(0) } }) ?? nil
+            if (pending ?? 0) > 0 { kicks.kick(.localChange) }
+        }
+    }
+
+    /// One long poll per followed zone (the speakers' own zones and the conversations, from
+    /// their stored tokens); a zone that moved is kicked, and its poll waits for the next round
+    /// before asking again. The set is read again after every round.
+    private func watchZones(_ backend: any RecordZoneBackend, kicks: SyncKicks, rounds: ChangeWaiters) async {
+        while !Task.isCancelled {
+            let zones = (try? read { db in
+                try db.rows("SELECT zone, token FROM ck_zone_state WHERE token IS NOT NULL ORDER BY zone") { ($0.text(0), $0.blob(1)) }
+            }) ?? []
+            let watched = Set(zones.map(\.0))
+            await withTaskGroup(of: Void.self) { group in
+                for (name, _) in zones {
+                    guard let zone = try? ZoneName(name) else { continue }
+                    group.addTask {
+                        while !Task.isCancelled {
+                            let round = rounds.generation(of: Self.roundSignal)
+                            let token = (try? self.read { db in
+                                try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [name]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
+                            }) ?? nil
+                            let moved: Bool
+                            do { moved = try await backend.waitForChanges(in: zone, since: token, timeout: .seconds(25)) } catch {
+                                // The round loop backs off; this poll waits for it.
+                                _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
+                                continue
+                            }
+                            if moved {
+                                kicks.kick(.zone(zone))
+                                _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
+                            }
+                        }
+                    }
+                }
+                // Start again when the set of zones changes (a new conversation, a new speaker).
+                group.addTask {
+                    while !Task.isCancelled {
+                        let round = rounds.generation(of: Self.roundSignal)
+                        _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(3600))
+                        let now = (try? self.read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE token IS NOT NULL") { $0.text(0) } }) ?? []
+                        if Set(now) != watched { return }
+                    }
+                }
+                await group.next()
+                group.cancelAll()
+            }
+        }
+    }
+}
+
+/// What starts a round of the continuous sync.
+enum SyncCause: Sendable, Hashable {
+    case localChange
+    case zone(ZoneName)
+    case poll
+}
+
+/// Kicks gathered until the round loop takes them all at once: many commits while a round runs
+/// make one more round, not many.
+final class SyncKicks: Sendable {
+    private struct State {
+        var pending = Set<SyncCause>()
+        var waiter: CheckedContinuation<Void, Never>?
+    }
+    private let state = Mutex(State())
+
+    func kick(_ cause: SyncCause) {
+        let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.pending.insert(cause)
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume()
+    }
+
+    /// Waits for at least one kick (or cancellation), then takes every pending one.
+    func next() async -> Set<SyncCause> {
+        while !Task.isCancelled {
+            let taken = state.withLock { state -> Set<SyncCause> in
+                defer { state.pending = [] }
+                return state.pending
+            }
+            if !taken.isEmpty { return taken }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { continuation in
+                    let resumeNow = state.withLock { state -> Bool in
+                        if !state.pending.isEmpty || Task.isCancelled { return true }
+                        state.waiter = continuation
+                        return false
+                    }
+                    if resumeNow { continuation.resume() }
+                }
+            } onCancel: {
+                let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                    defer { state.waiter = nil }
+                    return state.waiter
+                }
+                waiter?.resume()
+            }
+        }
+        return []
+    }
+}

@@ -1,0 +1,103 @@
+import ConversationKit
+import Foundation
+@testable import RecordZone
+import Testing
+import TestSupport
+@testable import ZoneServer
+
+/// The store's continuous mode, `run()`: local changes pushed as they are committed, remote
+/// ones pulled as the backend announces them, an unreachable backend caught up with.
+@Suite struct ContinuousSyncTests {
+    /// Waits for an event matching `matches` on `events`, up to `seconds`. - Returns: the time it took.
+    static func time(_ events: AsyncStream<StoreEvent>, seconds: Double = 5, _ matches: @escaping @Sendable (StoreEvent) -> Bool) async -> Duration? {
+        let start = ContinuousClock.now
+        return await withTaskGroup(of: Duration?.self) { group in
+            group.addTask {
+                for await event in events where matches(event) { return ContinuousClock.now - start }
+                return nil
+            }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(seconds))
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+    }
+
+    /// A message sent by one running store reaches the other running store with no sync() call:
+    /// through a zone server (long polls) and through a folder (its feed looked at every second).
+    @Test(arguments: [ChatBackend.http, .filesystem, .memory])
+    func aMessageReachesARunningPeer(_ kind: ChatBackend) async throws {
+        let fixture = try ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        _ = try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob])
+        let running = [Task { try await alice.run() }, Task { try await bob.run() }]
+        defer { running.forEach { $0.cancel() } }
+        try await Task.sleep(for: .milliseconds(200))  // the long polls are in place
+        var latencies = [Duration]()
+        for n in 0..<5 {
+            let events = bob.events()
+            let sent = try await alice.send("live \(n)", to: "bob")
+            let took = await Self.time(events) { $0 == .messageAdded(sent.id) }
+            latencies.append(try #require(took, "message \(n) arrived"))
+            #expect(try bob.message(sent.id)?.content == "live \(n)")
+        }
+        #expect(latencies.allSatisfy { $0 < .seconds(2) }, "\(latencies)")
+        // And the other way, shown synced on the sender's side.
+        let events = alice.events()
+        let reply = try await bob.send("hi back", to: "alice")
+        #expect(await Self.time(events) { $0 == .messageAdded(reply.id) } != nil)
+        let synced = await Self.time(bob.events(), seconds: 2) { _ in (try? bob.message(reply.id)?.syncState) == .synced }
+        #expect(try bob.message(reply.id)?.syncState == .synced || synced != nil)
+    }
+
+    /// Another process (here, another instance on the same directory, with a connection of its
+    /// own) writes a message into a running store: the running store notices and pushes it.
+    @Test func aChangeWrittenByAnotherInstanceIsPushed() async throws {
+        let fixture = try ChatFixture(.http)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        _ = try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob])
+        let running = [Task { try await alice.run() }, Task { try await bob.run() }]
+        defer { running.forEach { $0.cancel() } }
+        let other = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
+        let events = bob.events()
+        let sent = try await other.send("from the other instance", to: "bob")
+        #expect(await Self.time(events) { $0 == .messageAdded(sent.id) } != nil)
+    }
+
+    /// The server goes away while both stores run: the sender's store reports it unreachable,
+    /// the message stays pending; the server comes back on the same port and data, and the
+    /// message arrives with no help.
+    @Test func anUnreachableServerIsCaughtUpWith() async throws {
+        let directory = try TemporaryDirectory("continuous")
+        let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        var server: ZoneServer? = ZoneServer(storage: storage, access: ChatZoneAccess())
+        let port = try #require(server).start(host: "127.0.0.1", port: 0)
+        let url = try #require(URL(string: "http://127.0.0.1:\(port)"))
+        let alice = try ConversationStore(directory: directory.path + "/alice", backend: .server(url))
+        let bob = try ConversationStore(directory: directory.path + "/bob", backend: .server(url))
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+        _ = try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob])
+        let aliceEvents = alice.events()
+        let running = [Task { try await alice.run() }, Task { try await bob.run() }]
+        defer { running.forEach { $0.cancel() } }
+        await server?.stop(timeout: .seconds(1))
+        server = nil
+        let sent = try await alice.send("while the server is away", to: "bob")
+        #expect(await Self.time(aliceEvents) { if case .syncActivity(.unreachable) = $0 { true } else { false } } != nil)
+        #expect(try alice.message(sent.id)?.syncState == .pending)
+        let bobEvents = bob.events()
+        let again = ZoneServer(storage: try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(),
+                                                          indexedFields: ConversationStore.queryIndexes), access: ChatZoneAccess())
+        _ = try again.start(host: "127.0.0.1", port: port)
+        #expect(await Self.time(bobEvents, seconds: 40) { $0 == .messageAdded(sent.id) } != nil, "caught up once the server answers")
+        #expect(try alice.message(sent.id)?.syncState == .synced)
+        await again.stop(timeout: .seconds(1))
+    }
+}
