@@ -1,4 +1,5 @@
-// convkitd: the ConversationKit daemon. `serve` hosts record zones over HTTP.
+// convkitd: the ConversationKit daemon. `serve` hosts record zones over HTTP; `sync` keeps a
+// store in step with a folder zone or a server, continuously.
 import ConversationKit
 import Foundation
 import RecordZone
@@ -8,7 +9,7 @@ import ZoneServer
 let version = "0.1.0"
 
 let mainHelp = """
-    OVERVIEW: The ConversationKit daemon: serves record zones over HTTP.
+    OVERVIEW: The ConversationKit daemon: serves record zones over HTTP, keeps stores in step.
 
     USAGE: convkitd <subcommand>
 
@@ -18,6 +19,7 @@ let mainHelp = """
 
     SUBCOMMANDS:
       serve                   Serve record zones over HTTP from a data directory.
+      sync                    Keep a store in step with a folder zone or a server, continuously.
 
       See 'convkitd help <subcommand>' for detailed help.
 
@@ -47,6 +49,31 @@ let serveHelp = """
       --max-wait <seconds>    The longest long poll a client may ask for. (default: 60)
       --tls-cert <file>       Serve HTTPS with this certificate (PEM; with --tls-key).
       --tls-key <file>        The certificate's private key (PEM).
+      -h, --help              Show help information.
+
+    """
+
+let syncHelp = """
+    OVERVIEW: Keep a store in step with a folder zone or a zone server, continuously.
+
+    Pushes each local change as it is committed (by any process writing the store) and pulls
+    each remote change as the backend announces it: long polls on a server, a look at the
+    folder every --poll-interval. Backs off while the backend cannot be reached and catches up
+    when it answers. One log line per event on standard error. Stops cleanly on SIGINT or
+    SIGTERM.
+
+    USAGE: convkitd sync --store <dir> (--zone-dir <dir> | --server <url>) [options]
+
+    OPTIONS:
+      --store <dir>           The store directory (required).
+      --zone-dir <dir>        Sync through this folder zone.
+      --server <url>          Sync through this zone server.
+      --device <label>        The device label to write to a folder as. (default: the host name)
+      --identifier <id>       Set the store's local speaker up as <id> when it has none.
+      --poll-interval <seconds>
+                              How often to look at the database feed. (default: 1)
+      --log-level <level>     trace, debug, info, notice, warning, error or critical; info logs
+                              one line per event. (default: info)
       -h, --help              Show help information.
 
     """
@@ -128,6 +155,95 @@ func serve(_ rawArguments: [String]) async {
     exit(0)
 }
 
+func sync(_ rawArguments: [String]) async {
+    let arguments = parseOrExit(rawArguments, valued: ["store", "zone-dir", "server", "device", "identifier", "poll-interval", "log-level"],
+                                help: syncHelp, tool: "convkitd")
+    let backend: BackendFactory
+    let logger: Logger
+    let pollInterval: Int
+    do throws(UsageError) {
+        let levelName = arguments.values["log-level"] ?? "info"
+        guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
+        logger = Logger(label: "convkitd sync", level: level)
+        pollInterval = try arguments.int("poll-interval", default: 1, range: 1...3600)
+        guard arguments.values["store"] != nil else { throw UsageError("--store is required") }
+        switch (arguments.values["zone-dir"], arguments.values["server"]) {
+        case (let folder?, nil):
+            let label = arguments.values["device"] ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
+            backend = .folder(folder, device: label)
+        case (nil, let server?):
+            guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
+                throw UsageError("--server takes an http:// or https:// URL")
+            }
+            backend = .server(url)
+        default:
+            throw UsageError("give one of --zone-dir and --server")
+        }
+    } catch {
+        fail(error.message, usage: syncHelp)
+    }
+    let storePath = arguments.values["store"] ?? ""
+    let store: ConversationStore
+    do {
+        store = try ConversationStore(directory: storePath, backend: backend)
+        if store.localSpeakerIdentifier == nil {
+            guard let identifier = arguments.values["identifier"] else {
+                fail("the store \(storePath) has no local speaker: set one up (--identifier)", usage: nil)
+            }
+            try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
+        }
+    } catch {
+        fail("\(error)", usage: nil)
+    }
+    logger.info("syncing \(storePath) as \(store.localSpeakerIdentifier ?? "?")")
+    let events = store.events()
+    let printer = Task {
+        for await event in events {
+            switch event {
+            case .messageAdded(let id): logger.info("message added \(id.conversation)/\(id.name)")
+            case .messageChanged(let id): logger.info("message changed \(id.conversation)/\(id.name)")
+            case .syncStateChanged(let id): logger.debug("sync state changed \(id.conversation)/\(id.name)")
+            case .speakerUpdated(let identifier): logger.info("speaker updated \(identifier)")
+            case .speakerFound(let identifier): logger.info("speaker found \(identifier)")
+            case .conversationChanged(let zone): logger.debug("conversation changed \(zone)")
+            case .syncActivity(.synced(let report)):
+                logger.info("synced pushed=\(report.pushed) pulled=\(report.pulled) failed=\(report.failed) deferred=\(report.deferred) quarantined=\(report.quarantined)")
+            case .syncActivity(.unreachable(let why)): logger.warning("backend unreachable, backing off: \(why)")
+            case .syncActivity(.reachable): logger.info("backend reachable again")
+            }
+        }
+    }
+    signal(SIGPIPE, SIG_IGN)
+    let running = Task { try await store.run(pollInterval: .seconds(pollInterval)) }
+    // SIGINT and SIGTERM stop it cleanly: the round in progress ends, the store is closed.
+    let (signals, continuation) = AsyncStream<Int32>.makeStream()
+    var sources = [DispatchSourceSignal]()
+    for number in [SIGINT, SIGTERM] {
+        signal(number, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+        source.setEventHandler { continuation.yield(number) }
+        source.resume()
+        sources.append(source)
+    }
+    let stopper = Task {
+        for await number in signals {
+            logger.info("received \(number == SIGINT ? "SIGINT" : "SIGTERM"), stopping")
+            running.cancel()
+            break
+        }
+    }
+    let outcome = await running.result
+    stopper.cancel()
+    printer.cancel()
+    sources.forEach { $0.cancel() }
+    if case .failure(let error) = outcome {
+        logger.error("stopped: \(error)")
+        fail("\(error)", usage: nil)
+    }
+    logger.info("stopped")
+    exit(0)
+}
+
 var arguments = Array(CommandLine.arguments.dropFirst())
 switch arguments.first {
 case nil:
@@ -141,10 +257,13 @@ case "help":
     switch arguments.dropFirst().first {
     case nil: print(mainHelp, terminator: "")
     case "serve": print(serveHelp, terminator: "")
+    case "sync": print(syncHelp, terminator: "")
     case let other?: fail("unknown subcommand '\(other)'", usage: mainHelp)
     }
 case "serve":
     await serve(Array(arguments.dropFirst()))
+case "sync":
+    await sync(Array(arguments.dropFirst()))
 case let other?:
     fail("unknown subcommand '\(other)'", usage: mainHelp)
 }

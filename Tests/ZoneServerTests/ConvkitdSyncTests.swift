@@ -1,0 +1,106 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+
+/// `convkitd sync` as a process: two stores kept by two daemons through one `convkitd serve`
+/// (and through a folder) exchange messages written into them by other processes; a daemon
+/// whose server is killed and started again catches up; SIGTERM stops it cleanly.
+@Suite struct ConvkitdSyncTests {
+    /// Stores for alice and bob with one conversation, set up and synced once, then closed.
+    func setUp(_ directory: TemporaryDirectory, backend: BackendFactory) async throws {
+        var alice: ConversationStore? = try ConversationStore(directory: directory.path + "/alice", backend: backend)
+        var bob: ConversationStore? = try ConversationStore(directory: directory.path + "/bob", backend: backend)
+        try await alice?.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await bob?.setupLocalSpeaker(identifier: "bob", name: "Bob")
+        _ = try await alice?.send("hello", to: "bob")
+        for _ in 0..<2 { try await alice?.sync(); try await bob?.sync() }
+        alice = nil
+        bob = nil
+    }
+
+    func daemon(_ store: String, _ backend: [String]) throws -> ChildProcess {
+        try ChildProcess(try builtProduct("convkitd"), ["sync", "--store", store, "--poll-interval", "1"] + backend)
+    }
+
+    func serve(_ data: String, port: Int = 0) async throws -> (ChildProcess, Int) {
+        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", data, "--listen", "127.0.0.1:\(port)"])
+        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
+        try #require(started, "convkitd serve did not start: \(child.standardError)")
+        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
+        return (child, try #require(line.split(separator: ":").last.flatMap { Int($0) }))
+    }
+
+    /// Alice's store gets a message from another process (no sync there); both daemons carry it
+    /// to Bob's store within 2 s.
+    func exchange(_ directory: TemporaryDirectory, daemons: [ChildProcess], text: String, seconds: Double = 2) async throws {
+        let writer = try ConversationStore(directory: directory.path + "/alice", backend: .memory(InMemoryBackend()))
+        let sent = try await writer.send(text, to: "bob")
+        let start = ContinuousClock.now
+        let arrived = await daemons[1].waitUntil(seconds: seconds) { $0.standardError.contains("message added \(sent.id.conversation)/\(sent.id.name)") }
+        #expect(arrived, "reached bob's daemon within \(seconds) s (took \(ContinuousClock.now - start)): \(daemons.map(\.standardError))")
+        let reader = try ConversationStore(directory: directory.path + "/bob", backend: .memory(InMemoryBackend()))
+        #expect(try reader.message(sent.id)?.content == text)
+    }
+
+    func stop(_ daemons: [ChildProcess]) async {
+        for daemon in daemons {
+            daemon.kill(SIGTERM)
+            #expect(await daemon.wait() == 0, "\(daemon.standardError)")
+            #expect(daemon.standardError.contains("received SIGTERM, stopping") && daemon.standardError.contains("stopped"))
+        }
+    }
+
+    @Test func twoDaemonsThroughOneServer() async throws {
+        let directory = try TemporaryDirectory("ckd-sync")
+        let (server, port) = try await serve(directory.path + "/server")
+        let url = "http://127.0.0.1:\(port)"
+        try await setUp(directory, backend: .server(try #require(URL(string: url))))
+        let daemons = try ["alice", "bob"].map { try daemon(directory.path + "/" + $0, ["--server", url]) }
+        for daemon in daemons { #expect(await daemon.waitUntil(seconds: 30) { $0.standardError.contains("syncing") }) }
+        try await Task.sleep(for: .milliseconds(300))
+        try await exchange(directory, daemons: daemons, text: "live through the server")
+
+        // The server is killed and started again on the same port and data: the daemons catch up.
+        server.kill(SIGKILL)
+        _ = await server.wait()
+        let writer = try ConversationStore(directory: directory.path + "/alice", backend: .memory(InMemoryBackend()))
+        let sent = try await writer.send("while the server was down", to: "bob")
+        #expect(await daemons[0].waitUntil(seconds: 10) { $0.standardError.contains("backend unreachable") })
+        let (again, _) = try await serve(directory.path + "/server", port: port)
+        #expect(await daemons[1].waitUntil(seconds: 40) { $0.standardError.contains("message added \(sent.id.conversation)/\(sent.id.name)") },
+                "caught up without help: \(daemons[1].standardError)")
+        await stop(daemons)
+        again.kill(SIGTERM)
+        _ = await again.wait()
+    }
+
+    @Test func twoDaemonsThroughAFolder() async throws {
+        let directory = try TemporaryDirectory("ckd-sync-folder")
+        let folder = directory.path + "/shared"
+        try await setUp(directory, backend: .folder(folder, device: "setup"))
+        let daemons = try [("alice", "laptop"), ("bob", "phone")].map { try daemon(directory.path + "/" + $0.0, ["--zone-dir", folder, "--device", $0.1]) }
+        for daemon in daemons { #expect(await daemon.waitUntil(seconds: 30) { $0.standardError.contains("syncing") }) }
+        try await exchange(directory, daemons: daemons, text: "live through a folder", seconds: 3)
+        await stop(daemons)
+    }
+
+    @Test func usageErrorsAndFailures() async throws {
+        let directory = try TemporaryDirectory("ckd-sync-usage")
+        let tool = try builtProduct("convkitd")
+        for arguments in [["sync"], ["sync", "--store", directory.path], ["sync", "--store", directory.path, "--server", "ftp://x", "--zone-dir", "/tmp"],
+                          ["sync", "--store", directory.path, "--server", "not a url"], ["sync", "--store", directory.path, "--zone-dir", "/tmp", "--poll-interval", "0"],
+                          ["sync", "--bogus"]] {
+            let child = try ChildProcess(tool, arguments)
+            #expect(await child.wait() == 64, "\(arguments): \(child.standardError)")
+            #expect(child.standardError.hasPrefix("Error: "))
+        }
+        let help = try ChildProcess(tool, ["sync", "--help"])
+        #expect(await help.wait() == 0)
+        #expect(help.standardOutput.contains("USAGE: convkitd sync --store <dir> (--zone-dir <dir> | --server <url>)"))
+        let empty = try ChildProcess(tool, ["sync", "--store", directory.path + "/new", "--zone-dir", directory.path + "/shared"])
+        #expect(await empty.wait() == 1)
+        #expect(empty.standardError.contains("has no local speaker"))
+    }
+}
