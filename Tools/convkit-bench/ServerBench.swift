@@ -171,29 +171,11 @@ let memoryRunRecords = 5200
 /// saves and fetches (5,200 messages saved in batches of 400, then fetched back page by page).
 /// A server that keeps nothing per record stays flat after the first run.
 @MainActor func serverMemoryBench(_ reporter: Reporter) async throws {
-    let convkitd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("convkitd").path
-    guard FileManager.default.isExecutableFile(atPath: convkitd) else {
-        reporter.note("convkitd memory: skipped (build it beside convkit-bench: swift build -c release --product convkitd)")
-        return
-    }
     let root = FileManager.default.temporaryDirectory.path + "/convkit-memory-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: convkitd)
-    process.arguments = ["serve", "--data", root, "--listen", "127.0.0.1:0", "--rate-limit", "1000000"]
-    let errors = Pipe()
-    process.standardError = errors
-    try process.run()
+    guard let started = try startConvkitd(data: root, reporter: reporter, purpose: "convkitd memory") else { return }
+    let (process, url) = started
     defer { process.terminate() }
-    var log = ""
-    while !log.contains("listening on") {
-        let chunk = errors.fileHandleForReading.availableData
-        guard !chunk.isEmpty else { throw RawError("convkitd exited: \(log)") }
-        log += String(decoding: chunk, as: UTF8.self)
-    }
-    guard let portText = log.split(separator: "\n").first(where: { $0.contains("listening on") })?.split(separator: ":").last,
-          let port = Int(portText.trimmingCharacters(in: .whitespaces)), let url = URL(string: "http://127.0.0.1:\(port)")
-    else { throw RawError("no port in convkitd's log: \(log)") }
     let key = SigningKey.generate()
     let client = HTTPBackend(url: url, identity: "bench", key: key, policy: ConversationStore.recordPolicy())
     let clock = HybridLogicalClock()
@@ -224,6 +206,76 @@ let memoryRunRecords = 5200
     }
     reporter.note("convkitd resident memory after each of 3 identical runs (\(memoryRunRecords) saved + fetched): " + sizes.map { "\($0 / 1024) MB" }.joined(separator: ", ")
                   + String(format: " (%+.1f MB from the first run to the third)", Double(sizes[2] - sizes[0]) / 1024))
+}
+
+/// Starts the release `convkitd serve` built beside the bench on a free port; nil (with a note)
+/// when it was not built.
+@MainActor func startConvkitd(data: String, reporter: Reporter, purpose: String) throws -> (Process, URL)? {
+    let convkitd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("convkitd").path
+    guard FileManager.default.isExecutableFile(atPath: convkitd) else {
+        reporter.note("\(purpose): skipped (build it beside convkit-bench: swift build -c release --product convkitd)")
+        return nil
+    }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: convkitd)
+    process.arguments = ["serve", "--data", data, "--listen", "127.0.0.1:0", "--rate-limit", "1000000"]
+    let errors = Pipe()
+    process.standardError = errors
+    try process.run()
+    var log = ""
+    while !log.contains("listening on") {
+        let chunk = errors.fileHandleForReading.availableData
+        guard !chunk.isEmpty else { throw RawError("convkitd exited: \(log)") }
+        log += String(decoding: chunk, as: UTF8.self)
+    }
+    guard let portText = log.split(separator: "\n").first(where: { $0.contains("listening on") })?.split(separator: ":").last,
+          let port = Int(portText.trimmingCharacters(in: .whitespaces)), let url = URL(string: "http://127.0.0.1:\(port)")
+    else {
+        process.terminate()
+        throw RawError("no port in convkitd's log: \(log)")
+    }
+    return (process, url)
+}
+
+/// A message from one store to another, both running continuously (`ConversationStore.run()`)
+/// through `convkitd serve` on loopback: the time from `send` returning to the receiver's
+/// `messageAdded` event, over 50 messages.
+@MainActor func liveMessageBench(_ reporter: Reporter) async throws {
+    let root = FileManager.default.temporaryDirectory.path + "/convkit-live-bench-\(UUID().uuidString.prefix(8))"
+    defer { try? FileManager.default.removeItem(atPath: root) }
+    guard let started = try startConvkitd(data: root + "/server", reporter: reporter, purpose: "live message") else { return }
+    let (process, url) = started
+    defer { process.terminate() }
+    let rawHTTP = try KeepAliveConnection(port: try rawResponderPort())
+    let rawRoundTrip = try rate(seconds: 1) { try rawHTTP.roundTrip("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") }
+    let alice = try ConversationStore(directory: root + "/alice", backend: .server(url))
+    let bob = try ConversationStore(directory: root + "/bob", backend: .server(url))
+    try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+    try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+    _ = try await alice.send("hello", to: "bob")
+    for _ in 0..<2 { try await alice.sync(); try await bob.sync() }
+    let running = [Task { try await alice.run() }, Task { try await bob.run() }]
+    defer { running.forEach { $0.cancel() } }
+    try await Task.sleep(for: .milliseconds(300))
+    var latencies = [Double]()
+    for n in 0..<50 {
+        let events = bob.events()
+        let sent = try await alice.send("live \(n)", to: "bob")
+        let start = ContinuousClock.now
+        var arrived = false
+        for await event in events where event == .messageAdded(sent.id) {
+            arrived = true
+            break
+        }
+        guard arrived else { throw RawError("message \(n) never arrived") }
+        latencies.append(secondsIn(ContinuousClock.now - start))
+        try await Task.sleep(for: .milliseconds(20))
+    }
+    latencies.sort()
+    let median = latencies[latencies.count / 2], p90 = latencies[latencies.count * 9 / 10]
+    reporter.report(Row(name: "message to a running peer (median)", perSecond: 1 / median, rawName: "raw libmicrohttpd round trip", rawPerSecond: rawRoundTrip))
+    reporter.note(String(format: "a message to a continuously syncing peer through convkitd serve: median %.1f ms, 90th percentile %.1f ms, slowest %.1f ms (50 messages)",
+                         median * 1000, p90 * 1000, (latencies.last ?? 0) * 1000))
 }
 
 private func residentKilobytes(of pid: Int32) throws -> Int {

@@ -70,6 +70,7 @@ do {
     if options.sections.contains("server") {
         try await serverBench(reporter, seconds: options.seconds)
         try await serverMemoryBench(reporter)
+        try await liveMessageBench(reporter)
     }
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
     if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
