@@ -206,8 +206,8 @@ public final class ConversationStore: Sendable {
     /// Records refused on the way in, with their reasons: never applied, never shown.
     public func quarantine() throws(ConversationError) -> [QuarantinedRecord] {
         try read { db in
-            try db.rows("SELECT zone, name, reason, source, received_at FROM ck_quarantine ORDER BY id") { row in
-                QuarantinedRecord(zone: row.optionalText(0), name: row.optionalText(1), reason: row.text(2), source: row.text(3),
+            try db.rows("SELECT zone, name, reason, source, received_at, id FROM ck_quarantine ORDER BY id") { row in
+                QuarantinedRecord(id: row.int(5), zone: row.optionalText(0), name: row.optionalText(1), reason: row.text(2), source: row.text(3),
                                   receivedAt: Date(timeIntervalSince1970: Double(row.int(4)) / 1000))
             }
         }
@@ -258,6 +258,8 @@ enum CacheReset {
 
 /// A record the store refused, as ``ConversationStore/quarantine()`` lists it.
 public struct QuarantinedRecord: Sendable, Hashable {
+    /// The entry's number (``ConversationStore/clearQuarantine(id:)``).
+    public let id: Int64
     public let zone: String?
     public let name: String?
     public let reason: String

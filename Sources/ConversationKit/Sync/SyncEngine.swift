@@ -274,6 +274,8 @@ actor SyncEngine {
         try await write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('database_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                                    [changes.token.data])
+            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('last_sync_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                                   [Self.milliseconds(self.configuration.now())])
         }
     }
 

@@ -104,3 +104,42 @@ package enum SequencePosition {
     package static func encode(_ value: UInt64) -> Data { withUnsafeBytes(of: value.bigEndian) { Data($0) } }
     package static func decode(_ data: Data) -> UInt64 { data.prefix(8).reduce(0) { $0 << 8 | UInt64($1) } }
 }
+
+/// What a change token holds, for people and tools (`convkit token decode`).
+public struct ChangeTokenDescription: Sendable, Hashable, Codable {
+    /// `zone` or `database`.
+    public let kind: String
+    /// The backend that issued it: `server` (a zone server), `filesystem`, `memory`.
+    public let backend: String
+    public let zone: String
+    /// The zone's incarnation: a token from an earlier one has expired.
+    public let incarnation: String
+    /// Where the next page starts, readably: a sequence number, per-device read ranges, or hex.
+    public let position: String
+}
+
+extension ChangeToken {
+    /// What the token holds, or nil when it is not a token of this format.
+    public func describe() -> ChangeTokenDescription? {
+        for kind in [TokenContents.Kind.zone, .database] {
+            for backend in ["server", "filesystem", "memory"] {
+                guard let contents = try? TokenContents(self, expecting: kind, backend: backend) else { continue }
+                return ChangeTokenDescription(kind: kind == .zone ? "zone" : "database", backend: backend, zone: contents.zone,
+                                              incarnation: contents.incarnation, position: Self.readable(contents))
+            }
+        }
+        return nil
+    }
+
+    private static func readable(_ contents: TokenContents) -> String {
+        if contents.backend == "filesystem", contents.kind == .zone, let vector = VersionVector(encoded: contents.position) {
+            return vector.devices.sorted { $0.key < $1.key }.map { device, progress in
+                let ranges = progress.ranges.map { $0.lowerBound == $0.upperBound ? "\($0.lowerBound)" : "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ",")
+                let partial = progress.partial.map { " (+\($0.offset) records of \($0.sequence))" } ?? ""
+                return "\(device): \(ranges.isEmpty ? "none" : ranges)\(partial)"
+            }.joined(separator: "; ")
+        }
+        if contents.kind == .zone, contents.position.count == 8 { return "sequence \(SequencePosition.decode(contents.position))" }
+        return contents.position.map { String(format: "%02x", $0) }.joined()
+    }
+}
