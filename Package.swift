@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "SQLiteKit", targets: ["SQLiteKit"]),
         .library(name: "ImageKit", targets: ["ImageKit"]),
         .executable(name: "convkitd", targets: ["convkitd"]),
+        .executable(name: "convkit", targets: ["convkit"]),
         .executable(name: "convkit-bench", targets: ["convkit-bench"]),
     ],
     targets: [
@@ -49,6 +50,9 @@ let package = Package(
         .executableTarget(
             name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),
+        .executableTarget(
+            name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport"],
+            path: "Tools/convkit"),
         .executableTarget(
             name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG"],
             path: "Tools/convkit-bench"),

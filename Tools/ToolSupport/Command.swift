@@ -79,7 +79,8 @@ public struct Command: Sendable {
         if !subcommands.isEmpty {
             text += "\nSUBCOMMANDS:\n"
             for subcommand in subcommands { text += Self.row(subcommand.name, subcommand.abstract) }
-            text += "\n  See '\(path) help <subcommand>' for detailed help.\n"
+            let words = path.split(separator: " ")
+            text += "\n  See '\(([words.first ?? ""] + ["help"] + words.dropFirst()).joined(separator: " ")) <subcommand>' for detailed help.\n"
         }
         return text
     }

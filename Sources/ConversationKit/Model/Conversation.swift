@@ -26,4 +26,8 @@ public struct MessagePage: Sendable {
 public struct MessageCursor: Sendable, Hashable, Codable {
     public let spokenAt: Int64
     public let name: String
+    public init(spokenAt: Int64, name: String) {
+        self.spokenAt = spokenAt
+        self.name = name
+    }
 }

@@ -1,0 +1,300 @@
+import ConversationKit
+import Foundation
+import ImageKit
+import RecordZone
+import ToolSupport
+
+/// The chat commands: a store's speaker, its conversations and messages, sync.
+enum ChatCommands {
+    static let all: [ToolCommand] = [
+        ToolCommand(Command("convkit init", "Create a store and set its local speaker up.",
+                            discussion: "Remembers the backend (--server or --zone-dir) in <store>/convkit.json for the other commands.",
+                            options: [.valued("id", "identifier", "The speaker's identifier (required)."), .valued("name", "name", "The speaker's name (required)."),
+                                      .valued("tag", "tag", "A tag others can find the speaker by.", repeats: true)] + Targets.storeOptions + [Targets.json]), run: initialize),
+        ToolCommand(Command("convkit whoami", "Show the store's local speaker, its fingerprint and backend.", options: [Targets.store, Targets.json]), run: whoami),
+        ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
+                            positionals: [Positional("id", "The speaker to send to."), Positional("text", "The message.")],
+                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), Targets.json]), run: send),
+        ToolCommand(Command("convkit messages", "List a conversation's newest messages, oldest first.",
+                            positionals: [Positional("id", "The other speaker.")],
+                            options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), Targets.json]),
+                    run: messages),
+        ToolCommand(Command("convkit conversations", "List the conversations, with unread counts.", options: [Targets.store, Targets.json]), run: conversations),
+        ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
+                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: read),
+        ToolCommand(Command("convkit edit", "Edit one of your messages.",
+                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("text", "The new text.")],
+                            options: [Targets.store]), run: edit),
+        ToolCommand(Command("convkit delete", "Delete one of your messages (a signed tombstone).",
+                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")], options: [Targets.store]), run: delete),
+        ToolCommand(Command("convkit speakers", "List the speakers you know.",
+                            options: [Targets.store, .valued("tag", "tag", "Only those with this tag."), Targets.json]), run: speakers),
+        ToolCommand(Command("convkit find", "Find speakers by tag (the backend's query, then the cache).",
+                            options: Targets.storeOptions + [.valued("tag", "tag", "The tag (required)."), Targets.json]), run: find),
+        ToolCommand(Command("convkit sync", "Push the outbox and pull every change, once.", options: Targets.storeOptions + [Targets.json]), run: sync),
+        ToolCommand(Command("convkit retry", "Put failed messages back into the outbox.", options: [Targets.store]), run: retry),
+        ToolCommand(Command("convkit fingerprint", "Show a speaker's key fingerprint, to compare out of band.",
+                            positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: fingerprint),
+        ToolCommand(Command("convkit trust", "Pin a speaker's key after comparing its fingerprint out of band.",
+                            positionals: [Positional("id", "The speaker."), Positional("fingerprint", "The fingerprint you compared (12 groups of 5 digits).")],
+                            options: [Targets.store]), run: trust),
+        ToolCommand(Command("convkit avatar set", "Set your avatar from a PNG or JPEG file (capped to 100×100).",
+                            positionals: [Positional("file", "The image file.")], options: [Targets.store, Targets.json]), run: avatarSet),
+        ToolCommand(Command("convkit avatar get", "Get a speaker's avatar (downloading it when needed).",
+                            positionals: [Positional("id", "The speaker.")],
+                            options: Targets.storeOptions + [.valued("out", "file", "Write the PNG there. (default: print where it is cached)"), Targets.json]), run: avatarGet),
+        ToolCommand(Command("convkit device list", "List the local speaker's devices.", options: [Targets.store, Targets.json]), run: deviceList),
+        ToolCommand(Command("convkit device link", "On the first device: print a link code for one more device.",
+                            options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)")]), run: deviceLink),
+    ]
+
+    static func identifierString(_ store: ConversationStore) -> String { store.localSpeakerIdentifier ?? "?" }
+
+    static func initialize(_ context: Context) async throws {
+        guard let identifier = context.arguments.value("id"), let name = context.arguments.value("name") else {
+            throw UsageError("--id and --name are required")
+        }
+        let backend = try context.backend()
+        let store = try ConversationStore(directory: context.storePath, backend: backend)
+        let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: context.arguments.all("tag"))
+        let settings = StoreSettings(server: context.arguments.value("server"), zoneDir: context.arguments.value("zone-dir"),
+                                     device: context.arguments.value("device") ?? (context.arguments.value("zone-dir") != nil ? context.settings().device ?? defaultDevice() : nil))
+        var merged = context.settings()
+        if settings.server != nil || settings.zoneDir != nil { merged = settings }
+        try JSONEncoder().encode(merged).write(to: URL(fileURLWithPath: context.settingsPath))
+        if context.json {
+            try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "", "store": context.storePath])
+        } else {
+            Output.line("\(speaker.identifier) (\(speaker.name)) in \(context.storePath)")
+            Output.line("fingerprint \(speaker.fingerprint ?? "-")")
+        }
+    }
+
+    static func defaultDevice() -> String { ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device" }
+
+    static func whoami(_ context: Context) async throws {
+        let store = try context.store()
+        guard let speaker = try store.localSpeaker else { throw ToolFailure("no local speaker") }
+        let settings = context.settings()
+        let backend = settings.server.map { "server \($0)" } ?? settings.zoneDir.map { "folder \($0) as \(settings.device ?? "?")" } ?? "none"
+        if context.json {
+            try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "",
+                             "store": context.storePath, "backend": backend])
+        } else {
+            Output.line("\(speaker.identifier) (\(speaker.name))\(speaker.tags.isEmpty ? "" : " tags: " + speaker.tags.joined(separator: ", "))")
+            Output.line("fingerprint \(speaker.fingerprint ?? "-")")
+            Output.line("store \(context.storePath), backend \(backend)")
+        }
+    }
+
+    static func messageJSON(_ message: Message) -> [String: Any] {
+        var value: [String: Any] = ["id": message.id.description, "speaker": message.speaker, "listener": message.listener, "content": message.content,
+                                    "spokenAt": Output.time(message.spokenAt), "state": state(message.syncState)]
+        if let edited = message.editedAt { value["editedAt"] = Output.time(edited) }
+        if let read = message.readAt { value["readAt"] = Output.time(read) }
+        return value
+    }
+
+    static func state(_ state: SyncState) -> String {
+        switch state {
+        case .pending: "pending"
+        case .synced: "synced"
+        case .failed(let reason): "failed: \(reason)"
+        }
+    }
+
+    static func send(_ context: Context) async throws {
+        let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
+        guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
+        var message = try await store.send(text, to: to)
+        if context.arguments.has("sync") {
+            try await store.sync()
+            message = try store.message(message.id) ?? message
+        }
+        if context.json { try Output.json(messageJSON(message)) } else { Output.line("\(message.id) \(state(message.syncState))") }
+    }
+
+    static func conversation(_ store: ConversationStore, with other: String) throws -> Conversation {
+        guard let conversation = try store.existingConversation(with: other) else { throw ToolFailure("no conversation with '\(other)'") }
+        return conversation
+    }
+
+    static func messages(_ context: Context) async throws {
+        let store = try context.store()
+        guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        let limit = try context.arguments.int("limit", default: 20, range: 1...10_000)
+        var cursor: MessageCursor? = nil
+        if let text = context.arguments.value("before") {
+            let parts = text.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2, let time = Int64(parts[0]) else { throw UsageError("--before takes a cursor as printed ('<time>:<name>')") }
+            cursor = MessageCursor(spokenAt: time, name: String(parts[1]))
+        }
+        let page = try store.messages(in: try conversation(store, with: other).id, limit: limit, before: cursor)
+        let older = page.olderCursor.map { "\($0.spokenAt):\($0.name)" }
+        if context.json {
+            var value: [String: Any] = ["messages": page.messages.map(messageJSON)]
+            if let older { value["older"] = older }
+            try Output.json(value)
+            return
+        }
+        for message in page.messages {
+            let name = (try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? message.speaker
+            let flags = [message.editedAt != nil ? "edited" : nil, message.readAt != nil ? "read" : nil,
+                         message.syncState == .synced ? nil : state(message.syncState)].compactMap { $0 }
+            Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
+        }
+        if let older { Output.line("older: --before \(older)") }
+    }
+
+    static func conversations(_ context: Context) async throws {
+        let store = try context.store()
+        let list = try store.conversations()
+        if context.json {
+            try Output.json(list.map { ["id": $0.id, "with": $0.nonLocalSpeaker, "unread": $0.unreadCount, "lastMessageAt": $0.lastMessageAt.map(Output.time) ?? ""] as [String: Any] })
+            return
+        }
+        for conversation in list {
+            Output.line("\(conversation.nonLocalSpeaker)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")  \(conversation.id)")
+        }
+    }
+
+    static func read(_ context: Context) async throws {
+        let store = try context.store()
+        guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        let conversation = try conversation(store, with: other)
+        let unread = conversation.unreadCount
+        try await store.markAllAsRead(in: conversation.id)
+        Output.line("\(unread) marked read")
+    }
+
+    static func messageID(_ text: String?) throws -> MessageID {
+        guard let text, let slash = text.firstIndex(of: "/") else { throw UsageError("a message is <conversation>/<name>, as 'convkit messages' lists it") }
+        return MessageID(conversation: String(text[..<slash]), name: String(text[text.index(after: slash)...]))
+    }
+
+    static func edit(_ context: Context) async throws {
+        let store = try context.store()
+        let id = try messageID(context.arguments.positional(0))
+        guard let text = context.arguments.positional(1) else { throw UsageError("missing <text>") }
+        let message = try await store.edit(id, content: text)
+        Output.line("\(message.id) edited, \(state(message.syncState))")
+    }
+
+    static func delete(_ context: Context) async throws {
+        let store = try context.store()
+        let id = try messageID(context.arguments.positional(0))
+        try await store.delete(id)
+        Output.line("\(id) deleted")
+    }
+
+    static func speakerJSON(_ speaker: Speaker) -> [String: Any] {
+        var value: [String: Any] = ["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "trust": speaker.trust.rawValue]
+        if let fingerprint = speaker.fingerprint { value["fingerprint"] = fingerprint }
+        if let size = speaker.avatarSize { value["avatar"] = "\(size.width)x\(size.height)" }
+        if let problem = speaker.avatarProblem { value["avatarProblem"] = problem }
+        return value
+    }
+
+    static func printSpeakers(_ speakers: [Speaker], json: Bool) throws {
+        if json { return try Output.json(speakers.map(speakerJSON)) }
+        for speaker in speakers {
+            Output.line("\(speaker.identifier) (\(speaker.name))\(speaker.tags.isEmpty ? "" : " tags: " + speaker.tags.joined(separator: ", "))  \(speaker.trust.rawValue)")
+        }
+    }
+
+    static func speakers(_ context: Context) async throws {
+        let store = try context.store()
+        var list = try store.allKnownSpeakers()
+        if let tag = context.arguments.value("tag") { list = list.filter { $0.tags.contains(tag) } }
+        try printSpeakers(list, json: context.json)
+    }
+
+    static func find(_ context: Context) async throws {
+        guard let tag = context.arguments.value("tag") else { throw UsageError("--tag is required") }
+        let store = try context.syncingStore()
+        try printSpeakers(try await store.speakers(matching: SpeakerQuery(tag: tag)), json: context.json)
+    }
+
+    static func sync(_ context: Context) async throws {
+        let store = try context.syncingStore()
+        let report = try await store.sync()
+        if context.json {
+            try Output.json(["pushed": report.pushed, "pulled": report.pulled, "failed": report.failed, "deferred": report.deferred,
+                             "quarantined": report.quarantined, "refetchedZones": report.refetchedZones, "avatarsDownloaded": report.avatarsDownloaded])
+        } else {
+            Output.line("pushed \(report.pushed), pulled \(report.pulled), failed \(report.failed), deferred \(report.deferred), quarantined \(report.quarantined)")
+        }
+    }
+
+    static func retry(_ context: Context) async throws {
+        let count = try await context.store().retryFailedMessages()
+        Output.line("\(count) failed message\(count == 1 ? "" : "s") back in the outbox")
+    }
+
+    static func fingerprint(_ context: Context) async throws {
+        let store = try context.store()
+        guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        guard let speaker = try store.speaker(fromRef: SpeakerRef(identifier: identifier)) else { throw ToolFailure("no speaker '\(identifier)' in the store") }
+        if context.json {
+            try Output.json(["identifier": identifier, "fingerprint": speaker.fingerprint ?? "", "trust": speaker.trust.rawValue,
+                             "candidates": try store.candidateFingerprints(for: identifier)])
+        } else if let fingerprint = speaker.fingerprint {
+            Output.line("\(fingerprint)  (\(speaker.trust.rawValue))")
+        } else {
+            Output.line("no key pinned; claimed by: \(try store.candidateFingerprints(for: identifier).joined(separator: " | "))")
+        }
+    }
+
+    static func trust(_ context: Context) async throws {
+        let store = try context.store()
+        guard let identifier = context.arguments.positional(0), let fingerprint = context.arguments.positional(1) else { throw UsageError("missing <id> <fingerprint>") }
+        try await store.trust(identifier, fingerprint: fingerprint)
+        Output.line("\(identifier) verified")
+    }
+
+    static func avatarSet(_ context: Context) async throws {
+        let store = try context.store()
+        guard let file = context.arguments.positional(0) else { throw UsageError("missing <file>") }
+        let speaker = try await store.setAvatar(contentsOf: URL(fileURLWithPath: file))
+        if context.json {
+            try Output.json(["width": speaker.avatarSize?.width ?? 0, "height": speaker.avatarSize?.height ?? 0])
+        } else {
+            Output.line("avatar set: \(speaker.avatarSize?.description ?? "-") (pushed by the next sync)")
+        }
+    }
+
+    static func avatarGet(_ context: Context) async throws {
+        let store = try context.store()
+        guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        guard let avatar = try await store.avatarImage(for: identifier) else {
+            let problem = try store.speaker(fromRef: SpeakerRef(identifier: identifier))?.avatarProblem
+            throw ToolFailure("\(identifier) has no avatar\(problem.map { ": \($0)" } ?? "")")
+        }
+        var path = try await store.avatarImageLocalURL(for: identifier)?.path ?? ""
+        if let out = context.arguments.value("out") {
+            try avatar.png.write(to: URL(fileURLWithPath: out))
+            path = out
+        }
+        if context.json { try Output.json(["width": avatar.size.width, "height": avatar.size.height, "bytes": avatar.png.count, "file": path]) }
+        else { Output.line("\(avatar.size) PNG, \(avatar.png.count) bytes: \(path)") }
+    }
+
+    static func deviceList(_ context: Context) async throws {
+        let devices = try context.store().devices()
+        if context.json {
+            try Output.json(devices.map { ["label": $0.label, "fingerprint": $0.fingerprint, "identityKey": $0.holdsIdentityKey, "thisDevice": $0.isThisDevice,
+                                           "revokedAfter": $0.revokedAfter.map(Output.time) ?? ""] as [String: Any] })
+            return
+        }
+        for device in devices {
+            let notes = [device.isThisDevice ? "this device" : nil, device.holdsIdentityKey ? "identity key" : nil,
+                         device.revokedAfter.map { "revoked after \(Output.time($0))" }].compactMap { $0 }
+            Output.line("\(device.label)  \(device.fingerprint)\(notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")")
+        }
+    }
+
+    static func deviceLink(_ context: Context) async throws {
+        let minutes = try context.arguments.int("minutes", default: 10, range: 1...1440)
+        Output.line(try context.store().linkDevice(lifetime: TimeInterval(minutes * 60)))
+    }
+}

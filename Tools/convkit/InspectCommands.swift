@@ -1,0 +1,259 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import ToolSupport
+
+/// Inspection: on a store, a folder zone (`--zone-dir`) or a server (`--server`).
+enum InspectCommands {
+    static let zoneOption = Option.valued("zone", "zone", "The zone.")
+
+    static let all: [ToolCommand] = [
+        ToolCommand(Command("convkit zones", "List the zones (with record counts on a store).", options: Targets.inspectOptions), run: zones),
+        ToolCommand(Command("convkit records list", "List a zone's records (the winning version of each).",
+                            options: [zoneOption, .valued("type", "type", "Only records of this type.")] + Targets.inspectOptions), run: list),
+        ToolCommand(Command("convkit records show", "Show one record: fields, system fields, owner, author key, clock, signature.",
+                            positionals: [Positional("record", "<zone>/<name>")], options: Targets.inspectOptions), run: show),
+        ToolCommand(Command("convkit records verify", "Check every record (and, on a folder, every file); print each bad one with why.",
+                            discussion: "Exits 1 when anything is bad.", options: [.valued("zone", "zone", "Only this zone.")] + Targets.inspectOptions), run: verify),
+        ToolCommand(Command("convkit changes", "What a client would receive from a zone since a token.",
+                            options: [zoneOption, .valued("since", "token", "The token to start from (base64). (default: the start)"),
+                                      .valued("limit", "n", "Records per page. (default: 200)")] + Targets.inspectOptions.filter { $0.name != "store" } + [Targets.store]), run: changes),
+        ToolCommand(Command("convkit token decode", "Show what a change token holds.", positionals: [Positional("token", "The token (base64).")], options: [Targets.json]),
+                    run: decodeToken),
+        ToolCommand(Command("convkit outbox", "List the local changes waiting to be pushed, with reasons and next attempt.", options: [Targets.store, Targets.json]),
+                    run: outbox),
+        ToolCommand(Command("convkit quarantine", "List, clear or retry the records the store refused.",
+                            positionals: [Positional("action", "list (default), clear <n> or retry", optional: true), Positional("n", "The entry to clear.", optional: true)],
+                            options: [Targets.store, Targets.json]), run: quarantine),
+        ToolCommand(Command("convkit refetch", "Pull one zone again from the start at the next sync.", positionals: [Positional("zone", "The zone.")], options: [Targets.store]),
+                    run: refetch),
+        ToolCommand(Command("convkit stats", "Counts, sizes, tokens, last sync and held-back speakers of a store.", options: [Targets.store, Targets.json]), run: stats),
+    ]
+
+    static func zoneName(_ text: String?) throws -> ZoneName {
+        guard let text else { throw UsageError("--zone is required") }
+        do { return try ZoneName(text) } catch { throw UsageError("'\(text)' is not a zone name") }
+    }
+
+    static func zones(_ context: Context) async throws {
+        switch try context.inspectionSource() {
+        case .store(let store):
+            let zones = try store.heldZones()
+            if context.json { return try Output.json(zones.map { ["zone": $0.zone, "records": $0.records, "token": $0.token?.base64EncodedString() ?? ""] as [String: Any] }) }
+            for zone in zones { Output.line("\(zone.zone)  \(zone.records) records") }
+        case .backend(let backend, _):
+            let zones = try await backend.zones()
+            if context.json { return try Output.json(zones.map(\.rawValue)) }
+            for zone in zones { Output.line(zone.rawValue) }
+        }
+    }
+
+    /// Every change of a zone from the start, with what was refused.
+    static func readAll(_ backend: any RecordZoneBackend, _ zone: ZoneName, progress: Output.Progress? = nil) async throws -> (records: [Record], rejected: [RejectedRecord]) {
+        var token: ChangeToken? = nil, winners = [RecordID: Record](), rejected = [RejectedRecord]()
+        var read = 0
+        repeat {
+            let page = try await backend.fetchChanges(in: zone, since: token, limit: 400)
+            for record in page.records { MergeRule.merge(record, into: &winners) }
+            rejected += page.rejected
+            read += page.records.count + page.rejected.count
+            progress?.update(read)
+            token = page.token
+            if !page.moreComing { break }
+        } while true
+        return (winners.values.sorted { $0.id.name < $1.id.name }, rejected)
+    }
+
+    static func records(_ context: Context, zone: ZoneName, type: String?) async throws -> [Record] {
+        switch try context.inspectionSource() {
+        case .store(let store): return try store.records(in: zone.rawValue, type: type)
+        case .backend(let backend, _): return try await readAll(backend, zone).records.filter { type == nil || $0.recordType == type }
+        }
+    }
+
+    static func list(_ context: Context) async throws {
+        let zone = try zoneName(context.arguments.value("zone"))
+        let records = try await records(context, zone: zone, type: context.arguments.value("type"))
+        if context.json {
+            return try Output.json(records.map { ["name": $0.id.name, "type": $0.recordType, "clock": clock($0.clock), "deleted": $0.isDeleted] as [String: Any] })
+        }
+        for record in records { Output.line("\(record.id.name)  \(record.recordType)\(record.isDeleted ? " (deleted)" : "")  \(clock(record.clock))") }
+    }
+
+    static func clock(_ clock: RecordClock) -> String {
+        "\(Output.time(Date(timeIntervalSince1970: Double(clock.milliseconds) / 1000))) +\(clock.counter)"
+    }
+
+    static func show(_ context: Context) async throws {
+        guard let text = context.arguments.positional(0), let slash = text.firstIndex(of: "/") else { throw UsageError("a record is <zone>/<name>") }
+        let zone = try zoneName(String(text[..<slash]))
+        let name = String(text[text.index(after: slash)...])
+        guard let record = try await records(context, zone: zone, type: nil).first(where: { $0.id.name == name }) else {
+            throw ToolFailure("no record \(text)")
+        }
+        let policy = ConversationStore.recordPolicy()
+        let owner: String
+        switch policy.rules.owner(of: record) {
+        case .success(let identity)?: owner = identity
+        case .failure(let reason)?: owner = "refused: \(reason)"
+        case nil: owner = "none"
+        }
+        let signature = !record.isSigned ? "missing" : record.hasValidSignature() ? "valid" : "invalid (does not verify over the record's bytes)"
+        let fingerprint = KeyChain.fingerprint(identity: owner, key: record.authorKey)
+        let fields = try JSONSerialization.jsonObject(with: try record.json())
+        if context.json {
+            return try Output.json(["record": fields, "owner": owner, "authorFingerprint": fingerprint, "clock": clock(record.clock), "signature": signature])
+        }
+        Output.line("\(record.id)  \(record.recordType)\(record.isDeleted ? " (deleted)" : "")")
+        Output.line("owner      \(owner)")
+        Output.line("author     \(Output.hex(record.authorKey))")
+        Output.line("fingerprint \(fingerprint)")
+        Output.line("clock      \(clock(record.clock))")
+        Output.line("signature  \(signature)")
+        if let changeTag = record.serverMetadata?.changeTag { Output.line("change tag \(changeTag)") }
+        let pretty = try JSONSerialization.data(withJSONObject: fields, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
+        Output.line(String(decoding: pretty, as: UTF8.self))
+    }
+
+    static func verify(_ context: Context) async throws {
+        let only = try context.arguments.value("zone").map { try zoneName($0) }
+        var bad = [(what: String, why: String)]()
+        var checked = 0
+        switch try context.inspectionSource() {
+        case .store(let store):
+            // Signatures and owners checked again as a new reader would: speakers' own zones first.
+            let policy = ConversationStore.recordPolicy()
+            let zones = try store.heldZones().map(\.zone).filter { only == nil || only?.rawValue == $0 }.sorted { ($0.hasPrefix("s-") ? 0 : 1, $0) < ($1.hasPrefix("s-") ? 0 : 1, $1) }
+            for zone in zones {
+                let records = try store.records(in: zone)
+                let bytes = try records.map { try $0.encoded() }
+                for outcome in policy.admit(batch: bytes, source: { "\(zone)/\(records[$0].id.name)" }) {
+                    checked += 1
+                    if case .failure(let rejection) = outcome { bad.append((rejection.source, "\(rejection.reason)")) }
+                }
+            }
+        case .backend(let backend, _):
+            var zones = try await backend.zones()
+            if let only { zones = zones.filter { $0 == only } }
+            let progress = Output.Progress("verifying", total: zones.count)
+            for (index, zone) in zones.enumerated() {
+                let (records, rejected) = try await readAll(backend, zone)
+                checked += records.count + rejected.count
+                for rejection in rejected { bad.append((rejection.recordID.map { "\($0)" } ?? rejection.source, "\(rejection.reason)")) }
+                progress.update(index + 1)
+            }
+            progress.finish()
+        }
+        if context.json {
+            try Output.json(["checked": checked, "bad": bad.map { ["what": $0.what, "why": $0.why] }])
+        } else {
+            for item in bad { Output.line("BAD \(item.what): \(item.why)") }
+            Output.line("\(checked) checked, \(bad.count) bad")
+        }
+        if !bad.isEmpty { throw ToolFailure("\(bad.count) bad record\(bad.count == 1 ? "" : "s") or file\(bad.count == 1 ? "" : "s")") }
+    }
+
+    static func changes(_ context: Context) async throws {
+        let zone = try zoneName(context.arguments.value("zone"))
+        let limit = try context.arguments.int("limit", default: 200, range: 1...1000)
+        var since: ChangeToken? = nil
+        if let text = context.arguments.value("since") {
+            guard let token = ChangeToken(base64: text) else { throw UsageError("--since takes a token in base64") }
+            since = token
+        }
+        guard case .backend(let backend, _) = try context.backendSource() else { throw ToolFailure("no backend") }
+        let page = try await backend.fetchChanges(in: zone, since: since, limit: limit)
+        if context.json {
+            return try Output.json(["records": page.records.map { ["name": $0.id.name, "type": $0.recordType, "clock": clock($0.clock), "changeTag": $0.serverMetadata?.changeTag ?? ""] as [String: Any] },
+                                    "rejected": page.rejected.map { ["source": $0.source, "reason": "\($0.reason)"] }, "token": page.token.base64, "moreComing": page.moreComing])
+        }
+        for record in page.records { Output.line("\(record.id.name)  \(record.recordType)  \(clock(record.clock))") }
+        for rejection in page.rejected { Output.line("REFUSED \(rejection.source): \(rejection.reason)") }
+        Output.line("token \(page.token.base64)\(page.moreComing ? "  (more coming)" : "")")
+    }
+
+    static func decodeToken(_ context: Context) async throws {
+        guard let text = context.arguments.positional(0) else { throw UsageError("missing <token>") }
+        guard let token = ChangeToken(base64: text), let description = token.describe() else { throw ToolFailure("not a change token") }
+        if context.json { return try Output.json(["kind": description.kind, "backend": description.backend, "zone": description.zone,
+                                                  "incarnation": description.incarnation, "position": description.position]) }
+        Output.line("kind        \(description.kind)")
+        Output.line("backend     \(description.backend)")
+        if !description.zone.isEmpty { Output.line("zone        \(description.zone)") }
+        if !description.incarnation.isEmpty { Output.line("incarnation \(description.incarnation)") }
+        Output.line("position    \(description.position)")
+    }
+
+    static func outbox(_ context: Context) async throws {
+        let entries = try context.store().outbox()
+        if context.json {
+            return try Output.json(entries.map { ["zone": $0.zone, "name": $0.name, "type": $0.recordType, "attempts": $0.attempts,
+                                                  "nextAttemptAt": Output.time($0.nextAttemptAt), "lastError": $0.lastError ?? ""] as [String: Any] })
+        }
+        for entry in entries {
+            Output.line("\(entry.zone)/\(entry.name)  \(entry.recordType)  attempts \(entry.attempts)\(entry.attempts > 0 ? ", next \(Output.time(entry.nextAttemptAt))" : "")\(entry.lastError.map { ": \($0)" } ?? "")")
+        }
+        if entries.isEmpty { Output.line("the outbox is empty") }
+    }
+
+    static func quarantine(_ context: Context) async throws {
+        let store = try context.store()
+        switch context.arguments.positional(0) ?? "list" {
+        case "list":
+            let entries = try store.quarantine()
+            if context.json {
+                return try Output.json(entries.map { ["id": $0.id, "zone": $0.zone ?? "", "name": $0.name ?? "", "reason": $0.reason, "source": $0.source,
+                                                      "receivedAt": Output.time($0.receivedAt)] as [String: Any] })
+            }
+            for entry in entries { Output.line("\(entry.id)  \(entry.zone ?? "-")/\(entry.name ?? "-")  \(entry.reason)  (\(entry.source))") }
+            if entries.isEmpty { Output.line("the quarantine is empty") }
+        case "clear":
+            guard let text = context.arguments.positional(1), let id = Int64(text) else { throw UsageError("quarantine clear takes an entry's number") }
+            guard try await store.clearQuarantine(id: id) else { throw ToolFailure("no quarantine entry \(id)") }
+            Output.line("entry \(id) cleared")
+        case "retry":
+            let zones = try await store.retryQuarantine()
+            Output.line("\(zones.count) zone\(zones.count == 1 ? "" : "s") to pull again at the next sync\(zones.isEmpty ? "" : ": " + zones.joined(separator: ", "))")
+        case let other:
+            throw UsageError("unknown quarantine action '\(other)' (list, clear <n> or retry)")
+        }
+    }
+
+    static func refetch(_ context: Context) async throws {
+        guard let zone = context.arguments.positional(0) else { throw UsageError("missing <zone>") }
+        try await context.store().refetch(zone: try zoneName(zone).rawValue)
+        Output.line("\(zone) will be pulled again from the start at the next sync")
+    }
+
+    static func stats(_ context: Context) async throws {
+        let store = try context.store()
+        let stats = try store.statistics()
+        if context.json {
+            let data = try JSONEncoder().encode(stats)
+            FileHandle.standardOutput.write(data + Data("\n".utf8))
+            return
+        }
+        Output.line("records \(stats.records) (\(stats.recordBytes) bytes) in \(stats.zones) zones")
+        Output.line("speakers \(stats.speakers), conversations \(stats.conversations), messages \(stats.messages) (\(stats.pendingMessages) pending, \(stats.failedMessages) failed)")
+        Output.line("outbox \(stats.outbox), quarantine \(stats.quarantined), cached images \(stats.cachedImages) (\(stats.cachedImageBytes) bytes)")
+        Output.line("last sync \(stats.lastSyncAt.map(Output.time) ?? "never")")
+        if !stats.conflictedSpeakers.isEmpty { Output.line("held back (identity conflicts): \(stats.conflictedSpeakers.joined(separator: ", "))") }
+    }
+}
+
+extension Context {
+    /// The backend a client of this store reads: `--zone-dir` / `--server`, or the store's own.
+    func backendSource() throws -> Source {
+        if arguments.value("zone-dir") != nil || arguments.value("server") != nil { return try inspectionSource() }
+        let settings = settings()
+        var arguments = self.arguments
+        if let folder = settings.zoneDir {
+            arguments.values["zone-dir"] = [folder]
+        } else if let server = settings.server {
+            arguments.values["server"] = [server]
+        } else {
+            throw ToolFailure("no backend for \(storePath): give --server or --zone-dir")
+        }
+        return try Context(arguments: arguments).inspectionSource()
+    }
+}

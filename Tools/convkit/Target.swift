@@ -1,0 +1,157 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import ToolSupport
+
+/// A failure (exit 1), printed as `Error: …`.
+struct ToolFailure: Error {
+    let message: String
+    init(_ message: String) { self.message = message }
+}
+
+/// The options that choose what a command works on.
+enum Targets {
+    static let store = Option.valued("store", "dir", "The local store. (default: $XDG_DATA_HOME/convkit/store)")
+    static let zoneDir = Option.valued("zone-dir", "dir", "A folder zone: sync through it, or inspect it directly.")
+    static let server = Option.valued("server", "url", "A zone server: sync through it, or inspect it directly.")
+    static let key = Option.valued("key", "file", "The key to sign requests to a server with. (default: the store's)")
+    static let device = Option.valued("device", "label", "The device label to write to a folder as. (default: the host name)")
+    static let json = Option.flag("json", "Print JSON.")
+
+    /// The options of a command that works on the store (and syncs through its backend).
+    static let storeOptions = [store, zoneDir, server, device]
+    /// The options of an inspection command: a store, a folder zone or a server.
+    static let inspectOptions = [store, zoneDir, server, key, json]
+}
+
+/// What `convkit init` remembers of the store's backend: `<store>/convkit.json`.
+struct StoreSettings: Codable {
+    var server: String?
+    var zoneDir: String?
+    var device: String?
+}
+
+/// The parsed arguments of one command, with what the targets resolve to.
+struct Context {
+    let arguments: ParsedArguments
+
+    var json: Bool { arguments.has("json") }
+
+    var storePath: String {
+        if let path = arguments.value("store") { return path }
+        let base = ProcessInfo.processInfo.environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? (NSHomeDirectory() + "/.local/share")
+        return base + "/convkit/store"
+    }
+
+    var settingsPath: String { storePath + "/convkit.json" }
+
+    func settings() -> StoreSettings {
+        guard let data = FileManager.default.contents(atPath: settingsPath),
+            let settings = try? JSONDecoder().decode(StoreSettings.self, from: data)
+        else { return StoreSettings() }
+        return settings
+    }
+
+    /// The backend the store syncs through: the options, or what `init` recorded.
+    func backend() throws -> BackendFactory {
+        let saved = settings()
+        let label = arguments.value("device") ?? saved.device ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
+        if let folder = arguments.value("zone-dir") { return .folder(folder, device: label) }
+        if let server = arguments.value("server") { return .server(try Self.url(server)) }
+        if let folder = saved.zoneDir { return .folder(folder, device: saved.device ?? label) }
+        if let server = saved.server { return .server(try Self.url(server)) }
+        throw ToolFailure("no backend for \(storePath): give --server or --zone-dir (or set one with 'convkit init')")
+    }
+
+    static func url(_ text: String) throws -> URL {
+        guard let url = URL(string: text), url.scheme == "http" || url.scheme == "https", url.host != nil else {
+            throw UsageError("--server takes an http:// or https:// URL, not '\(text)'")
+        }
+        return url
+    }
+
+    /// The store, which must exist and have a local speaker.
+    func store() throws -> ConversationStore {
+        guard FileManager.default.fileExists(atPath: storePath + "/store.sqlite") else {
+            throw ToolFailure("no store at \(storePath) (create one with 'convkit init')")
+        }
+        let backend = (try? backend()) ?? .memory(InMemoryBackend())
+        let store = try ConversationStore(directory: storePath, backend: backend)
+        guard store.localSpeakerIdentifier != nil else { throw ToolFailure("the store at \(storePath) has no local speaker (run 'convkit init')") }
+        return store
+    }
+
+    /// The store, with the backend it syncs through (an error when it has none).
+    func syncingStore() throws -> ConversationStore {
+        _ = try backend()
+        return try store()
+    }
+
+    /// What an inspection reads: a folder zone or a server when one is given, else the store.
+    enum Source {
+        case store(ConversationStore)
+        case backend(any RecordZoneBackend, name: String)
+    }
+
+    func inspectionSource() throws -> Source {
+        let policy = ConversationStore.recordPolicy()
+        if let folder = arguments.value("zone-dir") {
+            return .backend(try FileSystemBackend(root: folder, device: nil, policy: policy), name: folder)
+        }
+        if let server = arguments.value("server") {
+            let url = try Self.url(server)
+            let keyPath = arguments.value("key") ?? [storePath + "/device.key", storePath + "/speaker.key"].first { FileManager.default.fileExists(atPath: $0) }
+            guard let keyPath else { throw ToolFailure("a server needs a key to sign with: give --key (or a --store with one)") }
+            let key = try KeyFile.load(from: keyPath)
+            let identity = (try? store().localSpeakerIdentifier) ?? nil
+            guard let identity = identity ?? arguments.value("identity") else {
+                throw ToolFailure("a server needs the identity the key belongs to: use a --store set up with it")
+            }
+            return .backend(HTTPBackend(url: url, identity: identity, key: key, policy: policy), name: server)
+        }
+        return .store(try store())
+    }
+}
+
+/// Output: text for people, or JSON with `--json`.
+enum Output {
+    static func line(_ text: String) { FileHandle.standardOutput.write(Data((text + "\n").utf8)) }
+
+    static func json(_ value: Any) throws {
+        let data = try JSONSerialization.data(withJSONObject: value, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
+        FileHandle.standardOutput.write(data + Data("\n".utf8))
+    }
+
+    static func time(_ date: Date) -> String { date.formatted(.iso8601) }
+
+    static func hex(_ data: Data) -> String { data.map { String(format: "%02x", $0) }.joined() }
+
+    /// A progress bar on a terminal (standard error), nothing when it is not one.
+    final class Progress {
+        private let total: Int
+        private let label: String
+        private let enabled = isatty(STDERR_FILENO) == 1
+        private var shown = -1
+
+        init(_ label: String, total: Int) {
+            self.label = label
+            self.total = max(total, 1)
+        }
+
+        func update(_ done: Int) {
+            guard enabled else { return }
+            let percent = min(100, done * 100 / total)
+            guard percent != shown else { return }
+            shown = percent
+            let filled = percent / 5
+            let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 20 - filled)
+            FileHandle.standardError.write(Data("\r\(label) [\(bar)] \(percent)%".utf8))
+        }
+
+        func finish() {
+            guard enabled, shown >= 0 else { return }
+            FileHandle.standardError.write(Data("\r\u{1B}[K".utf8))
+        }
+    }
+}
