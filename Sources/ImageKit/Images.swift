@@ -32,25 +32,35 @@ public enum Images {
     /// - Throws: ``ImageError`` — the byte limit before anything is read, the pixel limit from
     ///   the header before any pixel is decoded, then damage and truncation.
     public static func decode(_ data: Data, limits: ImageLimits = ImageLimits(), fitting: (width: Int, height: Int)? = nil) throws(ImageError) -> RGBAImage {
+        try decodeSized(data, limits: limits, fitting: fitting).image
+    }
+
+    /// The decoded pixels (upright) and the image's full upright size (a JPEG decoded at a
+    /// reduced scale has fewer pixels than its size).
+    private static func decodeSized(_ data: Data, limits: ImageLimits, fitting: (width: Int, height: Int)?) throws(ImageError) -> (image: RGBAImage, width: Int, height: Int) {
         try limits.check(bytes: data.count)
         switch ImageFormat(magicOf: data) {
         case .png?:
-            return try PNGCodec.decode(data, limits: limits)
+            let image = try PNGCodec.decode(data, limits: limits)
+            return (image, image.width, image.height)
         case .jpeg?:
             let orientation = ExifOrientation.read(from: data)
             // A quarter turn swaps the sides the stored pixels must cover.
             let stored = fitting.map { orientation >= 5 ? (width: $0.height, height: $0.width) : $0 }
-            return try JPEGCodec.decode(data, limits: limits, fitting: stored).oriented(orientation)
+            let (image, width, height) = try JPEGCodec.decode(data, limits: limits, fitting: stored)
+            return (image.oriented(orientation), orientation >= 5 ? height : width, orientation >= 5 ? width : height)
         case nil:
             throw ImageError(.notAnImage, "neither a PNG nor a JPEG (the first bytes are \(data.prefix(8).map { String(format: "%02x", $0) }.joined()))")
         }
     }
 
-    /// Decodes an image, scales it down to fit `maxWidth × maxHeight` (aspect kept, area
-    /// averaging, never scaled up) and encodes it as a PNG without any metadata.
+    /// Decodes an image, scales it down to fit `maxWidth × maxHeight` (aspect kept — from the
+    /// image's full size —, area averaging, never scaled up) and encodes it as a PNG without any
+    /// metadata.
     public static func cap(_ data: Data, maxWidth: Int, maxHeight: Int, limits: ImageLimits = ImageLimits()) throws(ImageError) -> CappedImage {
-        let decoded = try decode(data, limits: limits, fitting: (maxWidth, maxHeight))
-        let scaled = decoded.scaled(toFitWidth: maxWidth, height: maxHeight)
+        let decoded = try decodeSized(data, limits: limits, fitting: (maxWidth, maxHeight))
+        let target = RGBAImage.fittingSize(width: decoded.width, height: decoded.height, maxWidth: maxWidth, maxHeight: maxHeight)
+        let scaled = decoded.image.scaled(toWidth: target.width, height: target.height)
         return CappedImage(png: try PNGCodec.encode(scaled), width: scaled.width, height: scaled.height)
     }
 

@@ -10,10 +10,11 @@ enum JPEGCodec {
     /// Decodes the pixels as stored (the EXIF orientation is applied by the caller).
     /// - Parameter fitting: the size the caller will scale the image down to fit (in stored
     ///   orientation); the library then decodes at the smallest DCT scale that still covers it.
-    static func decode(_ data: Data, limits: ImageLimits, fitting: (width: Int, height: Int)? = nil) throws(ImageError) -> RGBAImage {
+    /// - Returns: the pixels, and the image's full size as stored.
+    static func decode(_ data: Data, limits: ImageLimits, fitting: (width: Int, height: Int)? = nil) throws(ImageError) -> (image: RGBAImage, width: Int, height: Int) {
         guard let handle = tjInitDecompress() else { throw ImageError(.encodingFailed, "cannot start a TurboJPEG decompressor") }
         defer { tjDestroy(handle) }
-        let outcome = data.withUnsafeBytes { raw -> Result<RGBAImage, ImageError> in
+        let outcome = data.withUnsafeBytes { raw -> Result<(image: RGBAImage, width: Int, height: Int), ImageError> in
             guard let base = raw.bindMemory(to: UInt8.self).baseAddress else { return .failure(ImageError(.corrupt, "an empty JPEG")) }
             let size = UInt(raw.count)
             var width: Int32 = 0, height: Int32 = 0, subsampling: Int32 = 0, colorspace: Int32 = 0
@@ -33,7 +34,7 @@ enum JPEGCodec {
             }
             guard status == 0 else { return .failure(ImageError(.corrupt, "a damaged or truncated JPEG: \(errorText(handle))")) }
             if cmyk { convertCMYK(&pixels) }
-            return .success(RGBAImage(width: outWidth, height: outHeight, pixels: pixels))
+            return .success((RGBAImage(width: outWidth, height: outHeight, pixels: pixels), Int(width), Int(height)))
         }
         return try outcome.get()
     }

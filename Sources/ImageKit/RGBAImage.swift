@@ -44,6 +44,13 @@ public struct RGBAImage: Sendable, Hashable {
     /// in premultiplied alpha so transparent pixels lend no colour. Never scaled up.
     public func scaled(toFitWidth maxWidth: Int, height maxHeight: Int) -> RGBAImage {
         let target = Self.fittingSize(width: width, height: height, maxWidth: maxWidth, maxHeight: maxHeight)
+        return scaled(toWidth: target.width, height: target.height)
+    }
+
+    /// Scaled down to exactly `targetWidth × targetHeight` (each no larger than now) by area
+    /// averaging, in premultiplied alpha.
+    public func scaled(toWidth targetWidth: Int, height targetHeight: Int) -> RGBAImage {
+        let target = (width: max(1, min(width, targetWidth)), height: max(1, min(height, targetHeight)))
         guard target != (width, height) else { return self }
         let columns = Self.coverage(source: width, target: target.width)
         let rows = Self.coverage(source: height, target: target.height)

@@ -50,7 +50,18 @@ extension ConversationStore {
             do {
                 var report: SyncReport
                 if causes.contains(.poll) {
-                    report = try await sync()
+                    // A whole sync only when the feed moved (or after a failure); an idle look
+                    // writes nothing.
+                    var moved = unreachable
+                    if !moved { moved = try await engine.databaseMoved(backend: backend) }
+                    let due = try engine.outboxDue()
+                    if moved {
+                        report = try await sync()
+                    } else if due || causes.contains(.localChange) {
+                        report = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend)
+                    } else {
+                        report = SyncReport()
+                    }
                 } else {
                     report = SyncReport()
                     if causes.contains(.localChange) { report = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend) }

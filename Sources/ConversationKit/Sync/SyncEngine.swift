@@ -61,6 +61,29 @@ actor SyncEngine {
         return report
     }
 
+    /// Whether the database feed names any zone as changed or deleted since the store's last
+    /// pull (a look that writes nothing: an idle poll of the continuous sync costs just this).
+    func databaseMoved(backend: any RecordZoneBackend) async throws(ConversationError) -> Bool {
+        let token = try read { db in
+            try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
+        }
+        guard let token else { return true }
+        do {
+            let changes = try await backend.fetchDatabaseChanges(since: token)
+            return !changes.changedZones.isEmpty || !changes.deletedZones.isEmpty
+        } catch where error.code == .changeTokenExpired {
+            return true
+        } catch {
+            throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
+        }
+    }
+
+    /// Whether an outbox entry is due for a push (a new change, or a retry whose time came).
+    nonisolated func outboxDue() throws(ConversationError) -> Bool {
+        let now = Self.milliseconds(configuration.now())
+        return try database.read { db in try db.first("SELECT 1 FROM ck_outbox WHERE next_attempt_at <= ? LIMIT 1", [now]) { _ in true } } ?? false
+    }
+
     /// Pushes the outbox only (a local change to send at once).
     func pushOnly(localSpeaker: String, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
         connected = backend
@@ -261,7 +284,11 @@ actor SyncEngine {
             return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
         }
         let speakerZones = followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } }
-        for zone in speakerZones + conversations.sorted() {
+        // Conversations to read again from the start (refetched), whether or not the feed names them.
+        let refetched = try read { db in
+            try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
+        }.compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
+        for zone in speakerZones + Set(conversations + refetched).sorted() {
             try await pullZone(zone, report: &report)
         }
         if !changes.deletedZones.isEmpty {

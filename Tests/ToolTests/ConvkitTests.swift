@@ -1,0 +1,158 @@
+import Foundation
+import ImageKit
+import Testing
+import TestSupport
+
+/// `convkit` run as a process: every subcommand's help, usage errors (exit 64), success paths
+/// (with `--json` that parses) and failures (exit 1); the demo.
+@Suite struct ConvkitTests {
+    struct Run {
+        let status: Int32
+        let out: String
+        let err: String
+        var json: Any? { try? JSONSerialization.jsonObject(with: Data(out.utf8)) }
+    }
+
+    static func convkit(_ arguments: [String], environment home: String? = nil) async throws -> Run {
+        let child = try ChildProcess(try builtProduct("convkit"), arguments)
+        let status = await child.wait()
+        return Run(status: status, out: child.standardOutput, err: child.standardError)
+    }
+
+    static let commands = ["init", "whoami", "send", "messages", "conversations", "read", "edit", "delete", "speakers", "find", "sync", "retry",
+                           "fingerprint", "trust", "avatar set", "avatar get", "device list", "device link", "zones", "records list", "records show",
+                           "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo"]
+
+    @Test func everySubcommandHasGeneratedHelpAndRefusesUnknownOptions() async throws {
+        for command in Self.commands {
+            let words = command.split(separator: " ").map(String.init)
+            let help = try await Self.convkit(words + ["--help"])
+            #expect(help.status == 0, "\(command)")
+            #expect(help.out.hasPrefix("OVERVIEW: ") && help.out.contains("USAGE: convkit \(command)") && help.out.contains("OPTIONS:"), "\(command): \(help.out)")
+            #expect(try await Self.convkit(["help"] + words).out == help.out, "convkit help \(command)")
+            let bad = try await Self.convkit(words + ["--no-such-option"])
+            #expect(bad.status == 64 && bad.err.hasPrefix("Error: unknown option '--no-such-option'") && bad.err.contains("USAGE: convkit \(command)"), "\(command): \(bad.err)")
+            #expect(bad.out.isEmpty)
+        }
+        for group in [["records"], ["avatar"], ["device"], ["token"]] {
+            let help = try await Self.convkit(group + ["--help"])
+            #expect(help.status == 0 && help.out.contains("SUBCOMMANDS:"), "\(group)")
+            #expect(try await Self.convkit(group).status == 64)
+        }
+        #expect(try await Self.convkit([]).status == 64)
+        #expect(try await Self.convkit(["bogus"]).err.contains("unknown subcommand 'bogus'"))
+        #expect(try await Self.convkit(["--version"]).status == 0)
+    }
+
+    @Test func theDemoChecksOutEveryStep() async throws {
+        let demo = try await Self.convkit(["demo"])
+        #expect(demo.status == 0, "\(demo.out)\(demo.err)")
+        #expect(demo.out.contains("every step checked out") && !demo.out.contains("FAIL"))
+        #expect(demo.out.contains("a forged record is caught and quarantined"))
+    }
+
+    /// Alice and bob through a folder, every chat and inspection command on its success path,
+    /// and the failures each reports with exit 1.
+    @Test func chatAndInspectionThroughAFolder() async throws {
+        let dir = try TemporaryDirectory("convkit-tool")
+        let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]
+        func ok(_ arguments: [String], _ comment: String = "") async throws -> Run {
+            let run = try await Self.convkit(arguments)
+            #expect(run.status == 0, "\(arguments) \(comment): \(run.err)")
+            return run
+        }
+        func fails(_ arguments: [String], _ message: String) async throws {
+            let run = try await Self.convkit(arguments)
+            #expect(run.status == 1 && run.err.hasPrefix("Error: ") && run.err.contains(message), "\(arguments): \(run.status) \(run.err)")
+        }
+        let initialized = try await ok(["init", "--id", "alice", "--name", "Alice", "--tag", "swift", "--zone-dir", folder, "--device", "laptop", "--json"] + alice)
+        #expect((initialized.json as? [String: Any])?["identifier"] as? String == "alice")
+        _ = try await ok(["init", "--id", "bob", "--name", "Bob", "--tag", "linux", "--zone-dir", folder, "--device", "phone"] + bob)
+        #expect(try await ok(["whoami"] + alice).out.contains("alice (Alice) tags: swift"))
+        let whoBob = try await ok(["whoami", "--json"] + bob)
+        let bobFingerprint = try #require((whoBob.json as? [String: Any])?["fingerprint"] as? String)
+
+        let sent = try await ok(["send", "bob", "Hi Bob", "--sync", "--json"] + alice)
+        let sentID = try #require((sent.json as? [String: Any])?["id"] as? String)
+        #expect((sent.json as? [String: Any])?["state"] as? String == "synced")
+        _ = try await ok(["sync"] + bob)
+        let listed = try await ok(["messages", "alice", "--json"] + bob)
+        #expect(((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob"])
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("Alice: Hi Bob"))
+        #expect(((try await ok(["conversations", "--json"] + bob).json as? [[String: Any]])?.first?["unread"] as? Int) == 1)
+        #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
+        #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
+        let second = try await ok(["send", "bob", "to delete", "--json"] + alice)
+        _ = try await ok(["delete", try #require((second.json as? [String: Any])?["id"] as? String)] + alice)
+        _ = try await ok(["sync", "--json"] + alice)
+        _ = try await ok(["sync"] + bob)
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("Hi Bob (edited)"))
+        let found = try await ok(["find", "--tag", "linux", "--json"] + alice)
+        #expect((found.json as? [[String: Any]])?.map { $0["identifier"] as? String } == ["bob"])
+        #expect(((try await ok(["speakers", "--json"] + alice).json as? [[String: Any]])?.count ?? 0) >= 1)
+        let fingerprint = try await ok(["fingerprint", "bob", "--json"] + alice)
+        #expect((fingerprint.json as? [String: Any])?["fingerprint"] as? String == bobFingerprint)
+        #expect(try await ok(["trust", "bob", bobFingerprint] + alice).out.contains("bob verified"))
+
+        // Avatars.
+        let image = dir.path + "/face.jpg"
+        try Images.encodeJPEG(RGBAImage(width: 300, height: 200, fill: (200, 40, 40, 255)), quality: 90).write(to: URL(fileURLWithPath: image))
+        let set = try await ok(["avatar", "set", image, "--json"] + alice)
+        #expect((set.json as? [String: Any])?["width"] as? Int == 100)
+        _ = try await ok(["sync"] + alice)
+        _ = try await ok(["sync"] + bob)
+        let got = try await ok(["avatar", "get", "alice", "--out", dir.path + "/alice.png", "--json"] + bob)
+        #expect((got.json as? [String: Any])?["height"] as? Int == 67)
+        #expect(try Images.decode(try Data(contentsOf: URL(fileURLWithPath: dir.path + "/alice.png"))).width == 100)
+
+        // Devices.
+        #expect(((try await ok(["device", "list", "--json"] + alice).json as? [[String: Any]])?.first?["thisDevice"] as? Bool) == true)
+        #expect(try await ok(["device", "link"] + alice).out.count > 20)
+
+        // Inspection: the store, then the folder directly.
+        let zones = try await ok(["zones", "--json"] + alice)
+        let conversation = try #require((zones.json as? [[String: Any]])?.compactMap { $0["zone"] as? String }.first { $0.hasPrefix("c-") })
+        #expect(try await ok(["zones", "--zone-dir", folder]).out.contains(conversation))
+        let records = try await ok(["records", "list", "--zone", conversation, "--type", "Message", "--json"] + alice)
+        let name = try #require((records.json as? [[String: Any]])?.compactMap { $0["name"] as? String }.first)
+        let shown = try await ok(["records", "show", "\(conversation)/\(name)"] + alice)
+        #expect(shown.out.contains("owner      alice") && shown.out.contains("signature  valid"))
+        #expect(try await ok(["records", "show", "\(conversation)/\(name)", "--zone-dir", folder]).out.contains("signature  valid"))
+        #expect(try await ok(["records", "verify"] + alice).out.contains("0 bad"))
+        #expect(try await ok(["records", "verify", "--zone-dir", folder]).out.contains("0 bad"))
+        let changes = try await ok(["changes", "--zone", conversation, "--json"] + alice)
+        let token = try #require((changes.json as? [String: Any])?["token"] as? String)
+        let decoded = try await ok(["token", "decode", token, "--json"])
+        #expect((decoded.json as? [String: Any])?["backend"] as? String == "filesystem")
+        #expect((decoded.json as? [String: Any])?["zone"] as? String == conversation)
+        #expect(try await ok(["changes", "--zone", conversation, "--since", token] + alice).out.contains("token "))
+        _ = try await ok(["send", "bob", "pending one"] + alice)
+        let outbox = try await ok(["outbox", "--json"] + alice)
+        #expect((outbox.json as? [[String: Any]])?.count == 1)
+        #expect(((try await ok(["quarantine", "--json"] + alice).json) as? [Any])?.isEmpty == true)
+        #expect(try await ok(["quarantine", "retry"] + alice).out.contains("0 zones"))
+        #expect(try await ok(["refetch", conversation] + bob).out.contains("pulled again"))
+        _ = try await ok(["sync"] + bob)
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("Hi Bob (edited)"), "refetched")
+        #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
+        let stats = try await ok(["stats", "--json"] + bob)
+        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 1)
+
+        // Failures: exit 1 with a reason.
+        try await fails(["whoami", "--store", dir.path + "/nobody"], "no store at")
+        try await fails(["messages", "carol"] + alice, "no conversation with 'carol'")
+        try await fails(["quarantine", "clear", "999"] + alice, "no quarantine entry 999")
+        try await fails(["token", "decode", "AAAA"], "not a change token")
+        try await fails(["records", "show", "\(conversation)/nothing"] + alice, "no record")
+        try await fails(["avatar", "get", "bob"] + alice, "bob has no avatar")
+        // A flipped byte in a folder segment: verify reports it and exits 1.
+        let segments = try FileManager.default.subpathsOfDirectory(atPath: folder + "/zones").filter { $0.hasSuffix(".seg") && $0.hasPrefix(conversation) }
+        let victim = folder + "/zones/" + (try #require(segments.first))
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: victim))
+        bytes[bytes.count / 2] ^= 0x01
+        try bytes.write(to: URL(fileURLWithPath: victim))
+        let verify = try await Self.convkit(["records", "verify", "--zone-dir", folder])
+        #expect(verify.status == 1 && verify.out.contains("BAD ") && verify.out.contains("corrupt segment"), "\(verify.out)")
+        #expect(verify.err.contains("1 bad"))
+    }
+}
