@@ -57,7 +57,7 @@ enum ChatCommands {
         let backend = try context.backend()
         let store = try ConversationStore(directory: context.storePath, backend: backend)
         let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: context.arguments.all("tag"))
-        let settings = StoreSettings(server: context.arguments.value("server"), zoneDir: context.arguments.value("zone-dir"),
+        let settings = StoreSettings(server: context.arguments.value("server"), zoneDir: context.arguments.value("zone-dir").map(Context.absolute),
                                      device: context.arguments.value("device") ?? (context.arguments.value("zone-dir") != nil ? context.settings().device ?? defaultDevice() : nil))
         var merged = context.settings()
         if settings.server != nil || settings.zoneDir != nil { merged = settings }

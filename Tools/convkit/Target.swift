@@ -57,11 +57,16 @@ struct Context {
     func backend() throws -> BackendFactory {
         let saved = settings()
         let label = arguments.value("device") ?? saved.device ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
-        if let folder = arguments.value("zone-dir") { return .folder(folder, device: label) }
+        if let folder = arguments.value("zone-dir") { return .folder(Self.absolute(folder), device: label) }
         if let server = arguments.value("server") { return .server(try Self.url(server)) }
         if let folder = saved.zoneDir { return .folder(folder, device: saved.device ?? label) }
         if let server = saved.server { return .server(try Self.url(server)) }
         throw ToolFailure("no backend for \(storePath): give --server or --zone-dir (or set one with 'convkit init')")
+    }
+
+    /// A path made absolute against the working directory (kept in convkit.json).
+    static func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
     }
 
     static func url(_ text: String) throws -> URL {
