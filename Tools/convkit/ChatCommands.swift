@@ -46,6 +46,11 @@ enum ChatCommands {
         ToolCommand(Command("convkit device list", "List the local speaker's devices.", options: [Targets.store, Targets.json]), run: deviceList),
         ToolCommand(Command("convkit device link", "On the first device: print a link code for one more device.",
                             options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)")]), run: deviceLink),
+        ToolCommand(Command("convkit device join", "Set a new store up as one more device of a speaker, from a link code.",
+                            positionals: [Positional("code", "The link code printed by 'convkit device link' on the first device.")],
+                            options: Targets.storeOptions + [.valued("label", "label", "This device's name. (default: the host name)")]), run: deviceJoin),
+        ToolCommand(Command("convkit device revoke", "On the first device: revoke a linked device (by its label or fingerprint).",
+                            positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store]), run: deviceRevoke),
     ]
 
     static func identifierString(_ store: ConversationStore) -> String { store.localSpeakerIdentifier ?? "?" }
@@ -291,6 +296,27 @@ enum ChatCommands {
                          device.revokedAfter.map { "revoked after \(Output.time($0))" }].compactMap { $0 }
             Output.line("\(device.label)  \(device.fingerprint)\(notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")")
         }
+    }
+
+    static func deviceJoin(_ context: Context) async throws {
+        guard let code = context.arguments.positional(0) else { throw UsageError("missing <code>") }
+        let store = try ConversationStore(directory: context.storePath, backend: try context.backend())
+        let speaker = try await store.setupLocalSpeaker(linking: code, label: context.arguments.value("label") ?? defaultDevice())
+        var settings = StoreSettings(server: context.arguments.value("server"), zoneDir: context.arguments.value("zone-dir").map(Context.absolute),
+                                     device: context.arguments.value("device"))
+        if settings.server == nil && settings.zoneDir == nil { settings = context.settings() }
+        try JSONEncoder().encode(settings).write(to: URL(fileURLWithPath: context.settingsPath))
+        Output.line("this store is now a device of \(speaker.identifier) (\(speaker.name))")
+    }
+
+    static func deviceRevoke(_ context: Context) async throws {
+        guard let which = context.arguments.positional(0) else { throw UsageError("missing <device>") }
+        let store = try context.store()
+        let matches = try store.devices().filter { ($0.label == which || $0.fingerprint == which) && !$0.isThisDevice }
+        guard let device = matches.first else { throw ToolFailure("no other device '\(which)' (see 'convkit device list')") }
+        guard matches.count == 1 else { throw ToolFailure("'\(which)' names \(matches.count) devices: give its fingerprint") }
+        try await store.revokeDevice(device)
+        Output.line("\(device.label) revoked (pushed by the next sync)")
     }
 
     static func deviceLink(_ context: Context) async throws {

@@ -67,8 +67,22 @@ enum InspectCommands {
     static func records(_ context: Context, zone: ZoneName, type: String?) async throws -> [Record] {
         switch try context.inspectionSource() {
         case .store(let store): return try store.records(in: zone.rawValue, type: type)
-        case .backend(let backend, _): return try await readAll(backend, zone).records.filter { type == nil || $0.recordType == type }
+        case .backend(let backend, _):
+            try await readSpeakers(backend, before: [zone])
+            return try await readAll(backend, zone).records.filter { type == nil || $0.recordType == type }
         }
+    }
+
+    /// Reads the speakers' own zones first, as a store does, so who holds which key and device
+    /// is known before a conversation is judged (a linked device's messages would otherwise pin
+    /// its key as the speaker's). - Returns: the zones in the order to read them.
+    @discardableResult
+    static func readSpeakers(_ backend: any RecordZoneBackend, before zones: [ZoneName]) async throws -> [ZoneName] {
+        let speakers = try await backend.zones().filter { $0.rawValue.hasPrefix("s-") }
+        if zones.contains(where: { !$0.rawValue.hasPrefix("s-") }) {
+            for zone in speakers where !zones.contains(zone) { _ = try await readAll(backend, zone) }
+        }
+        return zones.filter { $0.rawValue.hasPrefix("s-") } + zones.filter { !$0.rawValue.hasPrefix("s-") }
     }
 
     static func list(_ context: Context) async throws {
@@ -135,6 +149,7 @@ enum InspectCommands {
         case .backend(let backend, _):
             var zones = try await backend.zones()
             if let only { zones = zones.filter { $0 == only } }
+            zones = try await readSpeakers(backend, before: zones)
             let progress = Output.Progress("verifying", total: zones.count)
             for (index, zone) in zones.enumerated() {
                 let (records, rejected) = try await readAll(backend, zone)
