@@ -19,7 +19,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "messages", "conversations", "read", "edit", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "read", "edit", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo"]
 
@@ -162,5 +162,70 @@ import TestSupport
         let verify = try await Self.convkit(["records", "verify", "--zone-dir", folder])
         #expect(verify.status == 1 && verify.out.contains("BAD ") && verify.out.contains("corrupt segment"), "\(verify.out)")
         #expect(verify.err.contains("1 bad"))
+    }
+}
+
+/// `convkit chat` driven in a real terminal (tmux): a message sent from another store appears,
+/// a typed line is sent, Ctrl-C leaves with exit 0.
+@Suite struct ConvkitChatTests {
+    static func tmux(_ arguments: [String]) async throws -> String {
+        let child = try ChildProcess("/usr/bin/env", ["tmux"] + arguments)
+        _ = await child.wait()
+        return child.standardOutput
+    }
+
+    @Test func chatShowsLiveMessagesAndSendsTypedLines() async throws {
+        let dir = try TemporaryDirectory("convkit-chat")
+        let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]
+        for (who, device) in [("alice", "laptop"), ("bob", "phone")] {
+            #expect(try await ConvkitTests.convkit(["init", "--id", who, "--name", who.capitalized, "--zone-dir", folder, "--device", device, "--store", dir.path + "/" + who]).status == 0)
+        }
+        #expect(try await ConvkitTests.convkit(["send", "bob", "first", "--sync"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
+        let session = "convkit-chat-\(UUID().uuidString.prefix(8))"
+        let exitFile = dir.path + "/exit"
+        let command = "\(try builtProduct("convkit")) chat alice --store \(dir.path)/bob; echo $? > \(exitFile); sleep 30"
+        _ = try await Self.tmux(["new-session", "-d", "-s", session, "-x", "100", "-y", "20", command])
+        defer { Task { _ = try? await Self.tmux(["kill-session", "-t", session]) } }
+        func screen() async throws -> String { try await Self.tmux(["capture-pane", "-p", "-t", session]) }
+        func eventually(_ seconds: Double, _ condition: (String) -> Bool) async throws -> Bool {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if condition(try await screen()) { return true }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            return false
+        }
+        let opened = try await eventually(10) { $0.contains("Chat with Alice (alice)") && $0.contains("Alice: first") }
+        let first = try await screen()
+        #expect(opened, "\(first)")
+
+        // From another store: shown within 2 s (the folder is looked at every second).
+        #expect(try await ConvkitTests.convkit(["send", "bob", "live from alice", "--sync"] + alice).status == 0)
+        let start = Date()
+        let shown = try await eventually(2) { $0.contains("Alice: live from alice") }
+        let now = try await screen()
+        #expect(shown, "\(now)")
+        #expect(Date().timeIntervalSince(start) < 2)
+
+        // A typed line is sent, and reaches alice.
+        _ = try await Self.tmux(["send-keys", "-t", session, "hello from bob", "Enter"])
+        #expect(try await eventually(5) { $0.contains("Bob: hello from bob") })
+        var delivered = false
+        for _ in 0..<20 where !delivered {
+            _ = try await ConvkitTests.convkit(["sync"] + alice)
+            delivered = try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("Bob: hello from bob")
+            if !delivered { try await Task.sleep(for: .milliseconds(250)) }
+        }
+        #expect(delivered, "the typed line reached alice")
+        // Shown means read: alice sees her messages read.
+        _ = try await ConvkitTests.convkit(["sync"] + alice)
+        #expect(try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("live from alice  [read]"))
+
+        // Ctrl-C leaves cleanly.
+        _ = try await Self.tmux(["send-keys", "-t", session, "C-c"])
+        let deadline = Date().addingTimeInterval(5)
+        while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+        #expect((try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0")
     }
 }

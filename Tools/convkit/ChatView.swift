@@ -1,0 +1,182 @@
+import ConversationKit
+import Foundation
+import Synchronization
+import ToolSupport
+
+/// `convkit chat ID`: one conversation on a terminal, in plain ANSI. The newest messages with
+/// names, times, edits and read state; new ones appear as the store's continuous sync (or a
+/// daemon writing the same store) brings them; a typed line and Enter sends; unread messages
+/// are marked read as they are shown; Ctrl-C leaves and puts the terminal back.
+enum ChatView {
+    static let command = ToolCommand(Command("convkit chat", "Chat with a speaker on this terminal (Ctrl-C leaves).",
+                                             positionals: [Positional("id", "The speaker to chat with.")], options: Targets.storeOptions),
+                                     run: run)
+
+    /// What the screen shows, and the line being typed.
+    final class Screen: Sendable {
+        struct State {
+            var messages: [Message] = []
+            var typed: [UInt8] = []
+            var status = ""
+        }
+        let state = Mutex(State())
+        let title: String
+        let names: [String: String]
+
+        init(title: String, names: [String: String]) {
+            self.title = title
+            self.names = names
+        }
+
+        /// Redraws everything: header, the messages that fit, the status line and the prompt.
+        func draw() {
+            let (rows, columns) = Self.size()
+            let state = state.withLock { $0 }
+            var out = "\u{1B}[H\u{1B}[2J"
+            out += "\u{1B}[1m\(title)\u{1B}[0m  (Enter sends, Ctrl-C leaves)\r\n"
+            let room = max(1, rows - 4)
+            for message in state.messages.suffix(room) {
+                let time = Self.clock.string(from: message.spokenAt)
+                var notes = [String]()
+                if message.editedAt != nil { notes.append("edited") }
+                if message.readAt != nil { notes.append("read") }
+                switch message.syncState {
+                case .pending: notes.append("sending")
+                case .failed(let reason): notes.append("failed: \(reason)")
+                case .synced: break
+                }
+                let line = "[\(time)] \(names[message.speaker] ?? message.speaker): \(message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
+                out += String(line.prefix(columns)) + "\r\n"
+            }
+            out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(state.status.prefix(columns))\u{1B}[0m"
+            out += "\u{1B}[\(rows);1H> \(String(decoding: state.typed, as: UTF8.self))"
+            FileHandle.standardOutput.write(Data(out.utf8))
+        }
+
+        static let clock: DateFormatter = {
+            let formatter = DateFormatter()
+            formatter.dateFormat = "HH:mm"
+            return formatter
+        }()
+
+        static func size() -> (rows: Int, columns: Int) {
+            var size = winsize()
+            guard ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0, size.ws_row > 0 else { return (24, 80) }
+            return (Int(size.ws_row), Int(size.ws_col))
+        }
+    }
+
+    static func run(_ context: Context) async throws {
+        guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        guard isatty(STDIN_FILENO) == 1 else { throw ToolFailure("convkit chat needs a terminal") }
+        let store = try context.store()
+        let backend = try? context.backend()
+        let conversation = try await store.conversation(with: other)
+        let local = store.localSpeakerIdentifier ?? ""
+        let names = Dictionary(uniqueKeysWithValues: [local, other].map { id in (id, (try? store.speaker(fromRef: SpeakerRef(identifier: id))?.name) ?? id) })
+        let screen = Screen(title: "Chat with \(names[other] ?? other) (\(other))", names: names)
+
+        // Continuous sync in this process, unless another process (a daemon) already syncs the
+        // store: then what it writes is read every half second.
+        let syncing = Task {
+            guard backend != nil else { return "no backend: showing the store only" }
+            do { try await store.run() } catch { return "not syncing here (\(error)): showing what another process syncs" }
+            return ""
+        }
+        let terminal = RawTerminal()
+        defer { terminal.restore() }
+        screen.state.withLock { $0.status = backend == nil ? "no backend" : "syncing" }
+
+        let refresher = Task {
+            var lastShown: [Message] = []
+            while !Task.isCancelled {
+                if let page = try? store.messages(in: conversation.id, limit: 200), page.messages != lastShown {
+                    lastShown = page.messages
+                    screen.state.withLock { $0.messages = page.messages }
+                    screen.draw()
+                    if page.messages.contains(where: { $0.speaker != local && $0.readAt == nil }) {
+                        try? await store.markAllAsRead(in: conversation.id)
+                    }
+                }
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+        }
+        let statusWatcher = Task {
+            let status = await syncing.value
+            if !status.isEmpty {
+                screen.state.withLock { $0.status = status }
+                screen.draw()
+            }
+        }
+        screen.draw()
+        // Keys, one byte at a time, off the cooperative pool.
+        let keys = AsyncStream<UInt8> { continuation in
+            let thread = Thread {
+                var byte: UInt8 = 0
+                while read(STDIN_FILENO, &byte, 1) == 1 { continuation.yield(byte) }
+                continuation.finish()
+            }
+            thread.start()
+        }
+        for await key in keys {
+            switch key {
+            case 3, 4:  // Ctrl-C, Ctrl-D
+                refresher.cancel()
+                statusWatcher.cancel()
+                syncing.cancel()
+                terminal.restore()
+                FileHandle.standardOutput.write(Data("\u{1B}[H\u{1B}[2J".utf8))
+                exit(0)
+            case 13, 10:  // Enter
+                let line = screen.state.withLock { state -> String in
+                    defer { state.typed = [] }
+                    return String(decoding: state.typed, as: UTF8.self)
+                }
+                if !line.trimmingCharacters(in: .whitespaces).isEmpty {
+                    do { _ = try await store.send(line, to: other) } catch {
+                        screen.state.withLock { $0.status = "not sent: \(error)" }
+                    }
+                }
+            case 127, 8:  // Backspace
+                // One character: its UTF-8 continuation bytes, then its first byte.
+                screen.state.withLock { state in
+                    while let last = state.typed.last, last & 0xC0 == 0x80 { state.typed.removeLast() }
+                    if !state.typed.isEmpty { state.typed.removeLast() }
+                }
+            case 32...126, 128...255:
+                screen.state.withLock { $0.typed.append(key) }
+            default:
+                continue
+            }
+            screen.draw()
+        }
+        terminal.restore()
+    }
+}
+
+/// The terminal in raw mode (no echo, byte by byte, no signals from Ctrl-C), put back by
+/// ``restore()`` (also at exit).
+final class RawTerminal: Sendable {
+    private let saved: Mutex<termios?>
+
+    init() {
+        var original = termios()
+        guard tcgetattr(STDIN_FILENO, &original) == 0 else {
+            saved = Mutex(nil)
+            return
+        }
+        var raw = original
+        raw.c_lflag &= ~tcflag_t(ECHO | ICANON | ISIG | IEXTEN)
+        raw.c_iflag &= ~tcflag_t(IXON | ICRNL)
+        tcsetattr(STDIN_FILENO, TCSAFLUSH, &raw)
+        saved = Mutex(original)
+    }
+
+    func restore() {
+        guard var original = saved.withLock({ state -> termios? in
+            defer { state = nil }
+            return state
+        }) else { return }
+        tcsetattr(STDIN_FILENO, TCSAFLUSH, &original)
+    }
+}
