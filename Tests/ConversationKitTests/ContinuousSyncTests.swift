@@ -27,7 +27,7 @@ import TestSupport
     }
 
     /// A message sent by one running store reaches the other running store with no sync() call:
-    /// through a zone server (long polls) and through a folder (its feed looked at every second).
+    /// through a zone server (long polls), memory, and a folder (its feed looked at every second).
     @Test(arguments: [ChatBackend.http, .filesystem, .memory])
     func aMessageReachesARunningPeer(_ kind: ChatBackend) async throws {
         let fixture = try ChatFixture(kind)
@@ -37,15 +37,15 @@ import TestSupport
         let running = [Task { try await alice.run() }, Task { try await bob.run() }]
         defer { running.forEach { $0.cancel() } }
         try await Task.sleep(for: .milliseconds(200))  // the long polls are in place
-        var latencies = [Duration]()
+        // How fast is the bench's to measure (convkit-bench --only server: the median through
+        // convkitd serve); here each must simply arrive, with nobody calling sync().
         for n in 0..<5 {
             let events = bob.events()
             let sent = try await alice.send("live \(n)", to: "bob")
-            let took = await Self.time(events) { $0 == .messageAdded(sent.id) }
-            latencies.append(try #require(took, "message \(n) arrived"))
+            let took = await Self.time(events, seconds: 15) { $0 == .messageAdded(sent.id) }
+            _ = try #require(took, "message \(n) arrived")
             #expect(try bob.message(sent.id)?.content == "live \(n)")
         }
-        #expect(latencies.allSatisfy { $0 < .seconds(2) }, "\(latencies)")
         // And the other way, shown synced on the sender's side.
         let events = alice.events()
         let reply = try await bob.send("hi back", to: "alice")

@@ -33,8 +33,12 @@ func groupHelp(_ prefix: [String]) -> Command? {
         let name = member.words[prefix.count]
         guard seen.insert(name).inserted else { continue }
         let exact = member.words.count == prefix.count + 1
-        let nested = members.filter { $0.words[prefix.count] == name }.map { $0.words.dropFirst(prefix.count + 1).joined(separator: " ") }
-        subcommands.append((name, exact ? member.command.overview : "Subcommands: " + nested.joined(separator: ", ") + "."))
+        var nested = [String]()
+        for other in members where other.words[prefix.count] == name {
+            nested.append(other.words.dropFirst(prefix.count + 1).joined(separator: " "))
+        }
+        let abstract: String = exact ? member.command.overview : "Subcommands: \(nested.joined(separator: ", "))."
+        subcommands.append((name, abstract))
     }
     let path = (["convkit"] + prefix).joined(separator: " ")
     let overview = prefix.isEmpty ? "Chat from a terminal, and inspect ConversationKit records, tokens, outbox and quarantine." : "The \(prefix.joined(separator: " ")) commands."
