@@ -11,6 +11,10 @@ public struct UsageError: Error {
 public struct Arguments {
     public private(set) var values: [String: String] = [:]
     public private(set) var flags: Set<String> = []
+    /// Every value of each option, in order (for options that may be repeated).
+    private var lists: [String: [String]] = [:]
+
+    public func all(_ name: String) -> [String] { lists[name] ?? [] }
 
     /// - Parameters:
     ///   - valued: options that take a value (`--listen 127.0.0.1:8080` or `--listen=…`).
@@ -32,6 +36,7 @@ public struct Arguments {
             } else if valued.contains(name) {
                 guard let value = inline ?? rest.popFirst() else { throw UsageError("missing value for --\(name)") }
                 values[name] = value
+                lists[name, default: []].append(value)
             } else {
                 throw UsageError("unknown option '--\(name)'")
             }

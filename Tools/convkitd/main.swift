@@ -1,5 +1,6 @@
 // convkitd: the ConversationKit daemon. `serve` hosts record zones over HTTP; `sync` keeps a
-// store in step with a folder zone or a server, continuously.
+// store in step with a folder zone or a server, continuously; `replicate` copies zones between
+// two backends.
 import ConversationKit
 import Foundation
 import RecordZone
@@ -20,6 +21,7 @@ let mainHelp = """
     SUBCOMMANDS:
       serve                   Serve record zones over HTTP from a data directory.
       sync                    Keep a store in step with a folder zone or a server, continuously.
+      replicate               Copy signed records zone to zone between two backends.
 
       See 'convkitd help <subcommand>' for detailed help.
 
@@ -49,6 +51,10 @@ let serveHelp = """
       --max-wait <seconds>    The longest long poll a client may ask for. (default: 60)
       --tls-cert <file>       Serve HTTPS with this certificate (PEM; with --tls-key).
       --tls-key <file>        The certificate's private key (PEM).
+      --replicator <identity>=<public key hex>
+                              A peer's replicator (convkitd replicate; the identity starts
+                              with _) that may read and write every zone — every record it
+                              saves is still checked. May be repeated.
       -h, --help              Show help information.
 
     """
@@ -89,7 +95,7 @@ func serve(_ rawArguments: [String]) async {
     let data: String
     do throws(UsageError) {
         arguments = try Arguments(rawArguments, valued: ["data", "listen", "log-level", "max-body-bytes", "max-connections", "connection-timeout", "rate-limit", "max-wait",
-                                                                   "tls-cert", "tls-key"], flags: [])
+                                                                   "tls-cert", "tls-key", "replicator"], flags: [])
         if arguments.flags.contains("help") {
             print(serveHelp, terminator: "")
             exit(0)
@@ -115,6 +121,13 @@ func serve(_ rawArguments: [String]) async {
         settings.maximumWait = .seconds(try arguments.int("max-wait", default: 60, range: 0...3600))
         guard (arguments.values["tls-cert"] == nil) == (arguments.values["tls-key"] == nil) else {
             throw UsageError("--tls-cert and --tls-key go together")
+        }
+        for entry in arguments.all("replicator") {
+            let parts = entry.split(separator: "=", maxSplits: 1).map(String.init)
+            guard parts.count == 2, parts[0].hasPrefix("_"), parts[0].count > 1, let key = Data(hexString: parts[1]), key.count == 32 else {
+                throw UsageError("--replicator takes <identity>=<public key hex>, the identity starting with _ (as convkitd replicate prints it)")
+            }
+            settings.replicators[parts[0]] = key
         }
         configuration = settings
     } catch {
@@ -258,12 +271,15 @@ case "help":
     case nil: print(mainHelp, terminator: "")
     case "serve": print(serveHelp, terminator: "")
     case "sync": print(syncHelp, terminator: "")
+    case "replicate": print(replicateHelp, terminator: "")
     case let other?: fail("unknown subcommand '\(other)'", usage: mainHelp)
     }
 case "serve":
     await serve(Array(arguments.dropFirst()))
 case "sync":
     await sync(Array(arguments.dropFirst()))
+case "replicate":
+    await replicate(Array(arguments.dropFirst()))
 case let other?:
     fail("unknown subcommand '\(other)'", usage: mainHelp)
 }

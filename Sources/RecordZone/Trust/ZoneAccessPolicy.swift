@@ -19,3 +19,22 @@ public struct OpenZoneAccess: ZoneAccessPolicy {
     public func canCreate(zone: ZoneName, as identity: String) -> Bool { true }
     public func canDelete(zone: ZoneName, as identity: String) -> Bool { true }
 }
+
+/// Another policy, plus replicators: identities (of a peer server's `convkitd replicate`) that
+/// may read and create every zone and save any record — whose signature and owner the storage
+/// still checks, so a replicator copies what others signed and can forge nothing. They delete
+/// nothing. Their names start with `_`, which no speaker identifier may.
+public struct ReplicatingZoneAccess: ZoneAccessPolicy {
+    public let base: any ZoneAccessPolicy
+    public let replicators: Set<String>
+
+    public init(_ base: any ZoneAccessPolicy, replicators: Set<String>) {
+        self.base = base
+        self.replicators = replicators
+    }
+
+    public func canRead(zone: ZoneName, as identity: String) -> Bool { replicators.contains(identity) || base.canRead(zone: zone, as: identity) }
+    public func canWrite(_ record: Record, as identity: String) -> Bool { replicators.contains(identity) || base.canWrite(record, as: identity) }
+    public func canCreate(zone: ZoneName, as identity: String) -> Bool { replicators.contains(identity) || base.canCreate(zone: zone, as: identity) }
+    public func canDelete(zone: ZoneName, as identity: String) -> Bool { !replicators.contains(identity) && base.canDelete(zone: zone, as: identity) }
+}

@@ -17,7 +17,12 @@ public struct ZoneAPI: HTTPService {
     public init(storage: SQLiteBackend, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration(),
                 counters: HTTPCounters = HTTPCounters()) {
         self.storage = storage
-        self.access = access
+        // A replicator's key is pinned as its identity's, so no other key can speak for it.
+        let replicators = configuration.replicators.filter { storage.policy.pins.pinVerified($0.value, for: $0.key) }
+        if replicators.count < configuration.replicators.count {
+            configuration.logger.error("replicators bound to another key before, left out: \(Set(configuration.replicators.keys).subtracting(replicators.keys).sorted())")
+        }
+        self.access = replicators.isEmpty ? access : ReplicatingZoneAccess(access, replicators: Set(replicators.keys))
         self.configuration = configuration
         self.counters = counters
         authenticator = Authenticator(policy: storage.policy, now: configuration.now, maximumSkew: configuration.maximumClockSkew,

@@ -17,6 +17,10 @@ public struct ZoneServerConfiguration: Sendable {
     public var maximumWait: Duration = .seconds(60)
     public var now: @Sendable () -> Date = { Date() }
     public var logger = Logger.silent
+    /// Peer servers' replicators (`convkitd replicate`), by identity (a name starting with `_`)
+    /// and the only key each may sign with: they read, create and write every zone
+    /// (``ReplicatingZoneAccess``); every record they save is still checked.
+    public var replicators: [String: Data] = [:]
 
     public init() {}
 }

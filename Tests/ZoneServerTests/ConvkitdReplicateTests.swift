@@ -1,0 +1,89 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+
+/// `convkitd replicate` as a process: two `convkitd serve` replicating both ways converge (same
+/// records, same signatures) with no shared folder; a pass with nothing new sends nothing; a
+/// server's zones copied into a folder read back the same.
+@Suite struct ConvkitdReplicateTests {
+    func serve(_ data: String, replicator: String) async throws -> (ChildProcess, URL) {
+        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", data, "--listen", "127.0.0.1:0", "--replicator", replicator])
+        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
+        try #require(started, "convkitd serve did not start: \(child.standardError)")
+        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
+        let port = try #require(line.split(separator: ":").last.flatMap { Int($0) })
+        return (child, try #require(URL(string: "http://127.0.0.1:\(port)")))
+    }
+
+    func replicate(_ arguments: [String]) async throws -> String {
+        let child = try ChildProcess(try builtProduct("convkitd"), ["replicate"] + arguments)
+        #expect(await child.wait() == 0, "\(arguments): \(child.standardError)")
+        return child.standardError
+    }
+
+    /// Every record of every zone, as (zone/name, signature).
+    func contents(_ backend: any RecordZoneBackend) async throws -> Set<String> {
+        var all = Set<String>()
+        for zone in try await backend.zones() {
+            var token: ChangeToken? = nil
+            repeat {
+                let page = try await backend.fetchChanges(in: zone, since: token, limit: 400)
+                for record in page.records { all.insert("\(record.id) \(record.signature.hexString)") }
+                token = page.token
+                if !page.moreComing { break }
+            } while true
+        }
+        return all
+    }
+
+    @Test func twoServersReplicatingBothWaysConverge() async throws {
+        let dir = try TemporaryDirectory("replicate")
+        let key = SigningKey.generate()
+        try KeyFile.write(key, to: dir.path + "/replicator.key")
+        let replicator = "_peer=\(key.publicKey.hexString)"
+        let (serverA, a) = try await serve(dir.path + "/a", replicator: replicator)
+        let (serverB, b) = try await serve(dir.path + "/b", replicator: replicator)
+        let alice = try ConversationStore(directory: dir.path + "/alice", backend: .server(a))
+        let bob = try ConversationStore(directory: dir.path + "/bob", backend: .server(b))
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+        let fromAlice = try await alice.send("hello from server A", to: "bob")
+        let fromBob = try await bob.send("hello from server B", to: "alice")
+        try await alice.sync()
+        try await bob.sync()
+
+        let common = ["--key", dir.path + "/replicator.key", "--identity", "_peer"]
+        for _ in 0..<2 {
+            _ = try await replicate(["--from", a.absoluteString, "--to", b.absoluteString, "--state", dir.path + "/a-to-b.json"] + common)
+            _ = try await replicate(["--from", b.absoluteString, "--to", a.absoluteString, "--state", dir.path + "/b-to-a.json"] + common)
+        }
+        try await alice.sync()
+        try await bob.sync()
+        #expect(try alice.message(fromBob.id)?.content == "hello from server B")
+        #expect(try bob.message(fromAlice.id)?.content == "hello from server A")
+        let onA = try await contents(HTTPBackend(url: a, identity: "_peer", key: key, policy: ConversationStore.recordPolicy()))
+        let onB = try await contents(HTTPBackend(url: b, identity: "_peer", key: key, policy: ConversationStore.recordPolicy()))
+        // Two profiles (each in its own zone and the directory), two members, two messages.
+        #expect(onA == onB && onA.count == 8, "same records, same signatures: \(onA.count) \(onA.symmetricDifference(onB))")
+
+        // Resumed from its checkpoints: nothing new, nothing sent.
+        let again = try await replicate(["--from", a.absoluteString, "--to", b.absoluteString, "--state", dir.path + "/a-to-b.json"] + common)
+        #expect(again.contains("sent 0 records"), "\(again)")
+
+        // Into a folder zone, and read back the same.
+        _ = try await replicate(["--from", a.absoluteString, "--to", dir.path + "/folder", "--state", dir.path + "/a-to-folder.json"] + common)
+        #expect(try await contents(FileSystemBackend(root: dir.path + "/folder", device: nil, policy: ConversationStore.recordPolicy())) == onA)
+
+        // Anyone else is refused what the replicator may do; the replicator's name with another key too.
+        let stranger = HTTPBackend(url: a, identity: "_peer", key: SigningKey.generate(), policy: ConversationStore.recordPolicy())
+        await #expect(throws: RecordZoneError.self) { try await stranger.zones() }
+        let usage = try ChildProcess(try builtProduct("convkitd"), ["replicate", "--from", a.absoluteString])
+        #expect(await usage.wait() == 64)
+        for server in [serverA, serverB] {
+            server.kill(SIGTERM)
+            _ = await server.wait()
+        }
+    }
+}
