@@ -38,6 +38,13 @@ public struct BackendFactory: Sendable {
         }
     }
 
+    /// A shared folder read without writing (an observer): the store pulls what others wrote,
+    /// and every push is refused (`notAuthorized`), its messages left pending. Nothing is ever
+    /// written into the folder, not even a new one.
+    public static func folderObserver(_ root: String) -> BackendFactory {
+        BackendFactory { context throws(RecordZoneError) in try FileSystemBackend(root: root, device: nil, policy: context.policy) }
+    }
+
     /// A zone server (`convkitd serve`) at `url`, e.g. `http://127.0.0.1:8080`.
     public static func server(_ url: URL) -> BackendFactory {
         BackendFactory { context in HTTPBackend(url: url, identity: context.identity, key: context.key, policy: context.policy, deviceCertificate: context.deviceCertificate) }
@@ -83,6 +90,10 @@ public struct StoreConfiguration: Sendable {
     /// When other speakers' avatars are downloaded: during ``ConversationStore/sync()``
     /// (default) or on first access (``ConversationStore/avatarImage(for:)``).
     public var avatarDownload = AvatarDownload.duringSync
+    /// Where the store says what it does (sync rounds, refusals, backoffs): silent by default
+    /// (ConversationKit's `feedbackLevel`). `Logger(label: "chat", level: .info)` writes one
+    /// line per entry to stderr.
+    public var logger = Logger.silent
 
     public init() {}
 }

@@ -21,6 +21,8 @@ public final class ConversationStore: Sendable {
     let database: StoreDatabase
     let backendFactory: BackendFactory
     private let connectedBackend = Mutex<(any RecordZoneBackend)?>(nil)
+    /// Whether the backend answered the last sync (nil: none yet).
+    let reachability = Mutex<Bool?>(nil)
     let configuration: StoreConfiguration
     let clock: HybridLogicalClock
     let engine: SyncEngine
@@ -191,11 +193,30 @@ public final class ConversationStore: Sendable {
     public func sync() async throws(ConversationError) -> SyncReport {
         let local = try requireIdentity()
         let backend = try backend()
-        var report = try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: backend)
+        var report: SyncReport
+        do {
+            report = try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: backend)
+        } catch {
+            if error.backendError?.isTransient == true { reachability.withLock { $0 = false } }
+            throw error
+        }
+        reachability.withLock { $0 = true }
         if configuration.avatarDownload == .duringSync {
             report.avatarsDownloaded = await downloadMissingAvatars(from: backend)
         }
         return report
+    }
+
+    /// Whether the backend answered the last time the store synced (ConversationKit's
+    /// `cloudAvailable`); nil before the first sync. ``StoreEvent/syncActivity(_:)`` reports
+    /// each change while ``run(pollInterval:longPolls:)`` runs.
+    public var isBackendReachable: Bool? { reachability.withLock { $0 } }
+
+    /// Lets go of the backend — a folder device's lock, a server's connections — and ends every
+    /// ``events()`` stream. The store stays usable: a later sync connects again.
+    public func close() {
+        connectedBackend.withLock { $0 = nil }
+        database.hub.finish()
     }
 
     /// How many local changes wait in the outbox.

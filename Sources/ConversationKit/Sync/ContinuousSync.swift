@@ -72,6 +72,7 @@ extension ConversationStore {
                         report.quarantined += pulled.quarantined
                     }
                 }
+                reachability.withLock { $0 = true }
                 if unreachable {
                     unreachable = false
                     database.hub.publish([.syncActivity(.reachable)])
@@ -79,6 +80,8 @@ extension ConversationStore {
                 backoff = 0.5
                 if report != SyncReport() { database.hub.publish([.syncActivity(.synced(report))]) }
             } catch {
+                reachability.withLock { $0 = false }
+                configuration.logger.warning("backend unreachable, backing off \(backoff) s: \(error)")
                 if !unreachable {
                     unreachable = true
                     database.hub.publish([.syncActivity(.unreachable(error.description))])

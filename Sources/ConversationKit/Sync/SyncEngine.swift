@@ -18,6 +18,10 @@ public struct SyncReport: Sendable, Hashable {
     public var refetchedZones = 0
     /// Other speakers' avatars downloaded into the image cache.
     public var avatarsDownloaded = 0
+    /// Whose records this sync held back, and why: an identity claimed with unrelated keys, a
+    /// key that does not speak for its identity, a revoked or uncertified device, a damaged file
+    /// in a folder (by its path). One line each.
+    public var blocked: [String] = []
 }
 
 /// Pushes the outbox and pulls changes. One sync runs at a time (an actor); reads of the store
@@ -39,8 +43,20 @@ actor SyncEngine {
     let configuration: StoreConfiguration
     /// The image cache, from which the assets records reference are uploaded.
     let images: AssetFolder
-    /// The backend of the sync in progress.
+    /// The backend of the syncs in progress, let go when the last one ends (the store's
+    /// `close()` then releases it).
     private var connected: (any RecordZoneBackend)?
+    private var callsInProgress = 0
+
+    private func begin(_ backend: any RecordZoneBackend) {
+        connected = backend
+        callsInProgress += 1
+    }
+
+    private func end() {
+        callsInProgress -= 1
+        if callsInProgress == 0 { connected = nil }
+    }
     private var backend: any RecordZoneBackend {
         guard let connected else { preconditionFailure("the backend is set at the start of every sync") }
         return connected
@@ -53,11 +69,20 @@ actor SyncEngine {
     }
 
     func sync(localSpeaker: String, deviceKey: Data, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
-        connected = backend
+        begin(backend)
+        defer { end() }
         var report = SyncReport()
-        try await push(&report, localSpeaker: localSpeaker)
-        try await pull(&report, localSpeaker: localSpeaker)
-        try await failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
+        let logger = configuration.logger
+        do throws(ConversationError) {
+            try await push(&report, localSpeaker: localSpeaker)
+            try await pull(&report, localSpeaker: localSpeaker)
+            try await failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
+        } catch {
+            logger.warning("sync stopped: \(error)")
+            throw error
+        }
+        logger.info("synced: pushed \(report.pushed), pulled \(report.pulled), failed \(report.failed), deferred \(report.deferred), quarantined \(report.quarantined)")
+        for line in report.blocked { logger.notice("held back: \(line)") }
         return report
     }
 
@@ -86,7 +111,8 @@ actor SyncEngine {
 
     /// Pushes the outbox only (a local change to send at once).
     func pushOnly(localSpeaker: String, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
-        connected = backend
+        begin(backend)
+        defer { end() }
         var report = SyncReport()
         try await push(&report, localSpeaker: localSpeaker)
         return report
@@ -94,7 +120,8 @@ actor SyncEngine {
 
     /// Pulls the given zones only (a long poll said they moved), without the database feed.
     func pull(zones: [ZoneName], backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
-        connected = backend
+        begin(backend)
+        defer { end() }
         var report = SyncReport()
         for zone in zones.sorted() { try await pullZone(zone, report: &report) }
         return report
@@ -164,6 +191,13 @@ actor SyncEngine {
                 try await uploadAssets(of: records)
                 results = try await backend.save(records)
             } catch {
+                if error.code == .notAuthorized {
+                    // A backend that takes no writes at all (a folder observer): the changes
+                    // wait in the outbox, and the pull goes on.
+                    configuration.logger.notice("the backend takes no writes: \(error)")
+                    report.deferred += sent.count
+                    return
+                }
                 guard error.isTransient else { throw ConversationError(.backend, "push failed: \(error)", backendError: error) }
                 try await reschedule(sent, error: error)
                 report.deferred += sent.count
@@ -247,6 +281,8 @@ actor SyncEngine {
         for zone in zones.sorted() where !created.contains(zone.rawValue) {
             do {
                 try await backend.createZone(zone)
+            } catch where error.code == .notAuthorized {
+                return  // a backend that takes no writes: the save says so
             } catch {
                 throw ConversationError(.backend, "cannot create zone \(zone): \(error)", backendError: error)
             }
@@ -360,6 +396,10 @@ actor SyncEngine {
             }
             report.pulled += counts.0
             report.quarantined += counts.1
+            for rejection in page.rejected {
+                let line = Self.blockedLine(rejection)
+                if let line, !report.blocked.contains(line) { report.blocked.append(line) }
+            }
             token = page.token
             if !page.moreComing { return }
         }
@@ -376,4 +416,18 @@ actor SyncEngine {
     }
 
     static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
+
+    /// What a refusal says of whose records are held back (nil for one bad record alone).
+    static func blockedLine(_ rejection: RejectedRecord) -> String? {
+        switch rejection.reason {
+        case .identityConflict(let identity), .keyConflict(let identity), .deviceRevoked(let identity):
+            return "\(identity): \(rejection.reason)"
+        case .deviceNotCertified:
+            return "\(rejection.recordID.map { "\($0)" } ?? rejection.source): \(rejection.reason)"
+        case .corruptSegment:
+            return "\(rejection.source): \(rejection.reason)"
+        default:
+            return nil
+        }
+    }
 }

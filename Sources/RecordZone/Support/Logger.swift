@@ -28,10 +28,18 @@ public struct Logger: Sendable {
     public let label: String
     /// Entries below this level are dropped; nil drops everything.
     public let minimumLevel: Level?
+    /// Where a line goes (default: stderr).
+    private let write: @Sendable (String) -> Void
 
     public init(label: String, level: Level?) {
+        self.init(label: label, level: level) { FileHandle.standardError.write(Data($0.utf8)) }
+    }
+
+    /// A logger whose lines (each ending in a newline) go to `write`: an app's own log, a test.
+    public init(label: String, level: Level?, write: @escaping @Sendable (String) -> Void) {
         self.label = label
         self.minimumLevel = level
+        self.write = write
     }
 
     /// A logger that writes nothing: the default for libraries.
@@ -42,12 +50,13 @@ public struct Logger: Sendable {
     public func log(_ level: Level, _ message: @autoclosure () -> String) {
         guard isEnabled(level) else { return }
         let stamp = Date().formatted(.iso8601)
-        FileHandle.standardError.write(Data("\(stamp) \(level) \(label): \(message())\n".utf8))
+        write("\(stamp) \(level) \(label): \(message())\n")
     }
 
     public func trace(_ message: @autoclosure () -> String) { log(.trace, message()) }
     public func debug(_ message: @autoclosure () -> String) { log(.debug, message()) }
     public func info(_ message: @autoclosure () -> String) { log(.info, message()) }
+    public func notice(_ message: @autoclosure () -> String) { log(.notice, message()) }
     public func warning(_ message: @autoclosure () -> String) { log(.warning, message()) }
     public func error(_ message: @autoclosure () -> String) { log(.error, message()) }
 }

@@ -123,6 +123,7 @@ public actor FileSystemBackend: RecordZoneBackend {
 
     public func createZone(_ zone: ZoneName) throws(RecordZoneError) {
         try checkFolder()
+        _ = try writingDevice()
         let state = try layout.zoneState(zone)
         guard !state.exists else { return }
         try FileIO.makeDirectory(layout.generationFolder(zone, state.generation + 1))

@@ -1,0 +1,89 @@
+import ConversationKit
+import Foundation
+@testable import RecordZone
+import Synchronization
+import Testing
+import TestSupport
+
+/// What apps and the tools need of the store besides chat: close, an observer of a folder,
+/// who is held back and why, reachability, a logger, retrying and refetching.
+@Suite struct StoreAPITests {
+    @Test func closeReleasesTheFolderLock() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice")
+        try await alice.sync()
+        let twin = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
+        await #expect { try await twin.sync() } throws: { ($0 as? ConversationError)?.backendError?.code == .deviceInUse }
+        alice.close()
+        try await twin.sync()
+    }
+
+    /// A store on a folder observer reads what others wrote and writes nothing: its own changes
+    /// wait in the outbox.
+    @Test func aFolderObserverReadsAndWritesNothing() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice")
+        let sent = try await alice.send("hi", to: "bob")
+        try await alice.sync()
+        let before = try FileManager.default.subpathsOfDirectory(atPath: fixture.folder).sorted()
+        let observer = try ConversationStore(directory: fixture.directory.path + "/observer", backend: .folderObserver(fixture.folder))
+        try await observer.setupLocalSpeaker(identifier: "bob", name: "Bob")
+        let report = try await observer.sync()
+        #expect(try observer.message(sent.id)?.content == "hi")
+        let pending = try observer.pendingChangeCount()
+        #expect(report.deferred > 0 && pending > 0, "\(report)")
+        #expect(try FileManager.default.subpathsOfDirectory(atPath: fixture.folder).sorted() == before, "nothing written into the folder")
+    }
+
+    /// A forged message is quarantined, and the sync says whose records it held back and why.
+    @Test func theReportSaysWhoIsHeldBack() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        _ = try await bob.send("hi", to: "alice")
+        try await syncAll([alice, bob])
+        let conversation = try #require(try alice.existingConversation(with: "bob")?.id)
+        let mallory = try FileSystemBackend(root: fixture.folder, device: "mallory", policy: RecordPolicy())
+        var forged = Record(id: try RecordID(zone: ZoneName(conversation), name: "m.\(OwnershipRule.identityHash("bob")).ffffffffffffffff-forged"),
+                            type: "Message", fields: ["speaker": .string("bob"), "listener": .string("alice"), "content": .string("forged"), "spokenAt": .date(Date())])
+        try forged.sign(with: SigningKey.generate(), clock: HybridLogicalClock().now())
+        _ = try await mallory.save([forged])
+        let lines = Mutex([String]())
+        var configuration = StoreConfiguration()
+        configuration.logger = Logger(label: "chat", level: .info) { line in lines.withLock { $0.append(line) } }
+        let logged = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"), configuration: configuration)
+        alice.close()
+        let report = try await logged.sync()
+        #expect(report.blocked == ["bob: signed by a key that does not speak for 'bob'"], "\(report.blocked)")
+        #expect(logged.isBackendReachable == true)
+        let written = lines.withLock { $0 }
+        #expect(written.contains { $0.contains("info chat: synced: pushed") }, "\(written)")
+        #expect(written.contains { $0.contains("notice chat: held back: bob: signed by a key") }, "\(written)")
+    }
+
+    @Test func reachabilityFollowsTheServer() async throws {
+        let fixture = try ChatFixture(.http)
+        let alice = try await fixture.store("alice")
+        #expect(alice.isBackendReachable == nil)
+        try await alice.sync()
+        #expect(alice.isBackendReachable == true)
+        await fixture.zoneServer?.stop(timeout: .seconds(1))
+        await #expect(throws: ConversationError.self) { try await alice.sync() }
+        #expect(alice.isBackendReachable == false)
+    }
+
+    /// A failed message goes back into the outbox; a refetched zone comes back whole.
+    @Test func retryAndRefetch() async throws {
+        let fixture = try ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        _ = try await alice.send("one", to: "bob")
+        try await syncAll([alice, bob])
+        let conversation = try #require(try bob.existingConversation(with: "alice")?.id)
+        try await bob.refetch(zone: conversation)
+        #expect(try bob.existingConversation(with: "alice") == nil, "forgotten")
+        try await bob.sync()
+        #expect(try bob.messages(in: conversation).messages.map(\.content) == ["one"], "pulled again whole")
+        #expect(try await alice.retryFailedMessages() == 0)
+        let stats = try bob.statistics()
+        #expect(stats.messages == 1 && stats.lastSyncAt != nil && stats.outbox == 0)
+    }
+}
