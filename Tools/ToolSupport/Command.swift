@@ -43,18 +43,23 @@ public struct Command: Sendable {
     public let options: [Option]
     /// Subcommands' names and one-line abstracts (for a command that only groups others).
     public let subcommands: [(name: String, abstract: String)]
+    /// The usage line's arguments, when they say more than the generated ones (which options
+    /// go together).
+    public let synopsis: String?
 
-    public init(_ path: String, _ overview: String, discussion: String? = nil, positionals: [Positional] = [], options: [Option] = [],
-                subcommands: [(name: String, abstract: String)] = []) {
+    public init(_ path: String, _ overview: String, discussion: String? = nil, synopsis: String? = nil, positionals: [Positional] = [],
+                options: [Option] = [], subcommands: [(name: String, abstract: String)] = []) {
         self.path = path
         self.overview = overview
         self.discussion = discussion
+        self.synopsis = synopsis
         self.positionals = positionals
         self.options = options
         self.subcommands = subcommands
     }
 
     public var usage: String {
+        if let synopsis { return "USAGE: \(path) \(synopsis)" }
         var parts = [path]
         if !subcommands.isEmpty { parts.append("<subcommand>") }
         for positional in positionals { parts.append(positional.optional ? "[<\(positional.name)>]" : "<\(positional.name)>") }
@@ -159,5 +164,20 @@ public struct ParsedArguments: Sendable {
             throw UsageError("--\(name) must be a whole number in \(range.lowerBound)…\(range.upperBound)")
         }
         return value
+    }
+}
+
+/// Parses the arguments against a command, or prints its help (for `-h` / `--help`) and exits
+/// 0, or reports a usage error and exits 64.
+public func parseOrExit(_ arguments: [String], _ command: Command, tool: String) -> ParsedArguments {
+    do throws(UsageError) {
+        let parsed = try command.parse(arguments)
+        if parsed.has("help") {
+            print(command.help, terminator: "")
+            exit(0)
+        }
+        return parsed
+    } catch {
+        exitWithError(error.message, help: command.help, tool: tool)
     }
 }

@@ -3,35 +3,32 @@ import Foundation
 import RecordZone
 import ToolSupport
 
-let replicateHelp = """
-    OVERVIEW: Copy signed records zone to zone from one backend to another.
+let replicateCommand = Command(
+    "convkitd replicate", "Copy signed records zone to zone from one backend to another.",
+    discussion: """
+        A backend is a zone server (an http:// or https:// URL) or a folder zone (a path). Every
+        record read is verified (signature and owner, speakers' own zones first), saved to the other
+        side with its own signature (which checks it again), and the assets it references go first.
+        Idempotent, and resumable from its own checkpoints (a token per zone in the --state file,
+        written after each page is saved), never from state kept in either backend. Against a
+        server it signs as --identity with --key: the server must list it (convkitd serve
+        --replicator <identity>=<public key hex>, printed at start) to read and write every zone.
+        """,
+    synopsis: "--from <url|dir> --to <url|dir> --state <file> [<options>]",
+    options: [
+        .valued("from", "url|dir", "Where records are read."),
+        .valued("to", "url|dir", "Where they are saved."),
+        .valued("state", "file", "The checkpoints of this copy (created when missing)."),
+        .valued("key", "file", "The replicator's key (created when missing; needed with a server)."),
+        .valued("identity", "name", "The replicator's identity on servers, starting with _. (default: _replicator)"),
+        .valued("zones", "zone,...", "Only these zones. (default: every zone of --from)"),
+        .valued("device", "label", "The device to write to a --to folder as. (default: replicator)"),
+        .flag("continuous", "Keep copying: look again every --interval."),
+        .valued("interval", "seconds", "How often, with --continuous. (default: 1)"),
+        .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical. (default: info)"),
+    ])
 
-    A backend is a zone server (an http:// or https:// URL) or a folder zone (a path). Every
-    record read is verified (signature and owner, speakers' own zones first), saved to the other
-    side with its own signature (which checks it again), and the assets it references go first.
-    Idempotent, and resumable from its own checkpoints (a token per zone in the --state file,
-    written after each page is saved), never from state kept in either backend. Against a
-    server it signs as --identity with --key: the server must list it (convkitd serve
-    --replicator <identity>=<public key hex>, printed at start) to read and write every zone.
-
-    USAGE: convkitd replicate --from <url|dir> --to <url|dir> --state <file> [options]
-
-    OPTIONS:
-      --from <url|dir>        Where records are read.
-      --to <url|dir>          Where they are saved.
-      --state <file>          The checkpoints of this copy (created when missing).
-      --key <file>            The replicator's key (created when missing; needed with a server).
-      --identity <name>       The replicator's identity on servers, starting with _.
-                              (default: _replicator)
-      --zones <zone,...>      Only these zones. (default: every zone of --from)
-      --device <label>        The device to write to a --to folder as. (default: replicator)
-      --continuous            Keep copying: look again every --interval.
-      --interval <seconds>    How often, with --continuous. (default: 1)
-      --log-level <level>     trace, debug, info, notice, warning, error or critical.
-                              (default: info)
-      -h, --help              Show help information.
-
-    """
+let replicateHelp = replicateCommand.help
 
 /// The checkpoints of one copy: which source and destination, and a token per zone.
 struct ReplicationState: Codable {
@@ -41,30 +38,29 @@ struct ReplicationState: Codable {
 }
 
 func replicate(_ rawArguments: [String]) async {
-    let arguments = parseOrExit(rawArguments, valued: ["from", "to", "state", "key", "identity", "zones", "device", "interval", "log-level"],
-                                flags: ["continuous"], help: replicateHelp, tool: "convkitd")
+    let arguments = parseOrExit(rawArguments, replicateCommand, tool: "convkitd")
     let logger: Logger
     let interval: Int
-    let identity = arguments.values["identity"] ?? "_replicator"
+    let identity = arguments.value("identity") ?? "_replicator"
     do throws(UsageError) {
-        let levelName = arguments.values["log-level"] ?? "info"
+        let levelName = arguments.value("log-level") ?? "info"
         guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
         logger = Logger(label: "convkitd replicate", level: level)
         interval = try arguments.int("interval", default: 1, range: 1...3600)
-        guard arguments.values["from"] != nil, arguments.values["to"] != nil, arguments.values["state"] != nil else {
+        guard arguments.value("from") != nil, arguments.value("to") != nil, arguments.value("state") != nil else {
             throw UsageError("--from, --to and --state are required")
         }
         guard identity.hasPrefix("_"), identity.count > 1 else { throw UsageError("--identity must start with _ (no speaker can take such a name)") }
     } catch {
         fail(error.message, usage: replicateHelp)
     }
-    let from = arguments.values["from"] ?? "", to = arguments.values["to"] ?? "", statePath = arguments.values["state"] ?? ""
-    let only = arguments.values["zones"].map { Set($0.split(separator: ",").map(String.init)) }
+    let from = arguments.value("from") ?? "", to = arguments.value("to") ?? "", statePath = arguments.value("state") ?? ""
+    let only = arguments.value("zones").map { Set($0.split(separator: ",").map(String.init)) }
     do {
         let isServer = { (text: String) in text.hasPrefix("http://") || text.hasPrefix("https://") }
         var key: SigningKey? = nil
         if isServer(from) || isServer(to) {
-            guard let keyPath = arguments.values["key"] else { fail("--key is required with a server", usage: replicateHelp) }
+            guard let keyPath = arguments.value("key") else { fail("--key is required with a server", usage: replicateHelp) }
             let loaded = try KeyFile.loadOrCreate(at: keyPath)
             logger.info("replicator \(identity)=\(loaded.publicKey.hexString) (give this to convkitd serve --replicator)")
             key = loaded
@@ -76,7 +72,7 @@ func replicate(_ rawArguments: [String]) async {
                 return HTTPBackend(url: url, identity: identity, key: key, policy: policy)
             }
             guard writing else { return try FileSystemBackend(root: text, device: nil, policy: policy) }
-            return try FileSystemBackend(root: text, device: arguments.values["device"] ?? "replicator", policy: policy, stateDirectory: statePath + ".folder")
+            return try FileSystemBackend(root: text, device: arguments.value("device") ?? "replicator", policy: policy, stateDirectory: statePath + ".folder")
         }
         let source = try backend(from, writing: false)
         let destination = try backend(to, writing: true)
@@ -103,11 +99,11 @@ func replicate(_ rawArguments: [String]) async {
         repeat {
             do {
                 let copied = try await replicateOnce(source, destination, state: &state, statePath: statePath, only: only, logger: logger, stopping: stopping)
-                if copied > 0 || !arguments.flags.contains("continuous") { logger.info("sent \(copied) records (new there, or already there)") }
-            } catch let error as RecordZoneError where error.isTransient && arguments.flags.contains("continuous") {
+                if copied > 0 || !arguments.has("continuous") { logger.info("sent \(copied) records (new there, or already there)") }
+            } catch let error as RecordZoneError where error.isTransient && arguments.has("continuous") {
                 logger.warning("backend unreachable, trying again: \(error)")
             }
-            if !arguments.flags.contains("continuous") || stopping.isSet { break }
+            if !arguments.has("continuous") || stopping.isSet { break }
             for _ in 0..<(interval * 10) where !stopping.isSet { try await Task.sleep(for: .milliseconds(100)) }
         } while !stopping.isSet
         exit(0)

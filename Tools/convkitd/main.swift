@@ -9,100 +9,76 @@ import ZoneServer
 
 let version = "0.1.0"
 
-let mainHelp = """
-    OVERVIEW: The ConversationKit daemon: serves record zones over HTTP, keeps stores in step.
+let serveCommand = Command(
+    "convkitd serve", "Serve record zones over HTTP (API v1) from a data directory.",
+    discussion: """
+        Requests are signed with the speaker's Ed25519 key; the speakers zone is readable by every
+        speaker and each conversation zone by its participants only. Stops cleanly on SIGINT or
+        SIGTERM: in-flight requests finish, the database is closed.
+        """,
+    synopsis: "--data <dir> [--listen <host:port>] [<options>]",
+    options: [
+        .valued("data", "dir", "The data directory: the SQLite database and assets (required)."),
+        .valued("listen", "host:port", "The address (IPv4, [IPv6] or a host name) and port to listen on; port 0 picks a free port. (default: 127.0.0.1:8080)"),
+        .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; debug logs one line per request. (default: info)"),
+        .valued("max-body-bytes", "n", "The largest request body. (default: 50331648)"),
+        .valued("max-connections", "n", "The most connections at once. (default: 512)"),
+        .valued("connection-timeout", "seconds", "Close a connection idle this long. (default: 15)"),
+        .valued("rate-limit", "n", "Requests per second per key, sustained; bursts of ten times that. (default: 1000)"),
+        .valued("max-wait", "seconds", "The longest long poll a client may ask for. (default: 60)"),
+        .valued("tls-cert", "file", "Serve HTTPS with this certificate (PEM; with --tls-key)."),
+        .valued("tls-key", "file", "The certificate's private key (PEM)."),
+        .valued("replicator", "identity=key", "A peer's replicator (convkitd replicate; the identity starts with _, the public key in hex) that may read and write every zone — every record it saves is still checked.", repeats: true),
+    ])
 
-    USAGE: convkitd <subcommand>
+let syncCommand = Command(
+    "convkitd sync", "Keep a store in step with a folder zone or a zone server, continuously.",
+    discussion: """
+        Pushes each local change as it is committed (by any process writing the store) and pulls
+        each remote change as the backend announces it: long polls on a server, a look at the
+        folder every --poll-interval. Backs off while the backend cannot be reached and catches up
+        when it answers. One log line per event on standard error. Stops cleanly on SIGINT or
+        SIGTERM.
+        """,
+    synopsis: "--store <dir> (--zone-dir <dir> | --server <url>) [<options>]",
+    options: [
+        .valued("store", "dir", "The store directory (required)."),
+        .valued("zone-dir", "dir", "Sync through this folder zone."),
+        .valued("server", "url", "Sync through this zone server."),
+        .valued("device", "label", "The device label to write to a folder as. (default: the host name)"),
+        .valued("identifier", "id", "Set the store's local speaker up as <id> when it has none."),
+        .valued("poll-interval", "seconds", "How often to look at the database feed. (default: 1)"),
+        .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; info logs one line per event. (default: info)"),
+    ])
 
-    OPTIONS:
-      --version               Show the version.
-      -h, --help              Show help information.
+let mainCommand = Command("convkitd", "The ConversationKit daemon: serves record zones over HTTP, keeps stores in step.",
+                          options: [.flag("version", "Show the version.")],
+                          subcommands: [("serve", "Serve record zones over HTTP from a data directory."),
+                                        ("sync", "Keep a store in step with a folder zone or a server, continuously."),
+                                        ("replicate", "Copy signed records zone to zone between two backends.")])
 
-    SUBCOMMANDS:
-      serve                   Serve record zones over HTTP from a data directory.
-      sync                    Keep a store in step with a folder zone or a server, continuously.
-      replicate               Copy signed records zone to zone between two backends.
-
-      See 'convkitd help <subcommand>' for detailed help.
-
-    """
-
-let serveHelp = """
-    OVERVIEW: Serve record zones over HTTP (API v1) from a data directory.
-
-    Requests are signed with the speaker's Ed25519 key; the speakers zone is readable by every
-    speaker and each conversation zone by its participants only. Stops cleanly on SIGINT or
-    SIGTERM: in-flight requests finish, the database is closed.
-
-    USAGE: convkitd serve --data <dir> [--listen <host:port>] [options]
-
-    OPTIONS:
-      --data <dir>            The data directory: the SQLite database and assets (required).
-      --listen <host:port>    The address (IPv4, [IPv6] or a host name) and port to listen
-                              on; port 0 picks a free port. (default: 127.0.0.1:8080)
-      --log-level <level>     trace, debug, info, notice, warning, error or critical; debug
-                              logs one line per request. (default: info)
-      --max-body-bytes <n>    The largest request body. (default: 50331648)
-      --max-connections <n>   The most connections at once. (default: 512)
-      --connection-timeout <seconds>
-                              Close a connection idle this long. (default: 15)
-      --rate-limit <n>        Requests per second per key, sustained; bursts of ten times
-                              that. (default: 1000)
-      --max-wait <seconds>    The longest long poll a client may ask for. (default: 60)
-      --tls-cert <file>       Serve HTTPS with this certificate (PEM; with --tls-key).
-      --tls-key <file>        The certificate's private key (PEM).
-      --replicator <identity>=<public key hex>
-                              A peer's replicator (convkitd replicate; the identity starts
-                              with _) that may read and write every zone — every record it
-                              saves is still checked. May be repeated.
-      -h, --help              Show help information.
-
-    """
-
-let syncHelp = """
-    OVERVIEW: Keep a store in step with a folder zone or a zone server, continuously.
-
-    Pushes each local change as it is committed (by any process writing the store) and pulls
-    each remote change as the backend announces it: long polls on a server, a look at the
-    folder every --poll-interval. Backs off while the backend cannot be reached and catches up
-    when it answers. One log line per event on standard error. Stops cleanly on SIGINT or
-    SIGTERM.
-
-    USAGE: convkitd sync --store <dir> (--zone-dir <dir> | --server <url>) [options]
-
-    OPTIONS:
-      --store <dir>           The store directory (required).
-      --zone-dir <dir>        Sync through this folder zone.
-      --server <url>          Sync through this zone server.
-      --device <label>        The device label to write to a folder as. (default: the host name)
-      --identifier <id>       Set the store's local speaker up as <id> when it has none.
-      --poll-interval <seconds>
-                              How often to look at the database feed. (default: 1)
-      --log-level <level>     trace, debug, info, notice, warning, error or critical; info logs
-                              one line per event. (default: info)
-      -h, --help              Show help information.
-
-    """
+let mainHelp = mainCommand.help
+let serveHelp = serveCommand.help
+let syncHelp = syncCommand.help
 
 func fail(_ message: String, usage: String?) -> Never {
     exitWithError(message, help: usage, tool: "convkitd")
 }
 
 func serve(_ rawArguments: [String]) async {
-    let arguments: Arguments
+    let arguments: ParsedArguments
     let listen: (host: String, port: Int)
     let configuration: ZoneServerConfiguration
     let data: String
     do throws(UsageError) {
-        arguments = try Arguments(rawArguments, valued: ["data", "listen", "log-level", "max-body-bytes", "max-connections", "connection-timeout", "rate-limit", "max-wait",
-                                                                   "tls-cert", "tls-key", "replicator"], flags: [])
-        if arguments.flags.contains("help") {
+        arguments = try serveCommand.parse(rawArguments)
+        if arguments.has("help") {
             print(serveHelp, terminator: "")
             exit(0)
         }
-        guard let directory = arguments.values["data"] else { throw UsageError("--data is required") }
+        guard let directory = arguments.value("data") else { throw UsageError("--data is required") }
         data = directory
-        let address = arguments.values["listen"] ?? "127.0.0.1:8080"
+        let address = arguments.value("listen") ?? "127.0.0.1:8080"
         guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]), (0...65535).contains(port) else {
             throw UsageError("--listen takes <host:port>, e.g. 127.0.0.1:8080, [::]:8443 or example.org:8080")
         }
@@ -110,7 +86,7 @@ func serve(_ rawArguments: [String]) async {
         if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }  // [::]:8443
         listen = (host, port)
         var settings = ZoneServerConfiguration()
-        let levelName = arguments.values["log-level"] ?? "info"
+        let levelName = arguments.value("log-level") ?? "info"
         guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
         settings.logger = Logger(label: "convkitd", level: level)
         settings.limits.maximumBodyBytes = try arguments.int("max-body-bytes", default: settings.limits.maximumBodyBytes, range: 1024...(1 << 30))
@@ -119,7 +95,7 @@ func serve(_ rawArguments: [String]) async {
         settings.requestsPerSecond = Double(try arguments.int("rate-limit", default: Int(settings.requestsPerSecond), range: 1...1_000_000))
         settings.burst = settings.requestsPerSecond * 10
         settings.maximumWait = .seconds(try arguments.int("max-wait", default: 60, range: 0...3600))
-        guard (arguments.values["tls-cert"] == nil) == (arguments.values["tls-key"] == nil) else {
+        guard (arguments.value("tls-cert") == nil) == (arguments.value("tls-key") == nil) else {
             throw UsageError("--tls-cert and --tls-key go together")
         }
         for entry in arguments.all("replicator") {
@@ -140,8 +116,8 @@ func serve(_ rawArguments: [String]) async {
     do {
         let storage = try SQLiteBackend(directory: data, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
         server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
-        let tls = try arguments.values["tls-cert"].map { certificate throws(RecordZoneError) in
-            try TLSIdentity(certificateFile: certificate, keyFile: arguments.values["tls-key"] ?? "")
+        let tls = try arguments.value("tls-cert").map { certificate throws(RecordZoneError) in
+            try TLSIdentity(certificateFile: certificate, keyFile: arguments.value("tls-key") ?? "")
         }
         try server.start(host: listen.host, port: listen.port, tls: tls)
     } catch {
@@ -169,20 +145,19 @@ func serve(_ rawArguments: [String]) async {
 }
 
 func sync(_ rawArguments: [String]) async {
-    let arguments = parseOrExit(rawArguments, valued: ["store", "zone-dir", "server", "device", "identifier", "poll-interval", "log-level"],
-                                help: syncHelp, tool: "convkitd")
+    let arguments = parseOrExit(rawArguments, syncCommand, tool: "convkitd")
     let backend: BackendFactory
     let logger: Logger
     let pollInterval: Int
     do throws(UsageError) {
-        let levelName = arguments.values["log-level"] ?? "info"
+        let levelName = arguments.value("log-level") ?? "info"
         guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
         logger = Logger(label: "convkitd sync", level: level)
         pollInterval = try arguments.int("poll-interval", default: 1, range: 1...3600)
-        guard arguments.values["store"] != nil else { throw UsageError("--store is required") }
-        switch (arguments.values["zone-dir"], arguments.values["server"]) {
+        guard arguments.value("store") != nil else { throw UsageError("--store is required") }
+        switch (arguments.value("zone-dir"), arguments.value("server")) {
         case (let folder?, nil):
-            let label = arguments.values["device"] ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
+            let label = arguments.value("device") ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
             backend = .folder(folder, device: label)
         case (nil, let server?):
             guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
@@ -195,12 +170,12 @@ func sync(_ rawArguments: [String]) async {
     } catch {
         fail(error.message, usage: syncHelp)
     }
-    let storePath = arguments.values["store"] ?? ""
+    let storePath = arguments.value("store") ?? ""
     let store: ConversationStore
     do {
         store = try ConversationStore(directory: storePath, backend: backend)
         if store.localSpeakerIdentifier == nil {
-            guard let identifier = arguments.values["identifier"] else {
+            guard let identifier = arguments.value("identifier") else {
                 fail("the store \(storePath) has no local speaker: set one up (--identifier)", usage: nil)
             }
             try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
