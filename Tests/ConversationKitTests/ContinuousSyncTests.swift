@@ -54,6 +54,23 @@ import TestSupport
         #expect(try bob.message(reply.id)?.syncState == .synced || synced != nil)
     }
 
+    /// On a folder, inotify brings a change at once: with the feed looked at only every minute,
+    /// messages still arrive (in seconds at most, on a loaded machine).
+    @Test func aFolderChangeArrivesThroughInotify() async throws {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        _ = try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob])
+        let running = [Task { try await alice.run(pollInterval: .seconds(60)) }, Task { try await bob.run(pollInterval: .seconds(60)) }]
+        defer { running.forEach { $0.cancel() } }
+        try await Task.sleep(for: .milliseconds(500))  // past the first look at the feed
+        for n in 0..<3 {
+            let events = bob.events()
+            let sent = try await alice.send("through inotify \(n)", to: "bob")
+            #expect(await Self.time(events, seconds: 20) { $0 == .messageAdded(sent.id) } != nil, "message \(n)")
+        }
+    }
+
     /// Another process (here, another instance on the same directory, with a connection of its
     /// own) writes a message into a running store: the running store notices and pushes it.
     @Test func aChangeWrittenByAnotherInstanceIsPushed() async throws {

@@ -9,9 +9,9 @@ extension ConversationStore {
     /// committed — by this process, or by another one writing the same store (seen through
     /// SQLite's `data_version`, every 250 ms); a remote change is pulled as soon as the backend
     /// announces it: a long poll per followed zone (`longPolls`, the default for HTTP and
-    /// in-memory backends), and a look at the database feed every `pollInterval` for zones that
-    /// are new (a conversation someone else started) and for backends without long polls (a
-    /// folder). While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
+    /// in-memory backends), inotify on a folder (where the kernel and file system give it), and a
+    /// look at the database feed every `pollInterval` for zones that are new (a conversation
+    /// someone else started) and for folders whose changes inotify does not see. While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
     /// catches up when it answers; ``StoreEvent/syncActivity(_:)`` reports each round and each
     /// change of reachability.
     /// - Throws: only what stops it for good — ``ConversationError/Code/noLocalSpeaker``, a
@@ -33,6 +33,17 @@ extension ConversationStore {
             }
             if useLongPolls {
                 group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
+            }
+            // A folder tells of its changes through inotify where it can (the poll stays, for
+            // network file systems that never report remote writes).
+            if let folder = backend as? FileSystemBackend, let (stop, events) = folder.changeNotifications() {
+                group.addTask {
+                    await withTaskCancellationHandler {
+                        for await _ in events { kicks.kick(.poll) }
+                    } onCancel: {
+                        stop()
+                    }
+                }
             }
             await self.runRounds(local, backend, kicks: kicks, rounds: rounds)
             group.cancelAll()
