@@ -75,7 +75,7 @@ import TestSupport
         let sent = try await ok(["send", "bob", "Hi Bob", "--sync", "--json"] + alice)
         let sentID = try #require((sent.json as? [String: Any])?["id"] as? String)
         #expect((sent.json as? [String: Any])?["state"] as? String == "synced")
-        _ = try await ok(["sync"] + bob)
+        #expect(try await ok(["sync"] + bob).err.isEmpty, "no progress bar when stderr is not a terminal")
         let listed = try await ok(["messages", "alice", "--json"] + bob)
         #expect(((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob"])
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Alice: Hi Bob"))

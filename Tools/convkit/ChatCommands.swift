@@ -222,7 +222,9 @@ enum ChatCommands {
 
     static func sync(_ context: Context) async throws {
         let store = try context.syncingStore()
-        let report = try await store.sync()
+        let bar = Output.Progress("syncing", total: 1)
+        let report = try await store.sync { progress in bar.update(progress.zonesDone, of: progress.zones, note: "\(progress.pulled) records") }
+        bar.finish()
         if context.json {
             try Output.json(["pushed": report.pushed, "pulled": report.pulled, "failed": report.failed, "deferred": report.deferred,
                              "quarantined": report.quarantined, "refetchedZones": report.refetchedZones, "avatarsDownloaded": report.avatarsDownloaded])

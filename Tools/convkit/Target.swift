@@ -133,30 +133,40 @@ enum Output {
     static func hex(_ data: Data) -> String { data.map { String(format: "%02x", $0) }.joined() }
 
     /// A progress bar on a terminal (standard error), nothing when it is not one.
-    final class Progress {
-        private let total: Int
+    final class Progress: @unchecked Sendable {
+        private let lock = NSLock()
+        private var total: Int
         private let label: String
         private let enabled = isatty(STDERR_FILENO) == 1
-        private var shown = -1
+        private var shown = ""
 
         init(_ label: String, total: Int) {
             self.label = label
             self.total = max(total, 1)
         }
 
-        func update(_ done: Int) {
+        func update(_ done: Int) { update(done, of: nil, note: "") }
+
+        func update(_ done: Int, of total: Int?, note: String) {
             guard enabled else { return }
-            let percent = min(100, done * 100 / total)
-            guard percent != shown else { return }
-            shown = percent
-            let filled = percent / 5
-            let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 20 - filled)
-            FileHandle.standardError.write(Data("\r\(label) [\(bar)] \(percent)%".utf8))
+            lock.withLock {
+                if let total { self.total = max(total, 1) }
+                let percent = min(100, done * 100 / self.total)
+                let filled = percent / 5
+                let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 20 - filled)
+                let line = "\(label) [\(bar)] \(percent)%\(note.isEmpty ? "" : " " + note)"
+                guard line != shown else { return }
+                shown = line
+                FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8))
+            }
         }
 
         func finish() {
-            guard enabled, shown >= 0 else { return }
-            FileHandle.standardError.write(Data("\r\u{1B}[K".utf8))
+            guard enabled else { return }
+            lock.withLock {
+                guard !shown.isEmpty else { return }
+                FileHandle.standardError.write(Data("\r\u{1B}[K".utf8))
+            }
         }
     }
 }

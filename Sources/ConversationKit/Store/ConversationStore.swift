@@ -191,11 +191,17 @@ public final class ConversationStore: Sendable {
     ///   cannot be reached; whatever was pushed or pulled before that stays committed.
     @discardableResult
     public func sync() async throws(ConversationError) -> SyncReport {
+        try await sync(progress: nil)
+    }
+
+    /// ``sync()``, telling `progress` of each zone it pulls (a progress bar for a long first sync).
+    @discardableResult
+    public func sync(progress: (@Sendable (SyncProgress) -> Void)?) async throws(ConversationError) -> SyncReport {
         let local = try requireIdentity()
         let backend = try backend()
         var report: SyncReport
         do {
-            report = try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: backend)
+            report = try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: backend, progress: progress)
         } catch {
             if error.backendError?.isTransient == true { reachability.withLock { $0 = false } }
             throw error

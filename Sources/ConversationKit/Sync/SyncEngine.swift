@@ -2,6 +2,15 @@ import Foundation
 import RecordZone
 import SQLiteKit
 
+/// How far a ``ConversationStore/sync(progress:)`` has come: the zone it pulls now (nil at the
+/// end), how many of the zones it pulls are done, and the records pulled so far.
+public struct SyncProgress: Sendable, Hashable {
+    public let zone: String?
+    public let zonesDone: Int
+    public let zones: Int
+    public let pulled: Int
+}
+
 /// What one ``ConversationStore/sync()`` did.
 public struct SyncReport: Sendable, Hashable {
     /// Local versions the backend accepted.
@@ -47,6 +56,8 @@ actor SyncEngine {
     /// `close()` then releases it).
     private var connected: (any RecordZoneBackend)?
     private var callsInProgress = 0
+    /// Told of each zone a whole sync pulls.
+    private var progress: (@Sendable (SyncProgress) -> Void)?
 
     private func begin(_ backend: any RecordZoneBackend) {
         connected = backend
@@ -68,7 +79,10 @@ actor SyncEngine {
         self.images = images
     }
 
-    func sync(localSpeaker: String, deviceKey: Data, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
+    func sync(localSpeaker: String, deviceKey: Data, backend: any RecordZoneBackend,
+              progress: (@Sendable (SyncProgress) -> Void)? = nil) async throws(ConversationError) -> SyncReport {
+        self.progress = progress
+        defer { self.progress = nil }
         begin(backend)
         defer { end() }
         var report = SyncReport()
@@ -324,9 +338,12 @@ actor SyncEngine {
         let refetched = try read { db in
             try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
         }.compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        for zone in speakerZones + Set(conversations + refetched).sorted() {
+        let zones = speakerZones + Set(conversations + refetched).sorted()
+        for (index, zone) in zones.enumerated() {
+            progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: zones.count, pulled: report.pulled))
             try await pullZone(zone, report: &report)
         }
+        progress?(SyncProgress(zone: nil, zonesDone: zones.count, zones: zones.count, pulled: report.pulled))
         if !changes.deletedZones.isEmpty {
             try await write { applier in
                 for zone in changes.deletedZones {
