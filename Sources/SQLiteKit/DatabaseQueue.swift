@@ -36,13 +36,22 @@ public final class DatabaseQueue: Sendable {
     public let path: String
 
     /// Opens the file, sets WAL mode and durable commits, and runs `migrations` on the writer.
-    /// - Throws: ``SQLiteError``.
-    public init(path: String, migrations: [Migration]) throws(SQLiteError) {
-        let writer = try Database(path: path)
-        try writer.execute("PRAGMA journal_mode = WAL")
-        try writer.execute("PRAGMA synchronous = FULL")
-        try writer.execute("PRAGMA foreign_keys = ON")
-        try Migration.run(migrations, on: writer)
+    /// - Parameter readOnly: open an existing file without write access (both connections):
+    ///   nothing is created or migrated, and every write fails (`SQLITE_READONLY`).
+    /// - Throws: ``SQLiteError``; read-only, also for a file whose schema is not the newest.
+    public init(path: String, migrations: [Migration], readOnly: Bool = false) throws(SQLiteError) {
+        let writer = try Database(path: path, readOnly: readOnly)
+        if readOnly {
+            let current = try writer.userVersion
+            if let newest = migrations.map(\.version).max(), current != newest {
+                throw SQLiteError(code: 8, message: "the database has schema version \(current), not \(newest): open it once for writing to migrate it")
+            }
+        } else {
+            try writer.execute("PRAGMA journal_mode = WAL")
+            try writer.execute("PRAGMA synchronous = FULL")
+            try writer.execute("PRAGMA foreign_keys = ON")
+            try Migration.run(migrations, on: writer)
+        }
         let reader = try Database(path: path, readOnly: true)
         self.writer = Serialized(writer, label: "convkit.sqlite.writer")
         self.reader = Serialized(reader, label: "convkit.sqlite.reader")

@@ -86,4 +86,22 @@ import TestSupport
         let stats = try bob.statistics()
         #expect(stats.messages == 1 && stats.lastSyncAt != nil && stats.outbox == 0)
     }
+
+    /// A store opened for inspection reads everything and changes nothing.
+    @Test func aStoreOpenedForInspectionChangesNothing() async throws {
+        let fixture = try ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        let sent = try await alice.send("hi", to: "bob")
+        try await syncAll([alice, bob])
+        alice.close()
+        let before = try Data(contentsOf: URL(fileURLWithPath: fixture.storePath("alice") + "/store.sqlite"))
+        let inspected = try ConversationStore.inspecting(directory: fixture.storePath("alice"))
+        #expect(try inspected.message(sent.id)?.content == "hi")
+        #expect(try inspected.statistics().messages == 1)
+        await #expect { try await inspected.send("nope", to: "bob") } throws: { ($0 as? ConversationError)?.code == .storeNotWritable }
+        await #expect(throws: ConversationError.self) { try await inspected.sync() }
+        #expect(try Data(contentsOf: URL(fileURLWithPath: fixture.storePath("alice") + "/store.sqlite")) == before)
+        #expect { try ConversationStore.inspecting(directory: fixture.directory.path + "/nobody") } throws: { ($0 as? ConversationError)?.code == .storeNotWritable }
+        #expect(!FileManager.default.fileExists(atPath: fixture.directory.path + "/nobody"), "nothing created")
+    }
 }

@@ -78,7 +78,7 @@ enum ChatCommands {
     static func defaultDevice() -> String { ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device" }
 
     static func whoami(_ context: Context) async throws {
-        let store = try context.store()
+        let store = try context.store(readOnly: true)
         guard let speaker = try store.localSpeaker else { throw ToolFailure("no local speaker") }
         let settings = context.settings()
         let backend = settings.server.map { "server \($0)" } ?? settings.zoneDir.map { "folder \($0) as \(settings.device ?? "?")" } ?? "none"
@@ -125,7 +125,7 @@ enum ChatCommands {
     }
 
     static func messages(_ context: Context) async throws {
-        let store = try context.store()
+        let store = try context.store(readOnly: true)
         guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
         let limit = try context.arguments.int("limit", default: 20, range: 1...10_000)
         var cursor: MessageCursor? = nil
@@ -152,7 +152,7 @@ enum ChatCommands {
     }
 
     static func conversations(_ context: Context) async throws {
-        let store = try context.store()
+        let store = try context.store(readOnly: true)
         let list = try store.conversations()
         if context.json {
             try Output.json(list.map { ["id": $0.id, "with": $0.nonLocalSpeaker, "unread": $0.unreadCount, "lastMessageAt": $0.lastMessageAt.map(Output.time) ?? ""] as [String: Any] })
@@ -208,7 +208,7 @@ enum ChatCommands {
     }
 
     static func speakers(_ context: Context) async throws {
-        let store = try context.store()
+        let store = try context.store(readOnly: true)
         var list = try store.allKnownSpeakers()
         if let tag = context.arguments.value("tag") { list = list.filter { $0.tags.contains(tag) } }
         try printSpeakers(list, json: context.json)
@@ -239,7 +239,7 @@ enum ChatCommands {
     }
 
     static func fingerprint(_ context: Context) async throws {
-        let store = try context.store()
+        let store = try context.store(readOnly: true)
         guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
         guard let speaker = try store.speaker(fromRef: SpeakerRef(identifier: identifier)) else { throw ToolFailure("no speaker '\(identifier)' in the store") }
         if context.json {
@@ -287,7 +287,7 @@ enum ChatCommands {
     }
 
     static func deviceList(_ context: Context) async throws {
-        let devices = try context.store().devices()
+        let devices = try context.store(readOnly: true).devices()
         if context.json {
             try Output.json(devices.map { ["label": $0.label, "fingerprint": $0.fingerprint, "identityKey": $0.holdsIdentityKey, "thisDevice": $0.isThisDevice,
                                            "revokedAfter": $0.revokedAfter.map(Output.time) ?? ""] as [String: Any] })

@@ -200,7 +200,7 @@ enum InspectCommands {
     }
 
     static func outbox(_ context: Context) async throws {
-        let entries = try context.store().outbox()
+        let entries = try context.store(readOnly: true).outbox()
         if context.json {
             return try Output.json(entries.map { ["zone": $0.zone, "name": $0.name, "type": $0.recordType, "attempts": $0.attempts,
                                                   "nextAttemptAt": Output.time($0.nextAttemptAt), "lastError": $0.lastError ?? ""] as [String: Any] })
@@ -212,8 +212,9 @@ enum InspectCommands {
     }
 
     static func quarantine(_ context: Context) async throws {
-        let store = try context.store()
-        switch context.arguments.positional(0) ?? "list" {
+        let action = context.arguments.positional(0) ?? "list"
+        let store = try context.store(readOnly: action == "list")
+        switch action {
         case "list":
             let entries = try store.quarantine()
             if context.json {
@@ -241,7 +242,7 @@ enum InspectCommands {
     }
 
     static func stats(_ context: Context) async throws {
-        let store = try context.store()
+        let store = try context.store(readOnly: true)
         let stats = try store.statistics()
         if context.json {
             let data = try JSONEncoder().encode(stats)

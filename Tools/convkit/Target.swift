@@ -76,13 +76,18 @@ struct Context {
         return url
     }
 
-    /// The store, which must exist and have a local speaker.
-    func store() throws -> ConversationStore {
+    /// The store, which must exist and have a local speaker; `readOnly` for a command that only
+    /// looks (nothing is created, migrated or written).
+    func store(readOnly: Bool = false) throws -> ConversationStore {
         guard FileManager.default.fileExists(atPath: storePath + "/store.sqlite") else {
             throw ToolFailure("no store at \(storePath) (create one with 'convkit init')")
         }
-        let backend = (try? backend()) ?? .memory(InMemoryBackend())
-        let store = try ConversationStore(directory: storePath, backend: backend)
+        let store: ConversationStore
+        if readOnly {
+            store = try ConversationStore.inspecting(directory: storePath)
+        } else {
+            store = try ConversationStore(directory: storePath, backend: (try? backend()) ?? .memory(InMemoryBackend()))
+        }
         guard store.localSpeakerIdentifier != nil else { throw ToolFailure("the store at \(storePath) has no local speaker (run 'convkit init')") }
         return store
     }
@@ -115,7 +120,7 @@ struct Context {
             }
             return .backend(HTTPBackend(url: url, identity: identity, key: key, policy: policy), name: server)
         }
-        return .store(try store())
+        return .store(try store(readOnly: true))
     }
 }
 

@@ -50,23 +50,44 @@ public final class ConversationStore: Sendable {
     /// - Throws: ``ConversationError`` — ``ConversationError/Code/storeNotWritable`` when the
     ///   directory cannot be created or written, ``ConversationError/Code/databaseCorrupt``
     ///   when the database file is damaged. The backend is connected on first use.
-    public init(directory: String, backend: BackendFactory, configuration: StoreConfiguration = StoreConfiguration()) throws(ConversationError) {
+    public convenience init(directory: String, backend: BackendFactory, configuration: StoreConfiguration = StoreConfiguration()) throws(ConversationError) {
+        try self.init(directory: directory, backend: backend, configuration: configuration, readOnly: false)
+    }
+
+    /// Opens an existing store to look at it (`convkit`'s inspection): nothing is created,
+    /// migrated or written — every change fails with
+    /// ``ConversationError/Code/storeNotWritable`` — and there is no backend (a sync fails).
+    /// - Throws: ``ConversationError/Code/storeNotWritable`` when there is no store there (or it
+    ///   needs a migration first).
+    public static func inspecting(directory: String) throws(ConversationError) -> ConversationStore {
+        guard FileManager.default.fileExists(atPath: directory + "/store.sqlite") else {
+            throw ConversationError(.storeNotWritable, "no store at \(directory)")
+        }
+        let none = BackendFactory.custom { _ throws(RecordZoneError) in
+            throw RecordZoneError(.notAuthorized, "the store was opened for inspection, without a backend")
+        }
+        return try ConversationStore(directory: directory, backend: none, configuration: StoreConfiguration(), readOnly: true)
+    }
+
+    private init(directory: String, backend: BackendFactory, configuration: StoreConfiguration, readOnly: Bool) throws(ConversationError) {
         self.directory = directory
         self.configuration = configuration
         let now = configuration.now
         clock = configuration.clock ?? HybridLogicalClock(wallMilliseconds: { UInt64(max(0, now().timeIntervalSince1970 * 1000)) })
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        } catch {
-            throw ConversationError(.storeNotWritable, "cannot create the store directory \(directory): \(error.localizedDescription)")
-        }
-        guard FileManager.default.isWritableFile(atPath: directory) else {
-            throw ConversationError(.storeNotWritable, "the store directory \(directory) is not writable")
+        if !readOnly {
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            } catch {
+                throw ConversationError(.storeNotWritable, "cannot create the store directory \(directory): \(error.localizedDescription)")
+            }
+            guard FileManager.default.isWritableFile(atPath: directory) else {
+                throw ConversationError(.storeNotWritable, "the store directory \(directory) is not writable")
+            }
         }
         let queue: DatabaseQueue
         let policy: RecordPolicy
         do {
-            queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations)
+            queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations, readOnly: readOnly)
             let (pinned, conflicted) = try queue.readNow { db in
                 (try PinTable.load(from: db),
                  try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'identityConflict' AND identity IS NOT NULL") { $0.text(0) })
