@@ -44,6 +44,32 @@ import TestSupport
         #expect(try await Self.convkit(["--version"]).status == 0)
     }
 
+    /// Every subcommand fails with exit 1 and a reason when what it needs is not there.
+    @Test func everySubcommandFailsWithExitOne() async throws {
+        let dir = try TemporaryDirectory("convkit-fail")
+        let none = ["--store", dir.path + "/none"]
+        let file = dir.path + "/file"
+        try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
+        let failures: [[String]] = [
+            ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["read", "bob"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
+            ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
+            ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
+            ["zones", "--zone-dir", dir.path + "/missing"], ["records", "list", "--zone", "z"] + none, ["records", "show", "z/n"] + none,
+            ["records", "verify"] + none, ["changes", "--zone", "z", "--zone-dir", dir.path + "/missing"], ["token", "decode", "AAAA"], ["outbox"] + none,
+            ["quarantine"] + none, ["refetch", "z"] + none, ["stats"] + none, ["chat", "bob"] + none, ["demo", "--dir", file],
+            ["init", "--id", "_bad", "--name", "Bad", "--zone-dir", dir.path + "/zones", "--store", dir.path + "/bad"],
+        ]
+        var covered = Set<String>()
+        for arguments in failures {
+            let run = try await Self.convkit(arguments)
+            #expect(run.status == 1 && run.err.hasPrefix("Error: "), "\(arguments): \(run.status) \(run.err)")
+            covered.insert(Self.commands.filter { arguments.starts(with: $0.split(separator: " ").map(String.init)) }.max { $0.count < $1.count } ?? "")
+        }
+        #expect(covered == Set(Self.commands), "no failure case for \(Set(Self.commands).subtracting(covered).sorted())")
+    }
+
     @Test func theDemoChecksOutEveryStep() async throws {
         let demo = try await Self.convkit(["demo"])
         #expect(demo.status == 0, "\(demo.out)\(demo.err)")

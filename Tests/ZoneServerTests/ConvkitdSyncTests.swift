@@ -82,7 +82,7 @@ import TestSupport
         try await setUp(directory, backend: .folder(folder, device: "setup"))
         let daemons = try [("alice", "laptop"), ("bob", "phone")].map { try daemon(directory.path + "/" + $0.0, ["--zone-dir", folder, "--device", $0.1]) }
         for daemon in daemons { #expect(await daemon.waitUntil(seconds: 30) { $0.standardError.contains("syncing") }) }
-        try await exchange(directory, daemons: daemons, text: "live through a folder", seconds: 3)
+        try await exchange(directory, daemons: daemons, text: "live through a folder")
         await stop(daemons)
     }
 
