@@ -76,6 +76,21 @@ import TestSupport
         _ = try await replicate(["--from", a.absoluteString, "--to", dir.path + "/folder", "--state", dir.path + "/a-to-folder.json"] + common)
         #expect(try await contents(FileSystemBackend(root: dir.path + "/folder", device: nil, policy: ConversationStore.recordPolicy())) == onA)
 
+        // Continuously: a new message on A reaches bob's server while the replicator runs; SIGTERM stops it.
+        let running = try ChildProcess(try builtProduct("convkitd"), ["replicate", "--from", a.absoluteString, "--to", b.absoluteString,
+                                                                      "--state", dir.path + "/a-to-b.json", "--continuous", "--interval", "1"] + common)
+        let later = try await alice.send("while replicating", to: "bob")
+        try await alice.sync()
+        var arrived = false
+        for _ in 0..<50 where !arrived {
+            try await bob.sync()
+            arrived = try bob.message(later.id) != nil
+            if !arrived { try await Task.sleep(for: .milliseconds(200)) }
+        }
+        #expect(arrived, "continuous replication carried it: \(running.standardError)")
+        running.kill(SIGTERM)
+        #expect(await running.wait() == 0)
+
         // Anyone else is refused what the replicator may do; the replicator's name with another key too.
         let stranger = HTTPBackend(url: a, identity: "_peer", key: SigningKey.generate(), policy: ConversationStore.recordPolicy())
         await #expect(throws: RecordZoneError.self) { try await stranger.zones() }

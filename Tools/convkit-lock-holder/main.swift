@@ -6,25 +6,22 @@ import Foundation
 import SQLiteKit
 import ToolSupport
 
-let usage = """
-    OVERVIEW: Hold the write lock of SQLite databases for a while.
+let command = Command(
+    "convkit-lock-holder", "Hold the write lock of SQLite databases for a while.",
+    synopsis: "--seconds <s> --database <path> [--second-database <path>]",
+    options: [
+        .valued("seconds", "s", "How long to hold the locks."),
+        .valued("database", "path", "A SQLite database to lock."),
+        .valued("second-database", "path", "Another one, locked too."),
+    ])
+let usage = command.help
 
-    USAGE: convkit-lock-holder --seconds <s> --database <path> [--second-database <path>]
-
-    OPTIONS:
-      --seconds <s>              How long to hold the locks.
-      --database <path>          A SQLite database to lock.
-      --second-database <path>   Another one, locked too.
-      -h, --help         Show help information.
-
-    """
-
-let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["seconds", "database", "second-database"], help: usage, tool: "convkit-lock-holder").values
-guard let seconds = options["seconds"].flatMap(Double.init), seconds >= 0, let first = options["database"] else {
+let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), command, tool: "convkit-lock-holder")
+guard let seconds = options.value("seconds").flatMap(Double.init), seconds >= 0, let first = options.value("database") else {
     exitWithError("--seconds and --database are required", help: usage, tool: "convkit-lock-holder")
 }
 do {
-    let databases = try ([first] + (options["second-database"].map { [$0] } ?? [])).map { path throws(SQLiteError) in try Database(path: path) }
+    let databases = try ([first] + (options.value("second-database").map { [$0] } ?? [])).map { path throws(SQLiteError) in try Database(path: path) }
     for database in databases { try database.execute("BEGIN IMMEDIATE") }
     FileHandle.standardOutput.write(Data("locked\n".utf8))
     Thread.sleep(forTimeInterval: seconds)

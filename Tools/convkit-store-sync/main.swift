@@ -8,46 +8,37 @@ import RecordZone
 import SQLiteKit
 import ToolSupport
 
-let usage = """
-    OVERVIEW: Sync one ConversationKit store with a folder backend, once.
-
-    USAGE: convkit-store-sync --store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>]
-           [--send-to <id> --count <n> --prefix <p>] [--check] [--avatar-of <id> [--reads <n>]]
-
-    OPTIONS:
-      --store <dir>        The store directory.
-      --folder <dir>       The shared zone folder.
-      --device <name>      The device to write to the folder as.
-      --identifier <id>    The local speaker (set up on first use).
-      --page-size <n>      Records per pulled page (default 200).
-      --kill-self-after <n>
-                           Send itself SIGKILL once n messages were applied (crash tests).
-      --send-to <id>       Send --count messages to this speaker, syncing after each, and print
-                           "acked <message>" for each once it is synced.
-      --count <n>          How many messages to send.
-      --prefix <p>         The messages' text prefix.
-      --check              After the sync, print "message <id> <text>" per message of every
-                           conversation and "integrity <result>" from SQLite's integrity check.
-      --avatar-of <id>     Instead of syncing, read this speaker's avatar --reads times and print
-                           "avatar <width>x<height> <sha256 hex>" or "error <code>" for each.
-      --reads <n>          How many times (default 1).
-      -h, --help           Show help information.
-
-    """
+let command = Command(
+    "convkit-store-sync", "Sync one ConversationKit store with a folder backend, once.",
+    synopsis: "--store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>] [--send-to <id> --count <n> --prefix <p>] [--check] [--avatar-of <id> [--reads <n>]]",
+    options: [
+        .valued("store", "dir", "The store directory."),
+        .valued("folder", "dir", "The shared zone folder."),
+        .valued("device", "name", "The device to write to the folder as."),
+        .valued("identifier", "id", "The local speaker (set up on first use)."),
+        .valued("page-size", "n", "Records per pulled page. (default: 200)"),
+        .valued("kill-self-after", "n", "Send itself SIGKILL once n messages were applied (crash tests)."),
+        .valued("send-to", "id", "Send --count messages to this speaker, syncing after each, and print \"acked <message>\" for each once it is synced."),
+        .valued("count", "n", "How many messages to send."),
+        .valued("prefix", "p", "The messages' text prefix."),
+        .flag("check", "After the sync, print \"message <id> <text>\" per message of every conversation and \"integrity <result>\" from SQLite's integrity check."),
+        .valued("avatar-of", "id", "Instead of syncing, read this speaker's avatar --reads times and print \"avatar <width>x<height> <sha256 hex>\" or \"error <code>\" for each."),
+        .valued("reads", "n", "How many times. (default: 1)"),
+    ])
+let usage = command.help
 
 func fail(_ message: String, code: Int32) -> Never {
     exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-store-sync")
 }
 
-let parsed = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["store", "folder", "device", "identifier", "page-size", "kill-self-after", "send-to", "count", "prefix", "avatar-of", "reads"],
-                          flags: ["check"], help: usage, tool: "convkit-store-sync")
-let options = parsed.values
-guard let storePath = options["store"], let folder = options["folder"], let device = options["device"], let identifier = options["identifier"] else {
+let parsed = parseOrExit(Array(CommandLine.arguments.dropFirst()), command, tool: "convkit-store-sync")
+let options = parsed
+guard let storePath = options.value("store"), let folder = options.value("folder"), let device = options.value("device"), let identifier = options.value("identifier") else {
     fail("--store, --folder, --device and --identifier are required", code: 64)
 }
 var configuration = StoreConfiguration()
-let killAfter = options["kill-self-after"].flatMap(Int.init)
-if let pageSize = options["page-size"] {
+let killAfter = options.value("kill-self-after").flatMap(Int.init)
+if let pageSize = options.value("page-size") {
     guard let value = Int(pageSize), value > 0 else { fail("--page-size must be a positive number", code: 64) }
     configuration.pageSize = value
 }
@@ -57,10 +48,10 @@ do {
     if store.localSpeakerIdentifier == nil {
         try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
     }
-    if let speaker = options["avatar-of"] {
+    if let speaker = options.value("avatar-of") {
         // Another process reading a store's image cache (the store's own process keeps the backend).
         var lines = ""
-        for _ in 0..<(options["reads"].flatMap(Int.init) ?? 1) {
+        for _ in 0..<(options.value("reads").flatMap(Int.init) ?? 1) {
             do {
                 if let avatar = try await store.avatarImage(for: speaker) {
                     lines += "avatar \(avatar.size.width)x\(avatar.size.height) \(AssetReference(for: avatar.png).hexHash)\n"
@@ -85,10 +76,10 @@ do {
             if let killAfter, added >= killAfter { kill(getpid(), SIGKILL) }
         }
     }
-    if let listener = options["send-to"] {
-        let count = options["count"].flatMap(Int.init) ?? 1
+    if let listener = options.value("send-to") {
+        let count = options.value("count").flatMap(Int.init) ?? 1
         for n in 0..<count {
-            let message = try await store.send("\(options["prefix"] ?? "m")-\(n)", to: listener)
+            let message = try await store.send("\(options.value("prefix") ?? "m")-\(n)", to: listener)
             try await store.sync()
             let state = try store.messages(in: message.id.conversation, limit: 1000).messages.first { $0.id == message.id }?.syncState
             if state == .synced { FileHandle.standardOutput.write(Data("acked \(message.id.name)\n".utf8)) }
@@ -97,7 +88,7 @@ do {
     let report = try await store.sync()
     try await Task.sleep(for: .milliseconds(50))
     printer.cancel()
-    if parsed.flags.contains("check") {
+    if parsed.has("check") {
         var lines = ""
         for conversation in try store.conversations() {
             var cursor: MessageCursor? = nil

@@ -6,39 +6,35 @@ import Foundation
 import ToolSupport
 import RecordZone
 
-let usage = """
-    OVERVIEW: Write signed test records into a filesystem zone as one device.
-
-    USAGE: convkit-zone-writer --root <dir> --device <label> --zone <zone> --count <n> [--state <dir>] [--batch <n>] [--prefix <p>]
-
-    OPTIONS:
-      --root <dir>       The shared zone folder.
-      --device <label>   The device label to write under.
-      --state <dir>      The device's local state (its ID, lock and sequences); without it
-                         each run is a new device.
-      --zone <zone>      The zone to write into (created if missing).
-      --count <n>        How many records to write.
-      --batch <n>        Records per segment (default 10).
-      --prefix <p>       Record name prefix (default: the device name).
-      -h, --help         Show help information.
-
-    """
+let command = Command(
+    "convkit-zone-writer", "Write signed test records into a filesystem zone as one device.",
+    synopsis: "--root <dir> --device <label> --zone <zone> --count <n> [--state <dir>] [--batch <n>] [--prefix <p>]",
+    options: [
+        .valued("root", "dir", "The shared zone folder."),
+        .valued("device", "label", "The device label to write under."),
+        .valued("state", "dir", "The device's local state (its ID, lock and sequences); without it each run is a new device."),
+        .valued("zone", "zone", "The zone to write into (created if missing)."),
+        .valued("count", "n", "How many records to write."),
+        .valued("batch", "n", "Records per segment. (default: 10)"),
+        .valued("prefix", "p", "Record name prefix. (default: the device name)"),
+    ])
+let usage = command.help
 
 func fail(_ message: String, code: Int32) -> Never {
     exitWithError(message, help: code == 64 ? usage : nil, tool: "convkit-zone-writer")
 }
 
-let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), valued: ["root", "device", "zone", "count", "batch", "prefix", "state"], help: usage, tool: "convkit-zone-writer").values
-guard let root = options["root"], let device = options["device"], let zoneText = options["zone"],
-    let count = options["count"].flatMap(Int.init), count >= 0
+let options = parseOrExit(Array(CommandLine.arguments.dropFirst()), command, tool: "convkit-zone-writer")
+guard let root = options.value("root"), let device = options.value("device"), let zoneText = options.value("zone"),
+    let count = options.value("count").flatMap(Int.init), count >= 0
 else { fail("--root, --device, --zone and --count are required", code: 64) }
-let batchSize = options["batch"].flatMap(Int.init) ?? 10
+let batchSize = options.value("batch").flatMap(Int.init) ?? 10
 guard batchSize > 0, batchSize <= Record.maximumBatchSize else { fail("--batch must be 1…\(Record.maximumBatchSize)", code: 64) }
-let prefix = options["prefix"] ?? device
+let prefix = options.value("prefix") ?? device
 
 do {
     let zone = try ZoneName(zoneText)
-    let backend = try FileSystemBackend(root: root, device: device, stateDirectory: options["state"])
+    let backend = try FileSystemBackend(root: root, device: device, stateDirectory: options.value("state"))
     try await backend.createZone(zone)
     let key = SigningKey.generate()
     let clock = HybridLogicalClock()
