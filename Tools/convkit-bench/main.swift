@@ -3,6 +3,7 @@
 //
 //     swift run -c release convkit-bench [--seconds 1.0] [--json]
 import Foundation
+import ToolSupport
 
 struct Options {
     var seconds = 1.0
@@ -12,53 +13,41 @@ struct Options {
     var messages = 1_000_000
 }
 
+let command = Command(
+    "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
+    options: [
+        .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
+        .valued("only", "section", "Run one section: records, store, server, registration or images."),
+        .valued("messages", "n", "Messages in the store for the newest-50 query. (default: 1000000)"),
+        .valued("identities", "n,n", "Identities the server holds before registration and a tag query are measured. (default: 1000,100000)"),
+        .flag("json", "Print the results as JSON."),
+    ])
+
 func parseOptions() -> Options {
+    let parsed = parseOrExit(Array(CommandLine.arguments.dropFirst()), command, tool: "convkit-bench")
     var options = Options()
-    var args = CommandLine.arguments.dropFirst()
-    while let arg = args.popFirst() {
-        switch arg {
-        case "--seconds":
-            guard let value = args.popFirst().flatMap(Double.init), value > 0 else { usageError("--seconds takes a positive number") }
+    do throws(UsageError) {
+        if let text = parsed.value("seconds") {
+            guard let value = Double(text), value > 0 else { throw UsageError("--seconds takes a positive number") }
             options.seconds = value
-        case "--json": options.json = true
-        case "--only":
-            guard let section = args.popFirst(), ["records", "store", "server", "registration", "images"].contains(section) else {
-                usageError("--only takes records, store, server, registration or images")
+        }
+        options.json = parsed.has("json")
+        if let section = parsed.value("only") {
+            guard ["records", "store", "server", "registration", "images"].contains(section) else {
+                throw UsageError("--only takes records, store, server, registration or images")
             }
             options.sections = [section]
-        case "--messages":
-            guard let value = args.popFirst().flatMap(Int.init), value >= 1000 else { usageError("--messages takes a number of at least 1000") }
-            options.messages = value
-        case "--identities":
-            let values = args.popFirst()?.split(separator: ",").compactMap { Int($0) } ?? []
-            guard !values.isEmpty, values.allSatisfy({ $0 >= 0 }) else { usageError("--identities takes counts separated by commas, e.g. 1000,100000") }
-            options.identities = values
-        case "-h", "--help":
-            print("""
-                OVERVIEW: Measure ConversationKit against raw libsodium and disk limits on this machine.
-
-                USAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration|images] [--messages <n>] [--identities <n,n>] [--json]
-
-                OPTIONS:
-                  --seconds <s>     Time spent on each measurement (default 1.0).
-                  --only <section>  Run one section: records, store, server, registration or images.
-                  --messages <n>    Messages in the store for the newest-50 query (default 1000000).
-                  --identities <n,n>
-                                    Identities the server holds before registration and a tag query are measured
-                                    (default 1000,100000).
-                  --json            Print the results as JSON.
-                  -h, --help        Show help information.
-                """)
-            exit(0)
-        default: usageError("unknown option '\(arg)'")
         }
+        options.messages = try parsed.int("messages", default: options.messages, range: 1000...Int.max)
+        if let text = parsed.value("identities") {
+            let values = text.split(separator: ",").compactMap { Int($0) }
+            guard !values.isEmpty, values.allSatisfy({ $0 >= 0 }) else { throw UsageError("--identities takes counts separated by commas, e.g. 1000,100000") }
+            options.identities = values
+        }
+    } catch {
+        exitWithError(error.message, help: command.help, tool: "convkit-bench")
     }
     return options
-}
-
-func usageError(_ message: String) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\nUSAGE: convkit-bench [--seconds <s>] [--only records|store|server|registration|images] [--messages <n>] [--identities <n,n>] [--json]\n".utf8))
-    exit(64)
 }
 
 let options = parseOptions()

@@ -45,9 +45,8 @@ func groupHelp(_ prefix: [String]) -> Command? {
     return Command(path, overview, options: prefix.isEmpty ? [.flag("version", "Show the version.")] : [], subcommands: subcommands)
 }
 
-func usageFailure(_ message: String, _ help: Command) -> Never {
-    FileHandle.standardError.write(Data("Error: \(message)\n\(help.usage)\n  See '\(help.path) --help' for more.\n".utf8))
-    exit(64)
+func usageFailure(_ message: String, _ command: Command) -> Never {
+    exitWithError(message, help: command.help, tool: command.path)
 }
 
 var words = Array(CommandLine.arguments.dropFirst())
