@@ -172,18 +172,24 @@ import TestSupport
         withExtendedLifetime(others) {}
     }
 
+    /// Alice (red) and Carol (blue) with 70×50 avatars, each in a conversation with Bob, synced.
+    static func aliceAndCarolWithAvatars() async throws -> (ChatFixture, [ConversationStore]) {
+        let fixture = try ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
+        for (store, colour) in [(alice, red), (carol, blue)] {
+            try await store.setAvatar(imageData: try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: colour)))
+            _ = try await store.send("hi", to: "bob")
+            try await store.sync()
+        }
+        return (fixture, [alice, carol])
+    }
+
     /// Many readers at once, from two store instances on one directory (as two processes of one
     /// app would share it), while one of them keeps evicting and downloading again: every answer
     /// is a whole image of the right speaker, or (for the instance that cannot reach the backend,
     /// whose device state the other holds) a backend error — never a torn or wrong image.
     @Test func concurrentReadersAlwaysGetWholeImages() async throws {
-        let fixture = try ChatFixture(.filesystem)
-        let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
-        for (store, colour) in [(alice, Self.red), (carol, Self.blue)] {
-            try await store.setAvatar(imageData: try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: colour)))
-            _ = try await store.send("hi", to: "bob")
-            try await store.sync()
-        }
+        let (fixture, _) = try await Self.aliceAndCarolWithAvatars()
         var configuration = StoreConfiguration()
         configuration.avatarDownload = .onFirstAccess
         configuration.imageCacheBytes = 1  // every new image evicts the others
@@ -216,13 +222,7 @@ import TestSupport
     /// the store's own process keeps evicting and downloading again: each of its reads is the
     /// whole image of the right speaker, or a backend error (the backend is the other process's).
     @Test func anotherProcessReadsTheCacheWhileTheStoreEvicts() async throws {
-        let fixture = try ChatFixture(.filesystem)
-        let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
-        for (store, colour) in [(alice, Self.red), (carol, Self.blue)] {
-            try await store.setAvatar(imageData: try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: colour)))
-            _ = try await store.send("hi", to: "bob")
-            try await store.sync()
-        }
+        let (fixture, _) = try await Self.aliceAndCarolWithAvatars()
         let aliceHash = AssetReference(for: try Images.cap(try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: Self.red)), maxWidth: 100, maxHeight: 100).png).hexHash
         var configuration = StoreConfiguration()
         configuration.avatarDownload = .onFirstAccess

@@ -11,19 +11,7 @@ import TestSupport
     /// Waits for an event matching `matches` on `events`, up to `seconds`. - Returns: the time it took.
     static func time(_ events: AsyncStream<StoreEvent>, seconds: Double = 5, _ matches: @escaping @Sendable (StoreEvent) -> Bool) async -> Duration? {
         let start = ContinuousClock.now
-        return await withTaskGroup(of: Duration?.self) { group in
-            group.addTask {
-                for await event in events where matches(event) { return ContinuousClock.now - start }
-                return nil
-            }
-            group.addTask {
-                try? await Task.sleep(for: .seconds(seconds))
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
-        }
+        return await firstElement(of: events, seconds: seconds, where: matches).map { _ in ContinuousClock.now - start }
     }
 
     /// A message sent by one running store reaches the other running store with no sync() call:

@@ -86,16 +86,14 @@ func replicate(_ rawArguments: [String]) async {
         }
         signal(SIGPIPE, SIG_IGN)
         let stopping = StopFlag()
-        for number in [SIGINT, SIGTERM] {
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
+        let (signals, sources) = stopSignals()
+        Task {
+            for await number in signals {
                 logger.info("received \(number == SIGINT ? "SIGINT" : "SIGTERM"), stopping after this page")
                 stopping.set()
             }
-            source.resume()
-            signalSources.append(source)
         }
+        defer { withExtendedLifetime(sources) {} }
         repeat {
             do {
                 let copied = try await replicateOnce(source, destination, state: &state, statePath: statePath, only: only, logger: logger, stopping: stopping)
@@ -114,8 +112,6 @@ func replicate(_ rawArguments: [String]) async {
         fail("\(error)", usage: nil)
     }
 }
-
-nonisolated(unsafe) var signalSources = [DispatchSourceSignal]()
 
 final class StopFlag: @unchecked Sendable {
     private let lock = NSLock()

@@ -61,6 +61,21 @@ let mainHelp = mainCommand.help
 let serveHelp = serveCommand.help
 let syncHelp = syncCommand.help
 
+/// SIGINT and SIGTERM as a stream (the default action, ending the process, is off); keep the
+/// sources while listening.
+func stopSignals() -> (AsyncStream<Int32>, [DispatchSourceSignal]) {
+    let (signals, continuation) = AsyncStream<Int32>.makeStream()
+    var sources = [DispatchSourceSignal]()
+    for number in [SIGINT, SIGTERM] {
+        signal(number, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+        source.setEventHandler { continuation.yield(number) }
+        source.resume()
+        sources.append(source)
+    }
+    return (signals, sources)
+}
+
 func fail(_ message: String, usage: String?) -> Never {
     exitWithError(message, help: usage, tool: "convkitd")
 }
@@ -126,15 +141,7 @@ func serve(_ rawArguments: [String]) async {
     }
 
     // SIGINT and SIGTERM stop the server cleanly.
-    let (signals, continuation) = AsyncStream<Int32>.makeStream()
-    var sources = [DispatchSourceSignal]()
-    for number in [SIGINT, SIGTERM] {
-        signal(number, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        source.setEventHandler { continuation.yield(number) }
-        source.resume()
-        sources.append(source)
-    }
+    let (signals, sources) = stopSignals()
     for await number in signals {
         logger.info("received \(number == SIGINT ? "SIGINT" : "SIGTERM"), stopping")
         break
@@ -204,15 +211,7 @@ func sync(_ rawArguments: [String]) async {
     signal(SIGPIPE, SIG_IGN)
     let running = Task { try await store.run(pollInterval: .seconds(pollInterval)) }
     // SIGINT and SIGTERM stop it cleanly: the round in progress ends, the store is closed.
-    let (signals, continuation) = AsyncStream<Int32>.makeStream()
-    var sources = [DispatchSourceSignal]()
-    for number in [SIGINT, SIGTERM] {
-        signal(number, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        source.setEventHandler { continuation.yield(number) }
-        source.resume()
-        sources.append(source)
-    }
+    let (signals, sources) = stopSignals()
     let stopper = Task {
         for await number in signals {
             logger.info("received \(number == SIGINT ? "SIGINT" : "SIGTERM"), stopping")
