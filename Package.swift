@@ -79,7 +79,7 @@ let package = Package(
         .testTarget(
             name: "ConversationKitTests",
             dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
-        .testTarget(name: "ToolTests", dependencies: ["ImageKit", "TestSupport", "convkit", "convkitd"]),
+        .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "TestSupport", "convkit", "convkitd"]),
         .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
     ],
     swiftLanguageModes: [.v6]

@@ -1,5 +1,6 @@
 import Foundation
 import ImageKit
+import RecordZone
 import Testing
 import TestSupport
 
@@ -164,13 +165,25 @@ import TestSupport
         #expect(Set(((outbox.json as? [[String: Any]]) ?? []).compactMap { $0["type"] as? String }) == ["Message", "DeviceRevocation"], "\(outbox.out)")
         #expect(((try await ok(["quarantine", "--json"] + alice).json) as? [Any])?.isEmpty == true)
         #expect(try await ok(["quarantine", "retry"] + alice).out.contains("0 zones"))
+        // A forged message (named as bob's, another key) is quarantined, listed, cleared.
+        let mallory = try FileSystemBackend(root: folder, device: "mallory", policy: RecordPolicy())
+        var forged = Record(id: try RecordID(zone: ZoneName(conversation), name: "m.\(OwnershipRule.identityHash("bob")).ffffffffffffffff-forged"),
+                            type: "Message", fields: ["speaker": .string("bob"), "listener": .string("alice"), "content": .string("forged"), "spokenAt": .date(Date())])
+        try forged.sign(with: SigningKey.generate(), clock: HybridLogicalClock().now())
+        _ = try await mallory.save([forged])
+        #expect(((try await ok(["sync", "--json"] + alice).json as? [String: Any])?["quarantined"] as? Int) == 1)
+        let entries = try #require(try await ok(["quarantine", "--json"] + alice).json as? [[String: Any]])
+        #expect(entries.count == 1 && (entries.first?["reason"] as? String)?.contains("does not speak for 'bob'") == true)
+        let entry = try #require(entries.first?["id"] as? Int)
+        #expect(try await ok(["quarantine", "clear", String(entry)] + alice).out.contains("entry \(entry) cleared"))
+        #expect(try await ok(["quarantine"] + alice).out.contains("the quarantine is empty"))
         #expect(try await ok(["refetch", conversation] + bob).out.contains("pulled again"))
         _ = try await ok(["sync"] + bob)
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Hi Bob (edited)"), "refetched")
         #expect(try await ok(["messages", "alice"] + bob).out.contains("from the tablet"))
         #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
         let stats = try await ok(["stats", "--json"] + bob)
-        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 2)
+        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 3, "Hi Bob (edited), from the tablet, pending one — not the forged one")
 
         // Failures: exit 1 with a reason.
         try await fails(["whoami", "--store", dir.path + "/nobody"], "no store at")
@@ -180,14 +193,15 @@ import TestSupport
         try await fails(["records", "show", "\(conversation)/nothing"] + alice, "no record")
         try await fails(["avatar", "get", "bob"] + alice, "bob has no avatar")
         // A flipped byte in a folder segment: verify reports it and exits 1.
-        let segments = try FileManager.default.subpathsOfDirectory(atPath: folder + "/zones").filter { $0.hasSuffix(".seg") && $0.hasPrefix(conversation) }
+        let segments = try FileManager.default.subpathsOfDirectory(atPath: folder + "/zones").filter { $0.hasSuffix(".seg") && $0.hasPrefix(conversation) && $0.contains("/laptop-") }.sorted()
         let victim = folder + "/zones/" + (try #require(segments.first))
         var bytes = try Data(contentsOf: URL(fileURLWithPath: victim))
         bytes[bytes.count / 2] ^= 0x01
         try bytes.write(to: URL(fileURLWithPath: victim))
         let verify = try await Self.convkit(["records", "verify", "--zone-dir", folder])
         #expect(verify.status == 1 && verify.out.contains("BAD ") && verify.out.contains("corrupt segment"), "\(verify.out)")
-        #expect(verify.err.contains("1 bad"))
+        #expect(verify.out.contains("does not speak for 'bob'"), "the forged message is reported too")
+        #expect(verify.err.contains("2 bad"), "\(verify.err)")
     }
 }
 
