@@ -33,6 +33,9 @@ let package = Package(
         .systemLibrary(
             name: "CTurboJPEG", path: "Sources/CTurboJPEG", pkgConfig: "libturbojpeg",
             providers: [.apt(["libturbojpeg0-dev"])]),
+        .systemLibrary(
+            name: "CPostgres", path: "Sources/CPostgres", pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]),
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
@@ -40,6 +43,8 @@ let package = Package(
         .target(name: "RecordZone", dependencies: ["CSodium", "CCurl", "SQLiteKit"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ImageKit", dependencies: ["CPNG", "CTurboJPEG"]),
+        // libpq for PostgreSQL storage (issue 13: the connection so far).
+        .target(name: "PostgresKit", dependencies: ["CPostgres"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit", "ImageKit"]),
         .target(
             name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"],
@@ -75,6 +80,7 @@ let package = Package(
         .target(name: "CSpawn", path: "Tests/CSpawn"),
         .target(name: "TestSupport", dependencies: ["CSpawn", "ImageKit", "CPNG"], path: "Tests/TestSupport"),
         .testTarget(name: "ImageKitTests", dependencies: ["ImageKit", "TestSupport"]),
+        .testTarget(name: "PostgresKitTests", dependencies: ["PostgresKit", "TestSupport"]),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
         .testTarget(
             name: "ConversationKitTests",

@@ -1,0 +1,47 @@
+import Foundation
+import PostgresKit
+import Testing
+import TestSupport
+
+/// libpq through PostgresKit against a real, private PostgreSQL cluster (issue 13's first part).
+@Suite struct PostgresConnectionTests {
+    @Test func statementsBytesErrorsNotificationsAndARestart() async throws {
+        let cluster = try await PostgresCluster()
+        let db = try PostgresConnection(cluster.conninfo)
+        try db.execute("CREATE TABLE records (zone text NOT NULL, name text NOT NULL, sequence bigint NOT NULL, bytes bytea NOT NULL, PRIMARY KEY (zone, name))")
+        // Bytes go in binary, whatever they hold (zero bytes, quotes, backslashes), and come back the same.
+        let awkward = Data([0, 1, 0x27, 0x5C, 0xFF, 0]) + Data("'); DROP TABLE records; --".utf8)
+        let inserted = try db.execute("INSERT INTO records VALUES ($1, $2, $3, $4)", [.text("z"), .text("m'1"), .int(42), .bytes(awkward)])
+        #expect(inserted.affected == 1)
+        try db.execute("INSERT INTO records VALUES ($1, $2, $3, $4)", [.text("z"), .text("empty"), .int(43), .bytes(Data())])
+        let rows = try db.execute("SELECT name, sequence, bytes FROM records WHERE zone = $1 ORDER BY sequence", [.text("z")])
+        #expect(rows.columns == ["name", "sequence", "bytes"])
+        #expect(rows.rows.count == 2 && rows.text(0, 0) == "m'1" && rows.int(0, 1) == 42)
+        #expect(rows.bytes(0, 2) == awkward && rows.bytes(1, 2) == Data())
+        // A typed error with its SQLSTATE; the transaction rolls back whole.
+        #expect { try db.execute("INSERT INTO records VALUES ('z', 'm''1', 1, '')") } throws: { ($0 as? PostgresError)?.sqlState == "23505" }
+        #expect { try db.execute("SELEC nonsense") } throws: { ($0 as? PostgresError)?.sqlState == "42601" }
+        #expect(throws: PostgresError.self) {
+            try db.transaction { () throws(PostgresError) in
+                try db.execute("INSERT INTO records VALUES ('y', 'n', 1, '')")
+                try db.execute("INSERT INTO records VALUES ('z', 'empty', 2, '')")
+            }
+        }
+        #expect(try db.execute("SELECT count(*) FROM records WHERE zone = 'y'").int(0, 0) == 0)
+        // LISTEN / NOTIFY between two connections.
+        let listener = try PostgresConnection(cluster.conninfo)
+        try listener.listen("zone changed")
+        #expect(try listener.waitForNotification(timeout: 0.2) == nil)
+        try db.execute("SELECT pg_notify('zone changed', 'z')")
+        let start = Date()
+        let note = try listener.waitForNotification(timeout: 5)
+        #expect(note?.channel == "zone changed" && note?.payload == "z" && Date().timeIntervalSince(start) < 1)
+        // The server goes away: a connection failure, told apart from SQL errors; a new connection
+        // works once it is back.
+        try await cluster.stop()
+        #expect { try db.execute("SELECT 1") } throws: { ($0 as? PostgresError)?.isConnectionFailure == true }
+        #expect { try PostgresConnection(cluster.conninfo) } throws: { ($0 as? PostgresError)?.isConnectionFailure == true }
+        try await cluster.start()
+        #expect(try PostgresConnection(cluster.conninfo).execute("SELECT count(*) FROM records").int(0, 0) == 2)
+    }
+}
