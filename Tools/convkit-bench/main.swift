@@ -21,6 +21,7 @@ let command = Command(
         .valued("messages", "n", "Messages in the store for the newest-50 query. (default: 1000000)"),
         .valued("identities", "n,n", "Identities the server holds before registration and a tag query are measured. (default: 1000,100000)"),
         .flag("json", "Print the results as JSON."),
+        .valued("probe-first-sync", "spec", "Used by the bench itself: time a new process's first save and sync on a folder."),
     ])
 
 func parseOptions() -> Options {
@@ -50,6 +51,15 @@ func parseOptions() -> Options {
     return options
 }
 
+if let index = CommandLine.arguments.firstIndex(of: "--probe-first-sync"), index + 1 < CommandLine.arguments.count {
+    do {
+        try await probeFirstSync(CommandLine.arguments[index + 1])
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+        exit(1)
+    }
+}
 let options = parseOptions()
 let reporter = Reporter(json: options.json)
 reporter.note("convkit-bench: \(String(format: "%.1f", options.seconds)) s per measurement, \(ProcessInfo.processInfo.activeProcessorCount) cores")
