@@ -428,6 +428,7 @@ public actor FileSystemBackend: RecordZoneBackend {
         let key = "\(zone)/\(generation)"
         if let last = ownChecked[key], let stamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) {
             ownChecked[key] = (stamp, last.at)
+            index.setOwnFileStamp("folder:" + layout.deviceFolder(zone, generation, device: device), stamp)
         }
         return sequence
     }
@@ -442,7 +443,18 @@ public actor FileSystemBackend: RecordZoneBackend {
         let folderStamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) ?? "-"
         let key = "\(zone)/\(generation)", now = ContinuousClock.now
         if let last = ownChecked[key], last.stamp == folderStamp, now - last.at < .seconds(30) { return }
-        defer { ownChecked[key] = (folderStamp, now) }
+        // A new process whose device folder is as the last one left it (no file added, removed
+        // or renamed over since its last look) starts without looking every file over: the
+        // 30-second look for files changed in place comes as usual.
+        let recordedKey = "folder:" + layout.deviceFolder(zone, generation, device: device)
+        if ownChecked[key] == nil, index.ownFileStamp(recordedKey) == folderStamp {
+            ownChecked[key] = (folderStamp, now)
+            return
+        }
+        defer {
+            ownChecked[key] = (folderStamp, now)
+            index.setOwnFileStamp(recordedKey, folderStamp)
+        }
         let copies = state.ownSegmentsFolder(zone, generation)
         for name in try FileIO.list(copies) {
             guard let parsed = Segment.parse(fileName: name) else { continue }
