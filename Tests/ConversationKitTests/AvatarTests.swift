@@ -231,10 +231,11 @@ import TestSupport
         try await bob.sync()
         _ = try await bob.avatarImage(for: "alice")
         let reader = try ChildProcess(try builtProduct("convkit-store-sync"), ["--store", fixture.storePath("bob"), "--folder", fixture.folder, "--device", "bob",
-                                                                               "--identifier", "bob", "--avatar-of", "alice", "--reads", "200"])
+                                                                               "--identifier", "bob", "--avatar-of", "alice", "--reads", "200", "--pause-ms", "10"])
         var rounds = 0
-        // Carol's evicts Alice's and back; Alice's then stays a while, so the reader has
-        // moments to find it cached on a loaded machine too.
+        // Carol's evicts Alice's and back; Alice's then stays a while, and the reader's reads are
+        // spread over two seconds, so it meets both states on a loaded machine too (its 200
+        // reads done at once could all fall in one of Carol's turns).
         while reader.isRunning && rounds < 2000 {
             _ = try await bob.avatarImage(for: rounds % 2 == 0 ? "carol" : "alice")
             if rounds % 2 == 1 { try await Task.sleep(for: .milliseconds(30)) }

@@ -24,6 +24,7 @@ let command = Command(
         .flag("check", "After the sync, print \"message <id> <text>\" per message of every conversation and \"integrity <result>\" from SQLite's integrity check."),
         .valued("avatar-of", "id", "Instead of syncing, read this speaker's avatar --reads times and print \"avatar <width>x<height> <sha256 hex>\" or \"error <code>\" for each."),
         .valued("reads", "n", "How many times. (default: 1)"),
+        .valued("pause-ms", "ms", "Wait this long between reads. (default: 0)"),
     ])
 let usage = command.help
 
@@ -51,7 +52,9 @@ do {
     if let speaker = options.value("avatar-of") {
         // Another process reading a store's image cache (the store's own process keeps the backend).
         var lines = ""
+        let pause = options.value("pause-ms").flatMap(Int.init) ?? 0
         for _ in 0..<(options.value("reads").flatMap(Int.init) ?? 1) {
+            if pause > 0 { try await Task.sleep(for: .milliseconds(pause)) }
             do {
                 if let avatar = try await store.avatarImage(for: speaker) {
                     lines += "avatar \(avatar.size.width)x\(avatar.size.height) \(AssetReference(for: avatar.png).hexHash)\n"
