@@ -54,6 +54,16 @@ final class TwoMachines: @unchecked Sendable {
     /// What the last failed Unison run printed.
     nonisolated(unsafe) var lastUnisonOutput = ""
 
+    /// Alice and Bob, three messages from Alice synced and copied to B by Unison; her newest
+    /// segment in copy B.
+    func threeFromAliceCopied() async throws -> (ConversationStore, ConversationStore, String) {
+        let (alice, bob) = try await aliceAndBob()
+        for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
+        try await alice.sync()
+        #expect(try await unison() == 0)
+        return (alice, bob, try #require(try segments(of: "alice", in: "b").last))
+    }
+
     /// Alice's segment files in one copy, oldest first.
     func segments(of label: String, in machine: String) throws -> [String] {
         let zones = copy(machine) + "/zones"
@@ -110,11 +120,7 @@ func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comme
     /// reaches the writer's copy, and the writer puts its records back.
     @Test func aSegmentDeletedInOneCopyIsPutBackByItsWriter() async throws {
         let machines = try TwoMachines()
-        let (alice, bob) = try await machines.aliceAndBob()
-        for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
-        try await alice.sync()
-        #expect(try await machines.unison() == 0)
-        let victim = try #require(try machines.segments(of: "alice", in: "b").last)
+        let (alice, bob, victim) = try await machines.threeFromAliceCopied()
         try FileManager.default.removeItem(atPath: victim)
         #expect(try await machines.unison() == 0)
         #expect(try machines.segments(of: "alice", in: "a").count == machines.segments(of: "alice", in: "b").count, "the deletion reached alice's copy")
@@ -128,11 +134,7 @@ func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comme
     /// back, and the other side ends with every message and no open quarantine entry.
     @Test func aFlippedByteSyncedBackToItsWriter() async throws {
         let machines = try TwoMachines()
-        let (alice, bob) = try await machines.aliceAndBob()
-        for n in 0..<3 { _ = try await alice.send("a\(n)", to: "bob") }
-        try await alice.sync()
-        #expect(try await machines.unison() == 0)
-        let victim = try #require(try machines.segments(of: "alice", in: "b").last)
+        let (alice, bob, victim) = try await machines.threeFromAliceCopied()
         var bytes = try Data(contentsOf: URL(fileURLWithPath: victim))
         bytes[bytes.count / 2] ^= 0x40
         try bytes.write(to: URL(fileURLWithPath: victim))

@@ -53,8 +53,6 @@ enum ChatCommands {
                             positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store]), run: deviceRevoke),
     ]
 
-    static func identifierString(_ store: ConversationStore) -> String { store.localSpeakerIdentifier ?? "?" }
-
     static func initialize(_ context: Context) async throws {
         guard let identifier = context.arguments.value("id"), let name = context.arguments.value("name") else {
             throw UsageError("--id and --name are required")
@@ -62,11 +60,7 @@ enum ChatCommands {
         let backend = try context.backend()
         let store = try ConversationStore(directory: context.storePath, backend: backend)
         let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: context.arguments.all("tag"))
-        let settings = StoreSettings(server: context.arguments.value("server"), zoneDir: context.arguments.value("zone-dir").map(Context.absolute),
-                                     device: context.arguments.value("device") ?? (context.arguments.value("zone-dir") != nil ? context.settings().device ?? defaultDevice() : nil))
-        var merged = context.settings()
-        if settings.server != nil || settings.zoneDir != nil { merged = settings }
-        try JSONEncoder().encode(merged).write(to: URL(fileURLWithPath: context.settingsPath))
+        try context.rememberBackend()
         if context.json {
             try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "", "store": context.storePath])
         } else {
@@ -304,10 +298,7 @@ enum ChatCommands {
         guard let code = context.arguments.positional(0) else { throw UsageError("missing <code>") }
         let store = try ConversationStore(directory: context.storePath, backend: try context.backend())
         let speaker = try await store.setupLocalSpeaker(linking: code, label: context.arguments.value("label") ?? defaultDevice())
-        var settings = StoreSettings(server: context.arguments.value("server"), zoneDir: context.arguments.value("zone-dir").map(Context.absolute),
-                                     device: context.arguments.value("device"))
-        if settings.server == nil && settings.zoneDir == nil { settings = context.settings() }
-        try JSONEncoder().encode(settings).write(to: URL(fileURLWithPath: context.settingsPath))
+        try context.rememberBackend()
         Output.line("this store is now a device of \(speaker.identifier) (\(speaker.name))")
     }
 

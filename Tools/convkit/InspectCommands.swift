@@ -78,12 +78,14 @@ enum InspectCommands {
     /// its key as the speaker's). - Returns: the zones in the order to read them.
     @discardableResult
     static func readSpeakers(_ backend: any RecordZoneBackend, before zones: [ZoneName]) async throws -> [ZoneName] {
-        let speakers = try await backend.zones().filter { $0.rawValue.hasPrefix("s-") }
-        if zones.contains(where: { !$0.rawValue.hasPrefix("s-") }) {
-            for zone in speakers where !zones.contains(zone) { _ = try await readAll(backend, zone) }
+        if zones.contains(where: { !ConversationStore.isSpeakerZone($0) }) {
+            for zone in try await backend.zones() where ConversationStore.isSpeakerZone(zone) && !zones.contains(zone) {
+                _ = try await readAll(backend, zone)
+            }
         }
-        return zones.filter { $0.rawValue.hasPrefix("s-") } + zones.filter { !$0.rawValue.hasPrefix("s-") }
+        return ConversationStore.readingOrder(zones)
     }
+
 
     static func list(_ context: Context) async throws {
         let zone = try zoneName(context.arguments.value("zone"))
@@ -137,7 +139,8 @@ enum InspectCommands {
         case .store(let store):
             // Signatures and owners checked again as a new reader would: speakers' own zones first.
             let policy = ConversationStore.recordPolicy()
-            let zones = try store.heldZones().map(\.zone).filter { only == nil || only?.rawValue == $0 }.sorted { ($0.hasPrefix("s-") ? 0 : 1, $0) < ($1.hasPrefix("s-") ? 0 : 1, $1) }
+            let held = try store.heldZones().compactMap { try? ZoneName($0.zone) }.filter { only == nil || only == $0 }
+            let zones = ConversationStore.readingOrder(held).map(\.rawValue)
             for zone in zones {
                 let records = try store.records(in: zone)
                 let bytes = try records.map { try $0.encoded() }

@@ -53,10 +53,19 @@ struct Context {
         return settings
     }
 
+    /// Records the backend the options name (`--server`, or `--zone-dir` with `--device`) in
+    /// the store's convkit.json, for the other commands; without either, what is there stays.
+    func rememberBackend() throws {
+        let folder = arguments.value("zone-dir").map(Self.absolute), server = arguments.value("server")
+        guard folder != nil || server != nil else { return }
+        let device = folder == nil ? nil : arguments.value("device") ?? settings().device ?? ChatCommands.defaultDevice()
+        try JSONEncoder().encode(StoreSettings(server: server, zoneDir: folder, device: device)).write(to: URL(fileURLWithPath: settingsPath))
+    }
+
     /// The backend the store syncs through: the options, or what `init` recorded.
     func backend() throws -> BackendFactory {
         let saved = settings()
-        let label = arguments.value("device") ?? saved.device ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
+        let label = arguments.value("device") ?? saved.device ?? ChatCommands.defaultDevice()
         if let folder = arguments.value("zone-dir") { return .folder(Self.absolute(folder), device: label) }
         if let server = arguments.value("server") { return .server(try Self.url(server)) }
         if let folder = saved.zoneDir { return .folder(folder, device: saved.device ?? label) }

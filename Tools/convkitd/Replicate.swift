@@ -126,8 +126,7 @@ final class StopFlag: @unchecked Sendable {
 /// (stored now, or there already).
 func replicateOnce(_ source: any RecordZoneBackend, _ destination: any RecordZoneBackend, state: inout ReplicationState, statePath: String,
                    only: Set<String>?, logger: Logger, stopping: StopFlag) async throws -> Int {
-    let zones = try await source.zones().filter { only?.contains($0.rawValue) ?? true }
-        .sorted { ($0.rawValue.hasPrefix("s-") ? 0 : 1, $0.rawValue) < ($1.rawValue.hasPrefix("s-") ? 0 : 1, $1.rawValue) }
+    let zones = ConversationStore.readingOrder(try await source.zones().filter { only?.contains($0.rawValue) ?? true })
     var copied = 0
     for zone in zones where !stopping.isSet {
         var token = state.tokens[zone.rawValue].flatMap(ChangeToken.init(base64:))

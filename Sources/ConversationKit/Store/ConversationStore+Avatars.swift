@@ -67,14 +67,10 @@ extension ConversationStore {
                 throw ConversationError(.noLocalSpeaker, "call setupLocalSpeaker(identifier:name:tags:) first")
             }
             let tags = try db.rows("SELECT tag FROM speaker_tags WHERE identifier = ? ORDER BY tag", [local.identifier]) { $0.text(0) }
-            if let avatar, let png {
-                _ = try files.put(png, expected: avatar.asset)
-                try ImageCacheIndex.add(avatar.asset, now: now, in: db)
-            }
+            if let avatar, let png { try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: db) }
             for record in try ChatRecords.speaker(identifier: local.identifier, name: current, tags: tags, avatar: avatar) {
                 try self.commitLocal(record, as: local, in: &applier)
             }
-            for hash in try ImageCacheIndex.evict(toFit: budget, keeping: avatar?.asset.hash, in: db) { files.remove(hash) }
         }
         guard let speaker = try speaker(fromRef: SpeakerRef(identifier: local.identifier)) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")
@@ -143,11 +139,7 @@ extension ConversationStore {
             let decoded = try Images.decode(png, limits: ImageLimits(maximumBytes: Int(avatar.asset.size), maximumPixels: PixelSize.largestAvatarSide * PixelSize.largestAvatarSide))
             if ImageFormat(magicOf: png) == .png, decoded.width == avatar.size.width, decoded.height == avatar.size.height {
                 let files = imageFiles, now = SyncEngine.milliseconds(configuration.now()), budget = configuration.imageCacheBytes
-                try await write { applier in
-                    _ = try files.put(png, expected: avatar.asset)
-                    try ImageCacheIndex.add(avatar.asset, now: now, in: applier.db)
-                    for hash in try ImageCacheIndex.evict(toFit: budget, keeping: avatar.asset.hash, in: applier.db) { files.remove(hash) }
-                }
+                try await write { applier in try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: applier.db) }
                 return AvatarImage(png: png, size: avatar.size)
             }
             problem = "the avatar asset is not the \(avatar.size) PNG the profile names (it is a \(decoded.width)×\(decoded.height) image)"
@@ -173,11 +165,18 @@ extension ConversationStore {
 /// last use. Eviction goes least recently used first and never takes the local speaker's own
 /// avatar.
 enum ImageCacheIndex {
-    static func add(_ reference: AssetReference, now: Int64, in db: Database) throws {
+    /// The local speaker's own avatar's hash, which nothing evicts (SQL).
+    private static let ownAvatar = "(SELECT s.avatar_hash FROM speakers s JOIN ck_meta m ON m.key = 'local_speaker' AND s.identifier = m.value)"
+
+    /// Puts an image into the cache (its file, written atomically, and its row), then evicts
+    /// what the budget requires — never this image.
+    static func keep(_ png: Data, as reference: AssetReference, in files: AssetFolder, now: Int64, budget: Int, db: Database) throws {
+        _ = try files.put(png, expected: reference)
         try db.execute("""
             INSERT INTO image_cache (hash, size, last_used) VALUES (?, ?, ?)
             ON CONFLICT (hash) DO UPDATE SET last_used = excluded.last_used
             """, [reference.hash, Int64(reference.size), now])
+        for hash in try evict(toFit: budget, keeping: reference.hash, in: db) { files.remove(hash) }
     }
 
     static func touch(_ hash: Data, now: Int64, in db: Database) throws {
@@ -187,14 +186,10 @@ enum ImageCacheIndex {
     /// Forgets the least recently used images until the cache holds at most `budget` bytes,
     /// but not `kept` (the image just added: it is being used).
     /// - Returns: the hashes whose files the caller removes.
-    static func evict(toFit budget: Int, keeping kept: Data?, in db: Database) throws -> [Data] {
+    private static func evict(toFit budget: Int, keeping kept: Data?, in db: Database) throws -> [Data] {
         var total = try db.first("SELECT coalesce(sum(size), 0) FROM image_cache") { $0.int(0) } ?? 0
         guard total > budget else { return [] }
-        let candidates = try db.rows("""
-            SELECT hash, size FROM image_cache
-            WHERE hash IS NOT (SELECT s.avatar_hash FROM speakers s JOIN ck_meta m ON m.key = 'local_speaker' AND s.identifier = m.value)
-            ORDER BY last_used, hash
-            """) { ($0.blob(0), $0.int(1)) }
+        let candidates = try db.rows("SELECT hash, size FROM image_cache WHERE hash IS NOT \(ownAvatar) ORDER BY last_used, hash") { ($0.blob(0), $0.int(1)) }
         var evicted = [Data]()
         for (hash, size) in candidates where total > budget && hash != kept {
             try db.execute("DELETE FROM image_cache WHERE hash = ?", [hash])
@@ -206,9 +201,8 @@ enum ImageCacheIndex {
 
     /// Forgets every image but the local speaker's own avatar. - Returns: the hashes forgotten.
     static func clear(in db: Database) throws -> [Data] {
-        let local = "(SELECT s.avatar_hash FROM speakers s JOIN ck_meta m ON m.key = 'local_speaker' AND s.identifier = m.value)"
-        let hashes = try db.rows("SELECT hash FROM image_cache WHERE hash IS NOT \(local)") { $0.blob(0) }
-        try db.execute("DELETE FROM image_cache WHERE hash IS NOT \(local)")
+        let hashes = try db.rows("SELECT hash FROM image_cache WHERE hash IS NOT \(ownAvatar)") { $0.blob(0) }
+        try db.execute("DELETE FROM image_cache WHERE hash IS NOT \(ownAvatar)")
         return hashes
     }
 }

@@ -132,6 +132,16 @@ public final class ConversationStore: Sendable {
         return store
     }
 
+    /// The order in which a reader that starts from nothing takes zones: every speaker's own
+    /// zone first (who holds which keys and devices), then the rest, each by name — as a store
+    /// pulls, so that a linked device's messages are not taken for another key's.
+    public static func readingOrder(_ zones: [ZoneName]) -> [ZoneName] {
+        zones.sorted { (isSpeakerZone($0) ? 0 : 1, $0.rawValue) < (isSpeakerZone($1) ? 0 : 1, $1.rawValue) }
+    }
+
+    /// Whether a zone is a speaker's own (`s-<h(identifier)>`: profile, devices, revocations).
+    public static func isSpeakerZone(_ zone: ZoneName) -> Bool { ChatRecords.isSpeakerZone(zone) }
+
     /// The ownership rules of chat records (which record IDs belong to whom).
     public static var ownershipRules: [OwnershipRule] { ChatRecords.rules }
 
