@@ -382,4 +382,36 @@ extension FileSystemBackendTests {
         try await saveAll(reopened, [try signed(z, "after", clock: clock.now())])
         #expect(try await fetchAll(FileSystemBackend(root: root, device: nil), z).records.count == 21)
     }
+
+    /// A writer's own segment damaged in place while no process of it runs (the folder's time
+    /// does not change; the file's does): a process started more than 30 s after the last full
+    /// look at its files — however short the earlier ones were — looks them over and puts the
+    /// damaged one's records back.
+    @Test func anOwnFileDamagedInPlaceIsPutBackByALaterProcess() async throws {
+        let dir = try TemporaryDirectory("fsinplace")
+        let root = dir.path + "/shared", state = dir.path + "/state"
+        let z = try zone("z")
+        var writer: FileSystemBackend? = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await #require(writer).createZone(z)
+        let records = try (0..<3).map { try signed(z, "m\($0)", clock: clock.now()) }
+        try await saveAll(try #require(writer), records)
+        let device = try #require(writer?.device)
+        writer = nil
+        let layout = FolderLayout(root: root)
+        let file = try #require(try layout.segments(z, generation: 1, device: device).first)
+        let path = layout.segmentFile(z, 1, device: device, name: file.name)
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: path))
+        bytes[bytes.count / 2] ^= 0x10
+        try bytes.write(to: URL(fileURLWithPath: path))  // in place: the folder's time stays
+        // The last full look was more than 30 s ago (as if the next process started later).
+        let index = try FolderIndex(path: state + "/" + FolderIndex.fileName)
+        let key = FileSystemBackend.ownFolderKey(layout.deviceFolder(z, 1, device: device))
+        let recorded = try #require(index.ownFileStamp(key).flatMap(FileSystemBackend.parseOwnFolderRecord))
+        index.setOwnFileStamp(key, "\(recorded.stamp) \(recorded.at - 60)")
+        let later = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await saveAll(later, [try signed(z, "after", clock: clock.now())])
+        let reader = try FileSystemBackend(root: root, device: nil)
+        let all = try await fetchAll(reader, z)
+        #expect(Set(all.records.map(\.id.name)) == ["m0", "m1", "m2", "after"], "the damaged file's records were put back")
+    }
 }

@@ -428,9 +428,25 @@ public actor FileSystemBackend: RecordZoneBackend {
         let key = "\(zone)/\(generation)"
         if let last = ownChecked[key], let stamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) {
             ownChecked[key] = (stamp, last.at)
-            index.setOwnFileStamp("folder:" + layout.deviceFolder(zone, generation, device: device), stamp)
+            let recordedKey = Self.ownFolderKey(layout.deviceFolder(zone, generation, device: device))
+            if let checked = index.ownFileStamp(recordedKey).flatMap(Self.parseOwnFolderRecord) {
+                index.setOwnFileStamp(recordedKey, "\(stamp) \(checked.at)")
+            }
         }
         return sequence
+    }
+
+    /// How often this device's own files are looked over at least (for files changed in place,
+    /// which no folder time shows).
+    static let ownFilesLookInterval: Duration = .seconds(30)
+
+    /// The index key under which the last full look at a device folder is kept.
+    static func ownFolderKey(_ folder: String) -> String { "folder:" + folder }
+
+    /// `<folder stamp> <seconds since 1970 of the look>`.
+    static func parseOwnFolderRecord(_ text: String) -> (stamp: String, at: Double)? {
+        guard let space = text.lastIndex(of: " "), let at = Double(text[text.index(after: space)...]) else { return nil }
+        return (String(text[..<space]), at)
     }
 
     /// Puts back, as new segments, this device's segments that are missing from the folder or
@@ -439,21 +455,23 @@ public actor FileSystemBackend: RecordZoneBackend {
     private func republishOwnSegments(_ zone: ZoneName, generation: UInt64, device: String) throws(RecordZoneError) {
         guard let state else { return }
         // Each file is looked at only when the device's folder changed (a file added, removed or
-        // renamed over), and at least every 30 s (a file changed in place).
+        // renamed over), and at least every 30 s (a file changed in place: its own time shows it).
         let folderStamp = FileIO.stamp(layout.deviceFolder(zone, generation, device: device)) ?? "-"
         let key = "\(zone)/\(generation)", now = ContinuousClock.now
-        if let last = ownChecked[key], last.stamp == folderStamp, now - last.at < .seconds(30) { return }
+        if let last = ownChecked[key], last.stamp == folderStamp, now - last.at < Self.ownFilesLookInterval { return }
         // A new process whose device folder is as the last one left it (no file added, removed
-        // or renamed over since its last look) starts without looking every file over: the
-        // 30-second look for files changed in place comes as usual.
-        let recordedKey = "folder:" + layout.deviceFolder(zone, generation, device: device)
-        if ownChecked[key] == nil, index.ownFileStamp(recordedKey) == folderStamp {
-            ownChecked[key] = (folderStamp, now)
+        // or renamed over since), less than the interval after the last full look (in any
+        // process: short-lived ones included), goes on with that look's window.
+        let recordedKey = Self.ownFolderKey(layout.deviceFolder(zone, generation, device: device))
+        let wallNow = Date().timeIntervalSince1970
+        if ownChecked[key] == nil, let last = index.ownFileStamp(recordedKey).flatMap(Self.parseOwnFolderRecord), last.stamp == folderStamp,
+            case let age = wallNow - last.at, age >= 0, age < Double(Self.ownFilesLookInterval.components.seconds) {
+            ownChecked[key] = (folderStamp, now - .milliseconds(Int(age * 1000)))
             return
         }
         defer {
             ownChecked[key] = (folderStamp, now)
-            index.setOwnFileStamp(recordedKey, folderStamp)
+            index.setOwnFileStamp(recordedKey, "\(folderStamp) \(wallNow)")
         }
         let copies = state.ownSegmentsFolder(zone, generation)
         for name in try FileIO.list(copies) {
