@@ -32,6 +32,10 @@ import TestSupport
         #expect(try observer.message(sent.id)?.content == "hi")
         let pending = try observer.pendingChangeCount()
         #expect(report.deferred > 0 && pending > 0, "\(report)")
+        // A message sent through an observer is never shown synced: nothing took it.
+        let reply = try await observer.send("not sent", to: "alice")
+        try await observer.sync()
+        #expect(try observer.message(reply.id)?.syncState == .pending)
         #expect(try FileManager.default.subpathsOfDirectory(atPath: fixture.folder).sorted() == before, "nothing written into the folder")
     }
 

@@ -91,6 +91,17 @@ import TestSupport
         running.kill(SIGTERM)
         #expect(await running.wait() == 0)
 
+        // A replicator copies; it cannot forge a record, nor delete a zone.
+        let peer = HTTPBackend(url: b, identity: "_peer", key: key, policy: ConversationStore.recordPolicy())
+        let conversation = try #require(try await peer.zones().first { $0.rawValue.hasPrefix("c-") })
+        var forged = Record(id: try RecordID(zone: conversation, name: "m.\(OwnershipRule.identityHash("bob")).ffffffffffffffff-forged"),
+                            type: "Message", fields: ["speaker": .string("bob"), "listener": .string("alice"), "content": .string("forged"), "spokenAt": .date(Date())])
+        try forged.sign(with: key, clock: HybridLogicalClock().now())
+        let saved = try await peer.save([forged])
+        #expect(throws: RecordZoneError.self, "a record signed by the replicator's key for bob is refused") { try saved[0].get() }
+        await #expect(throws: RecordZoneError.self, "a replicator deletes nothing") { try await peer.deleteZone(conversation) }
+        #expect(try await peer.zones().contains(conversation))
+
         // Anyone else is refused what the replicator may do; the replicator's name with another key too.
         let stranger = HTTPBackend(url: a, identity: "_peer", key: SigningKey.generate(), policy: ConversationStore.recordPolicy())
         await #expect(throws: RecordZoneError.self) { try await stranger.zones() }
