@@ -43,11 +43,11 @@ let package = Package(
         .target(name: "RecordZone", dependencies: ["CSodium", "CCurl", "SQLiteKit"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ImageKit", dependencies: ["CPNG", "CTurboJPEG"]),
-        // libpq for PostgreSQL storage (issue 13: the connection so far).
+        // libpq for the zone server's PostgreSQL storage.
         .target(name: "PostgresKit", dependencies: ["CPostgres"]),
         .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit", "ImageKit"]),
         .target(
-            name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "CMicroHTTPD", "CLibMicroHTTPD"],
+            name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "PostgresKit", "CMicroHTTPD", "CLibMicroHTTPD"],
             exclude: ["openapi.json"]),
 
         // Tools.
@@ -78,7 +78,7 @@ let package = Package(
 
         // Tests.
         .target(name: "CSpawn", path: "Tests/CSpawn"),
-        .target(name: "TestSupport", dependencies: ["CSpawn", "ImageKit", "CPNG"], path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["CSpawn", "ImageKit", "CPNG", "PostgresKit"], path: "Tests/TestSupport"),
         .testTarget(name: "ImageKitTests", dependencies: ["ImageKit", "TestSupport"]),
         .testTarget(name: "PostgresKitTests", dependencies: ["PostgresKit", "TestSupport"]),
         .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),

@@ -23,54 +23,78 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
     public var description: String { sqlState.isEmpty ? message : "\(sqlState): \(message)" }
 }
 
-/// A value bound to a statement parameter: text, or bytes sent in binary (no escaping).
+/// A value bound to a statement parameter, sent in binary (no escaping, no parsing): text,
+/// a 64-bit integer, bytes, or an array of one of those (for `= ANY($1)` and `unnest($1)`).
 public enum PostgresValue: Sendable, Hashable {
     case null
     case text(String)
     case int(Int64)
     case bytes(Data)
+    case textArray([String])
+    case intArray([Int64])
+    case bytesArray([Data])
+
+    /// The parameter's type OID (0: the server infers it) and its binary form.
+    var wire: (type: UInt32, bytes: [UInt8]?) {
+        switch self {
+        case .null: (0, nil)
+        case .text(let text): (0, Array(text.utf8))
+        case .int(let number): (20, Self.bigEndian(number))
+        case .bytes(let data): (0, Array(data))
+        case .textArray(let items): (1009, Self.array(of: 25, items.map { Array($0.utf8) }))
+        case .intArray(let items): (1016, Self.array(of: 20, items.map(Self.bigEndian)))
+        case .bytesArray(let items): (1001, Self.array(of: 17, items.map { Array($0) }))
+        }
+    }
+
+    private static func bigEndian<T: FixedWidthInteger>(_ value: T) -> [UInt8] { withUnsafeBytes(of: value.bigEndian) { Array($0) } }
+
+    /// PostgreSQL's binary array form: dimensions, flags, element type, then each dimension's
+    /// size and lower bound, then each element's length and bytes.
+    private static func array(of element: UInt32, _ items: [[UInt8]]) -> [UInt8] {
+        var out = bigEndian(Int32(items.isEmpty ? 0 : 1)) + bigEndian(Int32(0)) + bigEndian(element)
+        if !items.isEmpty { out += bigEndian(Int32(items.count)) + bigEndian(Int32(1)) }
+        for item in items { out += bigEndian(Int32(item.count)) + item }
+        return out
+    }
 }
 
-/// The rows of a result, as libpq returns them in text form (a `bytea` column decoded from its
-/// hex form).
+/// The rows of a result, in PostgreSQL's binary form (no text to parse): a `text` column's
+/// UTF-8, an integer's big-endian bytes, a `bytea`'s bytes as they are.
 public struct PostgresRows: Sendable {
     public let columns: [String]
     /// Each row's values; nil for NULL.
-    public let rows: [[String?]]
+    public let rows: [[Data?]]
     /// How many rows an INSERT, UPDATE or DELETE touched.
     public let affected: Int
 
-    public func text(_ row: Int, _ column: Int) -> String? { rows[row][column] }
-    public func int(_ row: Int, _ column: Int) -> Int64? { rows[row][column].flatMap { Int64($0) } }
-
-    /// A `bytea` value: `\x` and hex digits in text form.
-    public func bytes(_ row: Int, _ column: Int) -> Data? {
-        guard let text = rows[row][column], text.hasPrefix("\\x") else { return nil }
-        var data = Data(capacity: (text.utf8.count - 2) / 2)
-        var high: UInt8? = nil
-        for byte in text.utf8.dropFirst(2) {
-            let nibble: UInt8
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): nibble = byte - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): nibble = byte - UInt8(ascii: "a") + 10
-            case UInt8(ascii: "A")...UInt8(ascii: "F"): nibble = byte - UInt8(ascii: "A") + 10
-            default: return nil
-            }
-            if let first = high {
-                data.append(first << 4 | nibble)
-                high = nil
-            } else {
-                high = nibble
-            }
-        }
-        return high == nil ? data : nil
+    public var count: Int { rows.count }
+    /// A cell, or nil for NULL or a row or column that is not there.
+    public func cell(_ row: Int, _ column: Int) -> Data? {
+        guard rows.indices.contains(row), rows[row].indices.contains(column) else { return nil }
+        return rows[row][column]
     }
+    public func text(_ row: Int, _ column: Int) -> String? { cell(row, column).map { String(decoding: $0, as: UTF8.self) } }
+    /// A `smallint`, `integer`, `bigint` or `xid8` value.
+    public func int(_ row: Int, _ column: Int) -> Int64? {
+        guard let cell = cell(row, column), [2, 4, 8].contains(cell.count) else { return nil }
+        let unsigned = cell.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        switch cell.count {
+        case 2: return Int64(Int16(truncatingIfNeeded: unsigned))
+        case 4: return Int64(Int32(truncatingIfNeeded: unsigned))
+        default: return Int64(bitPattern: unsigned)
+        }
+    }
+    public func bytes(_ row: Int, _ column: Int) -> Data? { cell(row, column) }
+    public func bool(_ row: Int, _ column: Int) -> Bool? { cell(row, column).map { $0.first == 1 } }
 }
 
 /// One connection to PostgreSQL through libpq (`PGconn`). Not `Sendable`: its owner serializes
 /// access. Statements take parameters (`$1`, `$2`, …); bytes go in binary, never spliced into SQL.
 public final class PostgresConnection {
     private let connection: OpaquePointer
+    /// Statements prepared on this connection, by their SQL and parameter types.
+    private var statements = [String: String]()
 
     /// Connects (`conninfo`: `host=/run/postgresql dbname=chat user=convkitd`, or a
     /// `postgres://` URL). - Throws: ``PostgresError`` when the server cannot be reached or
@@ -93,22 +117,17 @@ public final class PostgresConnection {
     /// Runs one statement with parameters. - Returns: its rows (empty for a command).
     @discardableResult
     public func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws(PostgresError) -> PostgresRows {
-        // Every parameter's bytes stay alive until PQexecParams returns.
-        let buffers: [[UInt8]?] = parameters.map { value in
-            switch value {
-            case .null: nil
-            case .text(let text): Array(text.utf8) + [0]
-            case .int(let number): Array(String(number).utf8) + [0]
-            case .bytes(let data): data.isEmpty ? [0] : Array(data)  // a pointer for empty bytes too (NULL is NULL)
-            }
-        }
-        let formats: [Int32] = parameters.map { if case .bytes = $0 { 1 } else { 0 } }
-        let lengths: [Int32] = zip(parameters, buffers).map { value, buffer in
-            if case .bytes(let data) = value { return Int32(data.count) }
-            return Int32(buffer?.count ?? 0)
-        }
+        let wire = parameters.map(\.wire)
+        // Every parameter's bytes stay alive until PQexecParams returns; empty bytes still get
+        // a pointer (NULL is NULL).
+        let buffers: [[UInt8]?] = wire.map { $0.bytes.map { $0.isEmpty ? [0] : $0 } }
+        let types = wire.map(\.type)
+        let lengths = wire.map { Int32($0.bytes?.count ?? 0) }
+        let formats = [Int32](repeating: 1, count: parameters.count)
+        let statement = try prepared(sql, types: types)
         let result: OpaquePointer? = Self.withPointers(buffers) { pointers in
-            PQexecParams(connection, sql, Int32(parameters.count), nil, pointers, lengths, formats, 0)
+            if let statement { return PQexecPrepared(connection, statement, Int32(parameters.count), pointers, lengths, formats, 1) }
+            return PQexecParams(connection, sql, Int32(parameters.count), types, pointers, lengths, formats, 1)
         }
         guard let result else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
         defer { PQclear(result) }
@@ -116,21 +135,29 @@ public final class PostgresConnection {
         case PGRES_COMMAND_OK, PGRES_TUPLES_OK:
             break
         default:
-            let state = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) } ?? ""
-            throw PostgresError(sqlState: state, message: Self.text(PQresultErrorMessage(result)).trimmingCharacters(in: .whitespacesAndNewlines))
+            throw Self.error(result)
         }
         let columnCount = Int(PQnfields(result)), rowCount = Int(PQntuples(result))
         let columns = (0..<columnCount).map { String(cString: PQfname(result, Int32($0))) }
         let rows = (0..<rowCount).map { row in
-            (0..<columnCount).map { column -> String? in
-                PQgetisnull(result, Int32(row), Int32(column)) == 1 ? nil : String(cString: PQgetvalue(result, Int32(row), Int32(column)))
+            (0..<columnCount).map { column -> Data? in
+                guard PQgetisnull(result, Int32(row), Int32(column)) == 0, let value = PQgetvalue(result, Int32(row), Int32(column)) else { return nil }
+                return Data(bytes: value, count: Int(PQgetlength(result, Int32(row), Int32(column))))
             }
         }
         return PostgresRows(columns: columns, rows: rows, affected: Int(String(cString: PQcmdTuples(result))) ?? 0)
     }
 
+    /// Runs several statements separated by semicolons, without parameters (a migration).
+    public func executeScript(_ sql: String) throws(PostgresError) {
+        guard let result = PQexec(connection, sql) else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
+        defer { PQclear(result) }
+        guard [PGRES_COMMAND_OK, PGRES_TUPLES_OK].contains(PQresultStatus(result)) else { throw Self.error(result) }
+    }
+
     /// Runs `body` in a transaction: committed when it returns, rolled back when it throws.
-    public func transaction<T>(_ body: () throws(PostgresError) -> T) throws(PostgresError) -> T {
+    /// - Throws: a ``PostgresError`` or what `body` throws.
+    public func transaction<T, E: Error>(_ body: () throws(E) -> T) throws -> T {
         try execute("BEGIN")
         do {
             let value = try body()
@@ -162,6 +189,28 @@ public final class PostgresConnection {
             var waiting = pollfd(fd: PQsocket(connection), events: Int16(POLLIN), revents: 0)
             _ = poll(&waiting, 1, Int32(min(left, 1) * 1000))
         }
+    }
+
+    /// The name of `sql` prepared on this connection (parsed and planned once, run many times),
+    /// or nil for a statement PostgreSQL does not prepare (BEGIN, LISTEN…), run as it is.
+    private func prepared(_ sql: String, types: [UInt32]) throws(PostgresError) -> String? {
+        let key = sql + "\u{0}" + types.map(String.init).joined(separator: ",")
+        if let name = statements[key] { return name }
+        let verb = sql.prefix(7).uppercased()
+        guard ["SELECT", "INSERT", "UPDATE", "DELETE", "WITH"].contains(where: { verb.hasPrefix($0) }) else { return nil }
+        let name = "ck\(statements.count)"
+        guard let result = PQprepare(connection, name, sql, Int32(types.count), types) else {
+            throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection)))
+        }
+        defer { PQclear(result) }
+        guard PQresultStatus(result) == PGRES_COMMAND_OK else { throw Self.error(result) }
+        statements[key] = name
+        return name
+    }
+
+    private static func error(_ result: OpaquePointer) -> PostgresError {
+        let state = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) } ?? ""
+        return PostgresError(sqlState: state, message: text(PQresultErrorMessage(result)).trimmingCharacters(in: .whitespacesAndNewlines))
     }
 
     private static func text(_ pointer: UnsafePointer<CChar>?) -> String {

@@ -13,9 +13,9 @@ import TestSupport
     /// clockwise"), syncs; Bob receives it capped to fit 100×100, upright (portrait, red on the
     /// right). She changes it to a wide interlaced gray-and-alpha PNG: Bob gets the new one; she
     /// removes it: Bob has none.
-    @Test(arguments: [ChatBackend.filesystem, .http])
+    @Test(arguments: ChatBackend.allCases.filter { $0 != .memory })
     func avatarsTravelCappedAndUpright(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await alice.send("hi", to: "bob")
         let photo = ImageFixtures.topBottom(width: 800, height: 400, top: (220, 30, 40), bottom: (20, 60, 200))
@@ -51,7 +51,7 @@ import TestSupport
     /// A missing asset and one whose bytes are not what its hash says leave the speaker without
     /// an avatar, with the reason — never with a wrong image.
     @Test func aMissingOrCorruptAssetLeavesNoAvatarAndSaysWhy() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         var configuration = StoreConfiguration()
         configuration.avatarDownload = .onFirstAccess
         let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
@@ -85,7 +85,7 @@ import TestSupport
 
     /// Hostile images given to setAvatar: each its typed error, nothing stored or queued.
     @Test func hostileImagesAreRefusedAndNothingIsStored() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         var configuration = StoreConfiguration()
         configuration.imageLimits = ImageLimits(maximumBytes: 1 << 20, maximumPixels: 4_000_000)
         let alice = try await fixture.store("alice", configuration: configuration)
@@ -121,7 +121,7 @@ import TestSupport
     /// never the local speaker's own avatar; it survives a restart (served with the backend
     /// gone), and clearAllCachedData empties it (the next sync fills it again).
     @Test func theCacheEvictsLeastRecentlyUsedKeepsItsOwnAndSurvivesRestarts() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let colours: [(String, (UInt8, UInt8, UInt8, UInt8))] = [("alice", (250, 0, 0, 255)), ("carol", (0, 250, 0, 255)), ("dave", (0, 0, 250, 255))]
         var others = [String: ConversationStore]()
         for (name, colour) in colours {
@@ -174,7 +174,7 @@ import TestSupport
 
     /// Alice (red) and Carol (blue) with 70×50 avatars, each in a conversation with Bob, synced.
     static func aliceAndCarolWithAvatars() async throws -> (ChatFixture, [ConversationStore]) {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
         for (store, colour) in [(alice, red), (carol, blue)] {
             try await store.setAvatar(imageData: try Images.encodePNG(RGBAImage(width: 70, height: 50, fill: colour)))

@@ -18,7 +18,7 @@ import TestSupport
     /// through a zone server (long polls), memory, and a folder (its feed looked at every second).
     @Test(arguments: [ChatBackend.http, .filesystem, .memory])
     func aMessageReachesARunningPeer(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await alice.send("hello", to: "bob")
         try await syncAll([alice, bob])
@@ -45,7 +45,7 @@ import TestSupport
     /// On a folder, inotify brings a change at once: with the feed looked at only every minute,
     /// messages still arrive (in seconds at most, on a loaded machine).
     @Test func aFolderChangeArrivesThroughInotify() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await alice.send("hello", to: "bob")
         try await syncAll([alice, bob])
@@ -62,7 +62,7 @@ import TestSupport
     /// Another process (here, another instance on the same directory, with a connection of its
     /// own) writes a message into a running store: the running store notices and pushes it.
     @Test func aChangeWrittenByAnotherInstanceIsPushed() async throws {
-        let fixture = try ChatFixture(.http)
+        let fixture = try await ChatFixture(.http)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await alice.send("hello", to: "bob")
         try await syncAll([alice, bob])

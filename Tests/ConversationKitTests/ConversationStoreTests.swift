@@ -8,7 +8,7 @@ import ZoneServer
 @Suite struct ConversationStoreTests {
     @Test(arguments: ChatBackend.allCases)
     func offlineSendsOnBothSidesEndInOneConversationInTheSameOrder(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         // Both offline: nothing synced yet, bob unknown to alice and the reverse.
         let first = try await alice.send("Hi Bob", to: "bob")
@@ -42,7 +42,7 @@ import ZoneServer
 
     @Test(arguments: ChatBackend.allCases)
     func bothStartingTheConversationOfflineGivesExactlyOne(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         let fromAlice = try await alice.conversation(with: "bob")
         let fromBob = try await bob.conversation(with: "alice")
@@ -62,7 +62,7 @@ import ZoneServer
 
     @Test(arguments: ChatBackend.allCases)
     func editsDeletesAndReadReceiptsReachTheOtherSide(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         let keep = try await alice.send("first draft", to: "bob")
         let drop = try await alice.send("oops, wrong chat", to: "bob")
@@ -96,7 +96,7 @@ import ZoneServer
 
     @Test(arguments: ChatBackend.allCases)
     func aTagQueryFindsBobAndNotCarol(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice", tags: ["swift"])
         let bob = try await fixture.store("bob", tags: ["swift", "linux"])
         let carol = try await fixture.store("carol", tags: ["rust"])
@@ -119,7 +119,7 @@ import ZoneServer
     }
 
     @Test func aRecordAlteredInTheSharedFolderIsQuarantinedAndNeverShown() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         try await bob.send("pay 10 to carol", to: "alice")
         try await bob.sync()
@@ -154,7 +154,7 @@ import ZoneServer
 
     @Test(arguments: ChatBackend.allCases)
     func liveEventsAndObservedMessagesFollowChanges(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         let conversation = try await alice.conversation(with: "bob")
         #expect(await firstElement(of: alice.observeMessages(in: conversation.id)) { _ in true } == [], "a new observer starts with the current page")
@@ -175,7 +175,7 @@ import ZoneServer
     }
 
     @Test func aTransientFailureIsRetriedWithBackoffAndNeverDuplicates() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let clock = ManualClock()
         let flaky = FlakyBackend(fixture.server)
         var configuration = StoreConfiguration()
@@ -206,7 +206,7 @@ import ZoneServer
     }
 
     @Test func aPermanentRejectionMarksTheMessageFailedWithTheReason() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let flaky = FlakyBackend(fixture.server)
         let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { flaky.connect($0.policy) })
         try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
@@ -225,7 +225,7 @@ import ZoneServer
 
     @Test(arguments: ChatBackend.allCases)
     func aRecreatedZoneIsFetchedAgainFromTheStart(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         try await bob.send("before", to: "alice")
         try await syncAll([bob, alice])
@@ -234,7 +234,7 @@ import ZoneServer
         let admin: any RecordZoneBackend = switch kind {
         case .memory: fixture.server
         case .filesystem: try FileSystemBackend(root: fixture.folder, device: "admin")
-        case .http: try #require(fixture.zoneServer).storage
+        case .http, .postgres: try #require(fixture.zoneServer).storage
         }
         try await admin.deleteZone(zone)
         try await admin.createZone(zone)
@@ -249,7 +249,7 @@ import ZoneServer
 
     @Test(arguments: ChatBackend.allCases)
     func clearingTheCacheKeepsUnsentMessagesAndSyncBringsTheRestBack(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         try await bob.send("one", to: "alice")
         try await bob.send("two", to: "alice")

@@ -17,7 +17,7 @@ import TestSupport
     /// alice's two stores show the same conversation, her messages as her own on both.
     @Test(arguments: ChatBackend.allCases)
     func aSpeakerOnTwoDevicesIsOneSpeaker(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice")
         let bob = try await fixture.store("bob")
         try await alice.send("from the phone", to: "bob")
@@ -79,7 +79,7 @@ import TestSupport
     /// the backend and by every store, and a server refuses it even when the laptop backdates it.
     @Test(arguments: ChatBackend.allCases)
     func aRevokedDevicesLaterRecordsAreRefusedEverywhere(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice")
         let bob = try await fixture.store("bob")
         let laptop = try await linkLaptop(fixture, from: alice)
@@ -92,7 +92,7 @@ import TestSupport
         #expect(try alice.devices().first { $0.label == "laptop" }?.revokedAfter != nil)
 
         let late = try await laptop.send("after the revocation", to: "bob")
-        if kind == .http {
+        if kind.isServer {
             // The server no longer takes the laptop's key at all.
             await #expect(throws: ConversationError.self) { try await laptop.sync() }
         } else {
@@ -116,7 +116,7 @@ import TestSupport
         try backdated.sign(with: try KeyFile.load(from: fixture.storePath("alice-laptop") + "/device.key"), clock: RecordClock(milliseconds: 1, counter: 0))
         if kind != .filesystem {
             let raw = try fixture.rawBackend("alice", key: try KeyFile.load(from: fixture.storePath("alice-laptop") + "/device.key"))
-            if kind == .http {
+            if kind.isServer {
                 await #expect { try await raw.save([backdated]) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
             } else {
                 guard case .failure(let error) = try await raw.save([backdated])[0] else { Issue.record("the backdated message was saved"); return }
@@ -129,7 +129,7 @@ import TestSupport
     /// refused with a typed error, and leaves the new store without a speaker.
     @Test(arguments: ChatBackend.allCases)
     func badLinkCodesAreRefusedWithTypedErrors(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice")
         try await alice.sync()
         func newStore(_ name: String, now: Date = Date()) throws -> ConversationStore {

@@ -52,7 +52,7 @@ import TestSupport
     /// Carol's new store, talking with bob and finding three speakers by tag, receives only
     /// records of carol, bob and those three.
     @Test func aNewStoreDownloadsOnlyTheSpeakersItKnows() async throws {
-        let fixture = try ChatFixture(.http)
+        let fixture = try await ChatFixture(.http)
         let storage = try #require(fixture.zoneServer).storage
         let others = 10_000
         let names = (0..<others).map { "speaker-\($0)" }

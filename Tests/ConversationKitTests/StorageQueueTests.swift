@@ -12,7 +12,7 @@ import TestSupport
     /// to both — more than the pool has threads — wait for it; meanwhile 20 concurrent store
     /// reads and server requests complete, before the lock is let go. Then the writes land.
     @Test func readsAndRequestsGoOnWhileAnotherProcessHoldsTheWriteLock() async throws {
-        let fixture = try ChatFixture(.http)
+        let fixture = try await ChatFixture(.http)
         let alice = try await fixture.store("alice")
         let bob = try await fixture.store("bob")
         let first = try await alice.send("before the lock", to: "bob")

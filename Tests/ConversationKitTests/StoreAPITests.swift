@@ -9,7 +9,7 @@ import TestSupport
 /// who is held back and why, reachability, a logger, retrying and refetching.
 @Suite struct StoreAPITests {
     @Test func closeReleasesTheFolderLock() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice")
         try await alice.sync()
         let twin = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
@@ -21,7 +21,7 @@ import TestSupport
     /// A store on a folder observer reads what others wrote and writes nothing: its own changes
     /// wait in the outbox.
     @Test func aFolderObserverReadsAndWritesNothing() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice")
         let sent = try await alice.send("hi", to: "bob")
         try await alice.sync()
@@ -41,7 +41,7 @@ import TestSupport
 
     /// A forged message is quarantined, and the sync says whose records it held back and why.
     @Test func theReportSaysWhoIsHeldBack() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await bob.send("hi", to: "alice")
         try await syncAll([alice, bob])
@@ -65,7 +65,7 @@ import TestSupport
     }
 
     @Test func reachabilityFollowsTheServer() async throws {
-        let fixture = try ChatFixture(.http)
+        let fixture = try await ChatFixture(.http)
         let alice = try await fixture.store("alice")
         #expect(alice.isBackendReachable == nil)
         try await alice.sync()
@@ -77,7 +77,7 @@ import TestSupport
 
     /// A failed message goes back into the outbox; a refetched zone comes back whole.
     @Test func retryAndRefetch() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await alice.send("one", to: "bob")
         try await syncAll([alice, bob])
@@ -93,7 +93,7 @@ import TestSupport
 
     /// A store opened for inspection reads everything and changes nothing.
     @Test func aStoreOpenedForInspectionChangesNothing() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         let sent = try await alice.send("hi", to: "bob")
         try await syncAll([alice, bob])

@@ -18,7 +18,7 @@ import TestSupport
     }
 
     @Test func badInputGetsTypedErrorsAndWritesNothing() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let store = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
         #expect(await code { try await store.send("hi", to: "bob") } == .noLocalSpeaker)
         #expect(await code { try await store.setupLocalSpeaker(identifier: "", name: "Nobody") } == .invalidIdentifier)
@@ -44,7 +44,7 @@ import TestSupport
 
     @Test func aStoreDirectoryThatCannotBeCreatedIsATypedError() async throws {
         let dir = try TemporaryDirectory("blocked")
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         // A file where the directory should go: it cannot be created, whoever runs the test.
         let blocker = dir.path + "/file"
         try Data("x".utf8).write(to: URL(fileURLWithPath: blocker))
@@ -53,7 +53,7 @@ import TestSupport
     }
 
     @Test func aCorruptDatabaseFileIsATypedError() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let path = fixture.storePath("alice")
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         try Data(repeating: 0x5A, count: 8192).write(to: URL(fileURLWithPath: path + "/store.sqlite"))
@@ -61,7 +61,7 @@ import TestSupport
     }
 
     @Test func switchingIdentityNeverDropsAnotherSpeakersUnsentMessages() async throws {
-        let fixture = try ChatFixture(.memory)
+        let fixture = try await ChatFixture(.memory)
         let alice = try await fixture.store("alice")
         let unsent = try await alice.send("still in the outbox", to: "bob")
         #expect(await code { try await alice.setupLocalSpeaker(identifier: "bob", name: "Bob") } == .storeBelongsToAnotherSpeaker)
@@ -84,7 +84,7 @@ import TestSupport
     }
 
     @Test func theKeyAndPinsSurviveAReopen() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         try await bob.send("hello", to: "alice")
         try await syncAll([bob, alice])
@@ -97,7 +97,7 @@ import TestSupport
     }
 
     @Test func aSyncKilledMidPullAndRunAgainEndsWithEveryMessageExactlyOnce() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let bob = try await fixture.store("bob")
         let count = 1500
         for i in 0..<count { try await bob.send("message \(i)", to: "alice") }

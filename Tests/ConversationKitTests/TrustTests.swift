@@ -11,7 +11,7 @@ import TestSupport
     /// refuses them; planted past it anyway, every store refuses them and the originals stay.
     @Test(arguments: ChatBackend.allCases)
     func aParticipantCannotRewriteOrEraseTheOthersRecords(_ kind: ChatBackend) async throws {
-        let fixture = try ChatFixture(kind)
+        let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         let sent = try await alice.send("the original", to: "bob")
         try await syncAll([alice, bob])
@@ -66,7 +66,7 @@ import TestSupport
     /// fingerprint; with a ref carrying her key it pins that key and refuses the forgery.
     @Test(arguments: ["aaa-forger", "zzz-forger"])
     func aForgedProfileNeverBecomesTheSpeakerForAFreshReader(_ forgerDevice: String) async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice")
         try await alice.send("really me", to: "bob")
         try await alice.sync()
@@ -114,7 +114,7 @@ import TestSupport
     /// The forger pads its device's folder so that its forged profile and alice's real one fall
     /// in different pages of a fresh reader's pull: still a conflict, never a first-use pin.
     @Test func aForgedProfileSplitFromTheRealOneByPaddingIsStillAConflict() async throws {
-        let fixture = try ChatFixture(.filesystem)
+        let fixture = try await ChatFixture(.filesystem)
         // Bob has synced before and has nothing to push: his next sync only pulls, page by page.
         var small = StoreConfiguration()
         small.pageSize = 20
@@ -146,7 +146,7 @@ import TestSupport
     /// with the records' bytes, over HTTP too — so once bob trusts dave's fingerprint the message
     /// shows, instead of being lost behind a token that moved past it.
     @Test func recordsHeldBackOverHTTPComeBackOnceTheKeyIsTrusted() async throws {
-        let fixture = try ChatFixture(.http)
+        let fixture = try await ChatFixture(.http)
         let bob = try await fixture.store("bob")
         let conversation = try await bob.conversation(with: "dave")
         try await bob.sync()

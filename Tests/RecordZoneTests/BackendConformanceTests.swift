@@ -10,7 +10,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func pagingWithSmallLimitsReturnsEveryChangeExactlyOnce(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("paging")
         try await backend.createZone(z)
@@ -40,7 +40,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func resumesFromAStoredToken(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("resume")
         try await backend.createZone(z)
@@ -56,7 +56,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func recreatedZoneExpiresOldTokens(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("phoenix")
         try await backend.createZone(z)
@@ -91,7 +91,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func databaseFeedNamesOnlyTheZonesThatChanged(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let a = try zone("a"), b = try zone("b")
         try await backend.createZone(a)
@@ -107,7 +107,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func tombstonesDeleteAndAreReportedAsDeletions(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("stones")
         try await backend.createZone(z)
@@ -134,7 +134,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func savesAnswerPerRecordWithTheWinningVersion(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("save")
         try await backend.createZone(z)
@@ -159,7 +159,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func optimisticSaveFailsWithTheServerRecordWhenItChanged(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("optimistic")
         try await backend.createZone(z)
@@ -178,7 +178,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func queriesFilterSortAndPage(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("people")
         try await backend.createZone(z)
@@ -225,7 +225,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func assetsRoundTripAndWrongHashesAreRejected(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let bytes = Data((0..<5000).map { UInt8($0 % 251) })
         let reference = try await backend.putAsset(bytes)
@@ -239,7 +239,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func waitForChangesWakesOnAWriteAndTimesOutOtherwise(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let reader = try fixture.backend("reader")
         let writer = try fixture.backend("writer")
         let z = try zone("waiting")
@@ -258,7 +258,7 @@ import TestSupport
 
     @Test(arguments: BackendKind.allCases)
     func forgedRecordsAreRejectedAndNeverReturned(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let backend = try fixture.backend()
         let z = try zone("forgery")
         try await backend.createZone(z)
@@ -312,7 +312,7 @@ import TestSupport
     /// names itself, not with a tombstone with the largest clock, not under another type.
     @Test(arguments: BackendKind.allCases)
     func versionsByAnyoneButTheIDsOwnerAreRefused(_ kind: BackendKind) async throws {
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let pins = ["alice": KeyChain(current: Keys.alice.publicKey), "bob": KeyChain(current: Keys.bob.publicKey)]
         let backend = try fixture.backend("main", pinnedKeys: pins)
         let z = try zone("takeover")
@@ -361,7 +361,7 @@ import TestSupport
 
     private func convergence(_ kind: BackendKind, seed: UInt64) async throws {
         var rng = SeededRandom(seed: seed)
-        let fixture = try BackendFixture(kind)
+        let fixture = try await BackendFixture(kind)
         let z = try zone("converge")
         let writerKeys = [Keys.alice, Keys.bob, Keys.carol]
         let writers = try (0..<3).map { try fixture.backend("w\($0)") }

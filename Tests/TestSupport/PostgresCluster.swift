@@ -1,4 +1,6 @@
 import Foundation
+import PostgresKit
+import Synchronization
 
 /// A private PostgreSQL cluster for one test: `initdb` in a temporary directory, started with
 /// `pg_ctl` on a Unix socket in that directory (no TCP), stopped and removed after. PostgreSQL
@@ -70,5 +72,30 @@ public final class PostgresCluster: @unchecked Sendable {
     public struct ClusterError: Error, CustomStringConvertible {
         public let description: String
         init(_ description: String) { self.description = description }
+    }
+}
+
+/// One private cluster for every test in a process, started on first use and stopped when the
+/// process exits; each test gets a database of its own (``freshDatabase()``).
+public enum SharedPostgres {
+    /// Whether PostgreSQL is installed here (`scripts/setup.sh` installs it); tests that need it
+    /// are left out, with this reason, only when it is not.
+    public static let isAvailable = PostgresCluster.binDirectory != nil
+    public static let unavailableReason = "PostgreSQL is not installed (scripts/setup.sh installs it)"
+
+    private static let cluster = Task { () throws -> PostgresCluster in
+        let cluster = try await PostgresCluster()
+        started.withLock { $0 = cluster }
+        atexit { SharedPostgres.started.withLock { $0 = nil } }  // the cluster's deinit stops it
+        return cluster
+    }
+    private static let started = Mutex<PostgresCluster?>(nil)
+
+    /// The connection string of a new, empty database in the shared cluster.
+    public static func freshDatabase() async throws -> String {
+        let cluster = try await cluster.value
+        let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
+        try PostgresConnection(cluster.conninfo).execute("CREATE DATABASE \(name)")
+        return cluster.conninfo.replacingOccurrences(of: "dbname=postgres", with: "dbname=\(name)")
     }
 }

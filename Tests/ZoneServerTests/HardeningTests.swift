@@ -135,7 +135,7 @@ extension HardeningTests {
         let alice = HTTPBackend(url: fixture.url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy(), maximumRetries: 0)
         try await alice.createZone(zone)
         // The database may not grow past its current size: the next big save fills the "disk".
-        try fixture.server.storage.queue.writeNow { db in
+        try #require(fixture.server.storage as? SQLiteBackend).queue.writeNow { db in
             let pages = try db.first("PRAGMA page_count") { $0.int(0) } ?? 0
             _ = try db.first("PRAGMA max_page_count = \(pages)") { $0.int(0) }
         }

@@ -371,7 +371,7 @@ extension Result where Failure == RecordZoneError {
         #expect(metrics.text.contains("convkitd_errors_total 0"))
         #expect(try await waiting == false)
         let health = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz")
-        #expect(health.status == 200 && health.text == #"{"status":"ok"}"#)
+        #expect(health.status == 200 && health.text == #"{"status":"ok","storage":"ok"}"#)
     }
 
     @Test func theOpenAPIDocumentListsExactlyTheRoutesTheServerAnswers() async throws {

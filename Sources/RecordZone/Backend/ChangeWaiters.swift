@@ -12,10 +12,14 @@ public final class ChangeWaiters: Sendable {
     private struct State {
         var waiting: [ZoneName: [UUID: CheckedContinuation<Bool, Never>]] = [:]
         var generations: [ZoneName: UInt64] = [:]
+        /// Moved on by ``wakeAll()``: part of every zone's generation.
+        var epoch: UInt64 = 0
         /// Each waiter's timeout, cancelled when it is answered first.
         var timers: [UUID: Task<Void, Never>] = [:]
         /// Set by ``releaseAll()``: every wait from then on returns at once.
         var released = false
+
+        func generation(of zone: ZoneName) -> UInt64 { (generations[zone] ?? 0) &+ epoch &* 0x1_0000_0000 }
     }
     private let state = Mutex(State())
 
@@ -24,7 +28,7 @@ public final class ChangeWaiters: Sendable {
     /// How many callers wait now (for metrics).
     public var count: Int { state.withLock { $0.waiting.values.reduce(0) { $0 + $1.count } } }
 
-    public func generation(of zone: ZoneName) -> UInt64 { state.withLock { $0.generations[zone] ?? 0 } }
+    public func generation(of zone: ZoneName) -> UInt64 { state.withLock { $0.generation(of: zone) } }
 
     /// Waits until the zone is woken after `generation`, the timeout passes, or the task is cancelled.
     /// - Returns: true when woken by a change.
@@ -34,7 +38,7 @@ public final class ChangeWaiters: Sendable {
             await withCheckedContinuation { continuation in
                 let answer = state.withLock { state -> Bool? in
                     if state.released { return false }
-                    if (state.generations[zone] ?? 0) != generation { return true }
+                    if state.generation(of: zone) != generation { return true }
                     state.waiting[zone, default: [:]][id] = continuation
                     return nil
                 }
@@ -70,6 +74,21 @@ public final class ChangeWaiters: Sendable {
         }
         timers.forEach { $0.cancel() }
         for continuation in woken.values { continuation.resume(returning: true) }
+    }
+
+    /// Wakes everyone, and moves every zone's generation on (changes may have been missed: a
+    /// notification connection was lost and is back).
+    public func wakeAll() {
+        let (woken, timers) = state.withLock { state in
+            state.epoch &+= 1
+            defer {
+                state.waiting.removeAll()
+                state.timers.removeAll()
+            }
+            return (state.waiting.values.flatMap(\.values), Array(state.timers.values))
+        }
+        timers.forEach { $0.cancel() }
+        for continuation in woken { continuation.resume(returning: true) }
     }
 
     /// Releases every waiter with false, and answers every later wait at once (a server stopping).

@@ -2,9 +2,10 @@ import Foundation
 import RecordZone
 import Synchronization
 
-/// Checks request signatures: well-formed, fresh (within the clock skew), never replayed, made
-/// by the key bound to the claimed identity (trust on first use, as record ownership), and
-/// within the per-key rate limit.
+/// Checks request signatures: well-formed, fresh (within the clock skew), made by the key bound
+/// to the claimed identity (trust on first use, as record ownership), and within the per-key
+/// rate limit (kept per server). Replays are refused by the storage
+/// (``ZoneStorage/claimNonce(_:at:horizon:)``), where every server sharing it sees the nonces.
 final class Authenticator: Sendable {
     enum Failure: Error {
         case unauthenticated(String)
@@ -21,12 +22,19 @@ final class Authenticator: Sendable {
         var tokens: Double
         var updated: Date
     }
-    private struct State {
-        var seen: [Data: Date] = [:]
-        var buckets: [Data: Bucket] = [:]
-        var insertsSincePrune = 0
+    private let buckets = Mutex([Data: Bucket]())
+
+    /// An authenticated request: who, with which key, and the nonce to claim.
+    struct Authenticated {
+        var identity: String
+        var key: Data
+        /// The key and the request's nonce: seen twice, the request is a replay.
+        var nonce: Data
+        var time: Date
     }
-    private let state = Mutex(State())
+
+    /// How long a nonce must be remembered: past twice the skew, its request is stale anyway.
+    var nonceHorizon: TimeInterval { 2 * maximumSkew }
 
     init(policy: RecordPolicy, now: @escaping @Sendable () -> Date, maximumSkew: Double, requestsPerSecond: Double, burst: Double) {
         self.policy = policy
@@ -47,8 +55,8 @@ final class Authenticator: Sendable {
         return chain.allowsNow(credentials.publicKey) ? nil : "'\(credentials.identity)' is bound to another key"
     }
 
-    /// The authenticated identity of a request.
-    func authenticate(_ request: HTTPRequest) throws(Failure) -> String {
+    /// The authenticated identity of a request (its nonce not yet claimed).
+    func authenticate(_ request: HTTPRequest) throws(Failure) -> Authenticated {
         guard let header = request.headers["authorization"] else { throw .unauthenticated("missing Authorization header") }
         guard let credentials = RequestSignature.parse(header) else { throw .unauthenticated("malformed Authorization header") }
         let clock = now()
@@ -65,30 +73,17 @@ final class Authenticator: Sendable {
         guard policy.pins.bind(identity: credentials.identity, key: credentials.publicKey) else {
             throw .unauthenticated("'\(credentials.identity)' is bound to another key")
         }
-        let replayKey = credentials.publicKey + credentials.nonce
-        let outcome: Failure? = state.withLock { state in
-            if state.seen[replayKey] != nil { return .unauthenticated("replayed request (nonce seen before)") }
-            var bucket = state.buckets[credentials.publicKey] ?? Bucket(tokens: burst, updated: clock)
+        let outcome: Failure? = buckets.withLock { buckets in
+            var bucket = buckets[credentials.publicKey] ?? Bucket(tokens: burst, updated: clock)
             bucket.tokens = min(burst, bucket.tokens + max(0, clock.timeIntervalSince(bucket.updated)) * rate)
             bucket.updated = clock
-            guard bucket.tokens >= 1 else {
-                state.buckets[credentials.publicKey] = bucket
-                return .rateLimited(retryAfter: max(0.001, (1 - bucket.tokens) / rate))
-            }
+            defer { buckets[credentials.publicKey] = bucket }
+            guard bucket.tokens >= 1 else { return .rateLimited(retryAfter: max(0.001, (1 - bucket.tokens) / rate)) }
             bucket.tokens -= 1
-            state.buckets[credentials.publicKey] = bucket
-            state.seen[replayKey] = clock
-            state.insertsSincePrune += 1
-            if state.insertsSincePrune >= 1024 {
-                // A nonce older than twice the skew can never pass the freshness check again.
-                let horizon = clock.addingTimeInterval(-2 * maximumSkew)
-                state.seen = state.seen.filter { $0.value > horizon }
-                state.insertsSincePrune = 0
-            }
             return nil
         }
         if let outcome { throw outcome }
-        return credentials.identity
+        return Authenticated(identity: credentials.identity, key: credentials.publicKey, nonce: credentials.publicKey + credentials.nonce, time: clock)
     }
 
     /// Admits the device certificate a newly linked device sends with its requests, so its key

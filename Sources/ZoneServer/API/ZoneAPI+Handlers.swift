@@ -5,9 +5,13 @@ extension ZoneAPI {
     func handle(_ matched: Route.Matched, _ request: HTTPRequest, identity: String) async throws -> HTTPResponse {
         switch matched.route {
         case .health:
-            return .json(["status": "ok"])
+            if let problem = await storage.healthProblem() {
+                return .json(["status": "unavailable", "storage": problem], status: 503, headers: [("Retry-After", "1")])
+            }
+            return .json(["status": "ok", "storage": "ok"])
         case .metrics:
             let body = metrics.render(recordsStored: (try? await storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: counters.inFlightCount)
+                + storage.metricsText()
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:
             let zones = try await storage.zones().filter { access.canRead(zone: $0, as: identity) }

@@ -2,11 +2,11 @@ import Foundation
 import RecordZone
 
 /// The record-zone API (version 1) as a value: routes and handlers that turn a request into a
-/// response, over ``SQLiteBackend`` storage, with signed requests, zone access control, limits
+/// response, over a ``ZoneStorage`` (SQLite or PostgreSQL), with signed requests, zone access control, limits
 /// and metrics. It knows nothing of sockets: ``ZoneServer`` serves it over ``HTTPServer``, and
 /// tests may call ``respond(to:)`` directly.
 public struct ZoneAPI: HTTPService {
-    public let storage: SQLiteBackend
+    public let storage: any ZoneStorage
     let access: any ZoneAccessPolicy
     let configuration: ZoneServerConfiguration
     let authenticator: Authenticator
@@ -14,7 +14,7 @@ public struct ZoneAPI: HTTPService {
     /// The transport's gauges, reported by `/metrics`.
     let counters: HTTPCounters
 
-    public init(storage: SQLiteBackend, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration(),
+    public init(storage: any ZoneStorage, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration(),
                 counters: HTTPCounters = HTTPCounters()) {
         self.storage = storage
         // A replicator's key is pinned as its identity's, so no other key can speak for it.
@@ -67,8 +67,9 @@ public struct ZoneAPI: HTTPService {
         do {
             let route = try Route.match(method: request.method, path: request.path)
             if route.isAuthenticated {
+                let authenticated: Authenticator.Authenticated
                 do {
-                    identity = try authenticator.authenticate(request)
+                    authenticated = try authenticator.authenticate(request)
                 } catch {
                     switch error {
                     case .unauthenticated(let why): throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
@@ -77,9 +78,17 @@ public struct ZoneAPI: HTTPService {
                                        retryAfter: after)
                     }
                 }
+                guard try await storage.claimNonce(authenticated.nonce, at: authenticated.time, horizon: authenticator.nonceHorizon) else {
+                    throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, "replayed request (nonce seen before)")
+                }
+                // A first request binds its identity to its key: stored (and, with several
+                // servers, agreed) before it is answered; the key is checked again after.
+                try await storage.persistPins(for: authenticated.identity)
+                guard storage.policy.pins.chain(for: authenticated.identity)?.allowsNow(authenticated.key) == true else {
+                    throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, "'\(authenticated.identity)' is bound to another key")
+                }
+                identity = authenticated.identity
             }
-            // A first request binds its identity to its key: on disk before it is answered.
-            try await storage.persistPins()
             response = try await handle(route, request, identity: identity)
         } catch let error as APIError {
             response = error.response

@@ -39,13 +39,13 @@ public final class ZoneServer: Sendable {
     public let api: ZoneAPI
     let http: HTTPServer
 
-    public init(storage: SQLiteBackend, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration()) {
+    public init(storage: any ZoneStorage, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration()) {
         let counters = HTTPCounters()
         api = ZoneAPI(storage: storage, access: access, configuration: configuration, counters: counters)
         http = HTTPServer(service: api, limits: configuration.limits, logger: configuration.logger, counters: counters)
     }
 
-    public var storage: SQLiteBackend { api.storage }
+    public var storage: any ZoneStorage { api.storage }
 
     /// Starts listening, over HTTPS with `tls`, and serves in a background task until
     /// ``stop(timeout:)``. - Returns: the port bound (useful with port 0).

@@ -11,17 +11,17 @@ import Synchronization
 ///
 /// Every record is verified once, on write (signature, ownership, pins), and stored as its
 /// canonical bytes; reads serve those bytes as they are (readers verify what they receive).
-public final class SQLiteBackend: RecordZoneBackend, Sendable {
+public final class SQLiteBackend: ZoneStorage, Sendable {
     static let kind = "server"
 
     public let policy: RecordPolicy
-    /// The fields queries find through an index, per record type (a chat server: Speaker `tags`):
-    /// an `equals` or `contains` on one of them costs the matches, not the zone.
-    public let indexedFields: [String: Set<String>]
+    /// The fields queries find through an index, per record type (a chat server: Speaker `tags`).
+    public let queryIndex: QueryIndex
     let queue: DatabaseQueue
     let assets: AssetFolder
     let instance: String
     let waiters = ChangeWaiters()
+    let nonces = NonceMemory()
 
     static let migrations = [
         Migration(version: 1, sql: """
@@ -54,7 +54,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     ///   database cannot be opened.
     public init(directory: String, policy: RecordPolicy, indexedFields: [String: Set<String>] = [:]) throws(RecordZoneError) {
         self.policy = policy
-        self.indexedFields = indexedFields
+        queryIndex = QueryIndex(indexedFields)
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             queue = try DatabaseQueue(path: directory + "/zones.sqlite", migrations: Self.migrations)
@@ -79,11 +79,20 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     /// Writes the pins made outside a save (a request that bound its identity) before the
-    /// request is answered.
-    public func persistPins() async throws(RecordZoneError) {
+    /// request is answered. One server holds the file: its pins in memory are the truth.
+    public func persistPins(for identity: String) async throws(RecordZoneError) {
         guard !policy.pins.changedIdentities.isEmpty else { return }
         try await write { db in try PinTable.saveChanges(of: self.policy.pins, in: db) }
     }
+
+    /// Nonces live in memory: one server uses the file, and a restart outlasts the clock skew
+    /// that makes older requests stale anyway.
+    public func claimNonce(_ nonce: Data, at time: Date, horizon: TimeInterval) async throws(RecordZoneError) -> Bool {
+        nonces.claim(nonce, at: time, horizon: horizon)
+    }
+
+    public func healthProblem() async -> String? { nil }
+    public func metricsText() -> String { "" }
 
     // MARK: Zones
 
@@ -114,11 +123,6 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         waiters.wake(zone)
     }
 
-    public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
-        try await fetchDatabaseChanges(since: token, visibleTo: { _ in true })
-    }
-
-    /// The database change feed, limited to the zones `isVisible` lets through.
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
         var since: Int64 = 0
         if let token {
@@ -139,18 +143,6 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
 
     // MARK: Changes
 
-    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
-        let page = try await changes(in: zone, since: token, limit: limit)
-        var records = [Record](), rejected = [RejectedRecord]()
-        for signed in page.records {
-            do { records.append(try signed.decoded()) } catch {
-                rejected.append(RejectedRecord(recordID: nil, reason: .malformed(error.description), source: "server #\(signed.changeTag ?? "?")"))
-            }
-        }
-        return ZoneChanges(records: records, rejected: rejected, token: page.token, moreComing: page.moreComing)
-    }
-
-    /// One page of a zone's changes as stored: the records' bytes, not decoded or verified again.
     public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes {
         let limit = BackendLimits.clampPage(limit)
         let (incarnation, zoneSequence, rows) = try await read { db in
@@ -182,10 +174,8 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         return await waiters.wait(for: zone, after: generation, timeout: timeout)
     }
 
-    /// How many callers wait in ``waitForChanges(in:since:timeout:)`` now.
     public var waitingCount: Int { waiters.count }
 
-    /// Releases every waiting caller, and answers later ones at once (the server is stopping).
     public func releaseWaiters() { waiters.releaseAll() }
 
     // MARK: Records
@@ -244,14 +234,6 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         return results
     }
 
-    public func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
-        try await stored(ids).map { result in
-            result.flatMap { signed in
-                Result { () throws(RecordDecodingError) in try signed.decoded() }.mapError { RecordZoneError(.malformed, "stored record: \($0)") }
-            }
-        }
-    }
-
     /// The stored bytes of each record, in one read transaction.
     public func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
         try BackendLimits.checkBatch(ids.count)
@@ -275,7 +257,7 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
     }
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
-        let lookup = indexLookup(for: query)
+        let lookup = queryIndex.lookup(for: query)
         let rows = try await read { db in
             guard try db.first("SELECT 1 FROM zones WHERE name = ?", [query.zone.rawValue], { _ in true }) != nil else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(query.zone)' does not exist")
@@ -303,59 +285,32 @@ public final class SQLiteBackend: RecordZoneBackend, Sendable {
         try assets.get(reference)
     }
 
-    /// How many records the server holds.
     public func recordCount() async throws(RecordZoneError) -> Int {
         try await read { db in Int(try db.first("SELECT count(*) FROM records") { $0.int(0) } ?? 0) }
     }
 
     // MARK: Query index
 
-    /// The key an indexed value is stored under: its JSON form, keys sorted (exact and stable).
-    private static func indexKey(_ value: FieldValue) -> Data? {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        return try? encoder.encode(value)
-    }
-
-    /// An `equals` or `contains` predicate on an indexed field, as a lookup (nil: scan the type).
-    private func indexLookup(for query: RecordQuery) -> (String, Data)? {
-        guard let fields = indexedFields[query.recordType] else { return nil }
-        for predicate in query.predicates {
-            switch predicate {
-            case .equals(let field, let value) where fields.contains(field) && value.listValue == nil,
-                .contains(let field, let value) where fields.contains(field):
-                if let key = Self.indexKey(value) { return (field, key) }
-            default: continue
-            }
-        }
-        return nil
-    }
-
     /// Replaces a record's index rows with those of this version (none for a tombstone).
     private func index(_ record: Record, in db: Database) throws {
-        guard !indexedFields.isEmpty else { return }
+        guard !queryIndex.isEmpty else { return }
         try db.execute("DELETE FROM record_index WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name])
-        guard !record.isDeleted, let fields = indexedFields[record.recordType] else { return }
-        for field in fields.sorted() {
-            guard let value = record[field] else { continue }
-            for item in Set((value.listValue ?? [value]).compactMap(Self.indexKey)) {
-                try db.execute("INSERT OR IGNORE INTO record_index (zone, type, field, value, name) VALUES (?, ?, ?, ?, ?)",
-                               [record.id.zone.rawValue, record.recordType, field, item, record.id.name])
-            }
+        for (field, value) in queryIndex.entries(of: record) {
+            try db.execute("INSERT OR IGNORE INTO record_index (zone, type, field, value, name) VALUES (?, ?, ?, ?, ?)",
+                           [record.id.zone.rawValue, record.recordType, field, value, record.id.name])
         }
     }
 
     /// Rebuilds the index when the declared fields differ from those it was built for.
     private func rebuildIndexIfDeclarationChanged() throws(RecordZoneError) {
-        let declaration = indexedFields.keys.sorted().map { "\($0):\(indexedFields[$0, default: []].sorted().joined(separator: ","))" }.joined(separator: ";")
-        do { try queue.writeNow { db in try rebuild(declaration, in: db) } } catch { throw Self.storageError(error) }
+        do { try queue.writeNow { db in try rebuild(queryIndex.declaration, in: db) } } catch { throw Self.storageError(error) }
     }
 
     private func rebuild(_ declaration: String, in db: Database) throws {
         do {
             guard try db.first("SELECT value FROM meta WHERE key = 'indexed_fields'", [], { $0.text(0) }) != declaration else { return }
             try db.execute("DELETE FROM record_index")
-            for type in indexedFields.keys.sorted() {
+            for type in queryIndex.fields.keys.sorted() {
                 let rows = try db.rows("SELECT record FROM records WHERE type = ?", [type]) { $0.blob(0) }
                 for bytes in rows {
                     if let record = try? Record(canonical: bytes) { try index(record, in: db) }

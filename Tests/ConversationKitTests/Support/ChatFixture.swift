@@ -6,9 +6,22 @@ import TestSupport
 @testable import ZoneServer
 
 /// The backends the chat-store tests run through; each test takes one as its argument.
+/// `postgres` is a zone server on PostgreSQL storage (left out, with the reason printed, only
+/// where PostgreSQL is not installed).
 enum ChatBackend: String, CaseIterable, Sendable, CustomTestStringConvertible {
-    case memory, filesystem, http
+    case memory, filesystem, http, postgres
     var testDescription: String { rawValue }
+
+    static var allCases: [ChatBackend] {
+        guard SharedPostgres.isAvailable else {
+            print("note: the chat-store tests leave out PostgreSQL storage: \(SharedPostgres.unavailableReason)")
+            return [.memory, .filesystem, .http]
+        }
+        return [.memory, .filesystem, .http, .postgres]
+    }
+
+    /// Through a zone server (SQLite or PostgreSQL storage).
+    var isServer: Bool { self == .http || self == .postgres }
 }
 
 /// Stores for alice, bob and carol, each in its own temporary directory, sharing one backend.
@@ -20,12 +33,15 @@ final class ChatFixture: @unchecked Sendable {
     let zoneServer: ZoneServer?
     var folder: String { directory.path + "/shared" }
 
-    init(_ kind: ChatBackend) throws {
+    init(_ kind: ChatBackend) async throws {
         self.kind = kind
         directory = try TemporaryDirectory("chat")
         server = InMemoryBackend(policy: ConversationStore.recordPolicy())
-        if kind == .http {
-            let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        if kind.isServer {
+            let storage: any ZoneStorage = kind == .postgres
+                ? try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 4, policy: ConversationStore.recordPolicy(),
+                                            indexedFields: ConversationStore.queryIndexes)
+                : try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
             let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
             try zoneServer.start(host: "127.0.0.1", port: 0)
             self.zoneServer = zoneServer
@@ -42,7 +58,7 @@ final class ChatFixture: @unchecked Sendable {
         switch kind {
         case .memory: .memory(server)
         case .filesystem: .folder(folder, device: device)
-        case .http: serverURL.map { .server($0) } ?? .memory(server)
+        case .http, .postgres: serverURL.map { .server($0) } ?? .memory(server)
         }
     }
 
@@ -52,7 +68,7 @@ final class ChatFixture: @unchecked Sendable {
         switch kind {
         case .memory: return server.connection(policy: ConversationStore.recordPolicy())
         case .filesystem: return try FileSystemBackend(root: folder, device: "\(identity)-raw", policy: ConversationStore.recordPolicy())
-        case .http: return HTTPBackend(url: try #require(serverURL), identity: identity, key: key, policy: ConversationStore.recordPolicy())
+        case .http, .postgres: return HTTPBackend(url: try #require(serverURL), identity: identity, key: key, policy: ConversationStore.recordPolicy())
         }
     }
 
@@ -66,7 +82,7 @@ final class ChatFixture: @unchecked Sendable {
         case .filesystem:
             let layout = FolderLayout(root: folder)
             try layout.writeSegment(Segment.encode([data]), zone: zone, generation: try layout.zoneState(zone).generation, device: "forger", sequence: plantedSegments)
-        case .http: try await #require(zoneServer).storage.injectUnchecked(data, into: zone, name: "planted-\(plantedSegments)")
+        case .http, .postgres: try await #require(zoneServer).storage.injectUnchecked(data, into: zone, name: "planted-\(plantedSegments)")
         }
     }
 

@@ -1,0 +1,162 @@
+import Foundation
+import RecordZone
+import Synchronization
+
+/// What the zone server needs of its storage, beyond the record-zone contract every backend
+/// keeps: the stored bytes served as they are, the database feed filtered by access, key pins
+/// and replay nonces kept where every server sharing the storage sees them, long-poll waiters,
+/// and its health for `/healthz` and `/metrics`.
+///
+/// Two implementations: ``SQLiteBackend`` (one server, one file: the default) and
+/// ``PostgresBackend`` (any number of servers on one PostgreSQL database).
+public protocol ZoneStorage: RecordZoneBackend {
+    /// The checks every save passes; its pins are the storage's (kept with the records).
+    var policy: RecordPolicy { get }
+
+    /// The database change feed, limited to the zones `isVisible` lets through.
+    func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges
+    /// One page of a zone's changes as stored: the records' bytes, not decoded or verified again.
+    func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes
+    /// The stored bytes of each record.
+    func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>]
+
+    /// Makes the pins an authenticated request made (its identity bound on first use, a device
+    /// enrolled) durable before the request is handled, and — where servers share the storage —
+    /// agreed: when another server bound `identity` first, its chain replaces this one's, and
+    /// the caller checks the request's key again.
+    func persistPins(for identity: String) async throws(RecordZoneError)
+    /// Records a request's nonce (its key and nonce) as used. - Returns: false when it was used
+    /// before, through any server sharing this storage (a replay). Nonces older than `horizon`
+    /// can no longer pass the freshness check and may be forgotten.
+    func claimNonce(_ nonce: Data, at time: Date, horizon: TimeInterval) async throws(RecordZoneError) -> Bool
+
+    /// How many records the storage holds.
+    func recordCount() async throws(RecordZoneError) -> Int
+    /// How many callers wait in ``RecordZoneBackend/waitForChanges(in:since:timeout:)`` now.
+    var waitingCount: Int { get }
+    /// Releases every waiting caller, and answers later ones at once (the server is stopping).
+    func releaseWaiters()
+    /// Nil while the storage answers; otherwise why it does not (`/healthz` answers 503).
+    func healthProblem() async -> String?
+    /// Storage gauges and counters for `/metrics`, in the Prometheus text format (may be empty).
+    func metricsText() -> String
+}
+
+/// The nonces a single server has seen, in memory (``SQLiteBackend``: one server per file).
+final class NonceMemory: Sendable {
+    private struct State {
+        var seen: [Data: Date] = [:]
+        var insertsSincePrune = 0
+    }
+    private let state = Mutex(State())
+
+    func claim(_ nonce: Data, at time: Date, horizon: TimeInterval) -> Bool {
+        state.withLock { state in
+            if state.seen[nonce] != nil { return false }
+            state.seen[nonce] = time
+            state.insertsSincePrune += 1
+            if state.insertsSincePrune >= 1024 {
+                let oldest = time.addingTimeInterval(-horizon)
+                state.seen = state.seen.filter { $0.value > oldest }
+                state.insertsSincePrune = 0
+            }
+            return true
+        }
+    }
+}
+
+extension ZoneStorage {
+    public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
+        try await fetchDatabaseChanges(since: token, visibleTo: { _ in true })
+    }
+
+    public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
+        let page = try await changes(in: zone, since: token, limit: limit)
+        var records = [Record](), rejected = [RejectedRecord]()
+        for signed in page.records {
+            do { records.append(try signed.decoded()) } catch {
+                rejected.append(RejectedRecord(recordID: nil, reason: .malformed(error.description), source: "server #\(signed.changeTag ?? "?")"))
+            }
+        }
+        return ZoneChanges(records: records, rejected: rejected, token: page.token, moreComing: page.moreComing)
+    }
+
+    public func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try await stored(ids).map { result in
+            result.flatMap { signed in
+                Result { () throws(RecordDecodingError) in try signed.decoded() }.mapError { RecordZoneError(.malformed, "stored record: \($0)") }
+            }
+        }
+    }
+}
+
+/// The fields queries find through an index, per record type (a chat server: Speaker `tags`):
+/// an `equals` or `contains` on one of them costs the matches, not the zone. Each storage keeps
+/// a table of (zone, type, field, value, name) rows, written with the record.
+public struct QueryIndex: Sendable {
+    public let fields: [String: Set<String>]
+
+    public init(_ fields: [String: Set<String>]) { self.fields = fields }
+
+    var isEmpty: Bool { fields.isEmpty }
+
+    /// The declaration as text: the index is rebuilt when it differs from the one it was built for.
+    var declaration: String {
+        fields.keys.sorted().map { "\($0):\(fields[$0, default: []].sorted().joined(separator: ","))" }.joined(separator: ";")
+    }
+
+    /// The key an indexed value is stored under: its JSON form, keys sorted (exact and stable).
+    static func key(_ value: FieldValue) -> Data? {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return try? encoder.encode(value)
+    }
+
+    /// An `equals` or `contains` predicate on an indexed field, as a lookup (nil: scan the type).
+    func lookup(for query: RecordQuery) -> (field: String, value: Data)? {
+        guard let indexed = fields[query.recordType] else { return nil }
+        for predicate in query.predicates {
+            switch predicate {
+            case .equals(let field, let value) where indexed.contains(field) && value.listValue == nil,
+                .contains(let field, let value) where indexed.contains(field):
+                if let key = Self.key(value) { return (field, key) }
+            default: continue
+            }
+        }
+        return nil
+    }
+
+    /// The index rows of one version: (field, value) per indexed field, list items one by one;
+    /// none for a tombstone.
+    func entries(of record: Record) -> [(field: String, value: Data)] {
+        guard !record.isDeleted, let indexed = fields[record.recordType] else { return [] }
+        var entries = [(field: String, value: Data)]()
+        for field in indexed.sorted() {
+            guard let value = record[field] else { continue }
+            for item in Set((value.listValue ?? [value]).compactMap(Self.key)).sorted(by: { $0.lexicographicallyPrecedes($1) }) { entries.append((field, item)) }
+        }
+        return entries
+    }
+}
+
+// MARK: Test support
+
+extension ZoneStorage {
+    /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
+    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
+        switch self {
+        case let sqlite as SQLiteBackend: try await sqlite.injectUnchecked(data, into: zone, name: name)
+        case let postgres as PostgresBackend: try await postgres.injectUnchecked(data, into: zone, name: name)
+        default: throw RecordZoneError(.invalidArguments, "no way to plant records in \(type(of: self))")
+        }
+    }
+
+    /// Creates many zones in one transaction (seeding a large server for a test or the bench).
+    func createZones(_ zones: [ZoneName]) async throws(RecordZoneError) {
+        switch self {
+        case let sqlite as SQLiteBackend: try await sqlite.createZones(zones)
+        case let postgres as PostgresBackend: try await postgres.createZones(zones)
+        default: for zone in zones { try await createZone(zone) }
+        }
+    }
+}
