@@ -10,15 +10,21 @@ import ZoneServer
 let version = "0.1.0"
 
 let serveCommand = Command(
-    "convkitd serve", "Serve record zones over HTTP (API v1) from a data directory.",
+    "convkitd serve", "Serve record zones over HTTP (API v1) from a data directory or a PostgreSQL database.",
     discussion: """
         Requests are signed with the speaker's Ed25519 key; the speakers zone is readable by every
         speaker and each conversation zone by its participants only. Stops cleanly on SIGINT or
         SIGTERM: in-flight requests finish, the database is closed.
+
+        With --storage, any number of servers on one PostgreSQL database serve as one: tokens,
+        key bindings and replay protection are shared, and a long poll on one server wakes when a
+        write lands through another. Rate limits are kept per server.
         """,
-    synopsis: "--data <dir> [--listen <host:port>] [<options>]",
+    synopsis: "(--data <dir> | --storage <postgres-url>) [--listen <host:port>] [<options>]",
     options: [
-        .valued("data", "dir", "The data directory: the SQLite database and assets (required)."),
+        .valued("data", "dir", "The data directory: the SQLite database and assets (one server)."),
+        .valued("storage", "url", "A PostgreSQL database (postgres://user@host/db, or libpq's key=value form) shared by several servers."),
+        .valued("pool-size", "n", "Connections to PostgreSQL this server opens at most (with --storage). (default: 8)"),
         .valued("listen", "host:port", "The address (IPv4, [IPv6] or a host name) and port to listen on; port 0 picks a free port. (default: 127.0.0.1:8080)"),
         .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; debug logs one line per request. (default: info)"),
         .valued("max-body-bytes", "n", "The largest request body. (default: 50331648)"),
@@ -53,9 +59,10 @@ let syncCommand = Command(
 
 let mainCommand = Command("convkitd", "The ConversationKit daemon: serves record zones over HTTP, keeps stores in step.",
                           options: [.flag("version", "Show the version.")],
-                          subcommands: [("serve", "Serve record zones over HTTP from a data directory."),
+                          subcommands: [("serve", "Serve record zones over HTTP from a data directory or a PostgreSQL database."),
                                         ("sync", "Keep a store in step with a folder zone or a server, continuously."),
-                                        ("replicate", "Copy signed records zone to zone between two backends.")])
+                                        ("replicate", "Copy signed records zone to zone between two backends."),
+                                        ("migrate", "Copy a SQLite server's data into a PostgreSQL database, verifying every record.")])
 
 let mainHelp = mainCommand.help
 let serveHelp = serveCommand.help
@@ -84,15 +91,14 @@ func serve(_ rawArguments: [String]) async {
     let arguments: ParsedArguments
     let listen: (host: String, port: Int)
     let configuration: ZoneServerConfiguration
-    let data: String
+    let storageChoice: StorageChoice
     do throws(UsageError) {
         arguments = try serveCommand.parse(rawArguments)
         if arguments.has("help") {
             print(serveHelp, terminator: "")
             exit(0)
         }
-        guard let directory = arguments.value("data") else { throw UsageError("--data is required") }
-        data = directory
+        storageChoice = try StorageChoice(arguments)
         let address = arguments.value("listen") ?? "127.0.0.1:8080"
         guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]), (0...65535).contains(port) else {
             throw UsageError("--listen takes <host:port>, e.g. 127.0.0.1:8080, [::]:8443 or example.org:8080")
@@ -129,7 +135,7 @@ func serve(_ rawArguments: [String]) async {
     signal(SIGPIPE, SIG_IGN)  // a client that goes away mid-answer must not stop the server
     let server: ZoneServer
     do {
-        let storage = try SQLiteBackend(directory: data, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        let storage = try await storageChoice.open()
         server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
         let tls = try arguments.value("tls-cert").map { certificate throws(RecordZoneError) in
             try TLSIdentity(certificateFile: certificate, keyFile: arguments.value("tls-key") ?? "")
@@ -246,6 +252,7 @@ case "help":
     case "serve": print(serveHelp, terminator: "")
     case "sync": print(syncHelp, terminator: "")
     case "replicate": print(replicateHelp, terminator: "")
+    case "migrate": print(migrateHelp, terminator: "")
     case let other?: fail("unknown subcommand '\(other)'", usage: mainHelp)
     }
 case "serve":
@@ -254,6 +261,8 @@ case "sync":
     await sync(Array(arguments.dropFirst()))
 case "replicate":
     await replicate(Array(arguments.dropFirst()))
+case "migrate":
+    await migrate(Array(arguments.dropFirst()))
 case let other?:
     fail("unknown subcommand '\(other)'", usage: mainHelp)
 }

@@ -512,7 +512,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     }
 
     /// Replaces the index rows of these versions (none for a tombstone).
-    private static func writeIndex(_ index: QueryIndex, of records: [Record], in db: PostgresConnection) throws {
+    static func writeIndex(_ index: QueryIndex, of records: [Record], in db: PostgresConnection) throws {
         guard !index.isEmpty, !records.isEmpty else { return }
         try db.execute("DELETE FROM ck_record_index i USING unnest($1::text[], $2::text[]) AS k(zone, name) WHERE i.zone = k.zone AND i.name = k.name",
                        [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))])
@@ -695,6 +695,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     // MARK: Helpers
 
     /// Runs `body` with a pooled connection; errors become ``RecordZoneError``s.
+    @discardableResult
     func run<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws(RecordZoneError) -> T {
         do { return try await pool.withConnection(body) } catch { throw Self.storageError(error) }
     }

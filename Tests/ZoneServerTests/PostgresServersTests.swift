@@ -1,0 +1,196 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Synchronization
+import Testing
+import TestSupport
+import ZoneServer
+
+/// Several real `convkitd serve` processes on one PostgreSQL database behave as one server.
+@Suite(.enabled(if: SharedPostgres.isAvailable, "PostgreSQL is not installed (scripts/setup.sh installs it)"))
+struct PostgresServersTests {
+    /// Starts `convkitd serve --storage` on port 0 and returns it with the port it printed.
+    func start(_ conninfo: String) async throws -> (ChildProcess, Int) {
+        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--storage", conninfo, "--listen", "127.0.0.1:0", "--pool-size", "4"])
+        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
+        try #require(started, "convkitd did not start: \(child.standardError)")
+        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
+        return (child, try #require(line.split(separator: ":").last.flatMap { Int($0) }))
+    }
+
+    func client(_ port: Int, _ identity: String, _ key: SigningKey) throws -> HTTPBackend {
+        HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: identity, key: key, policy: ConversationStore.recordPolicy())
+    }
+
+    func item(_ zone: ZoneName, _ name: String) throws -> Record {
+        try message(zone, name, from: "alice", to: "bob", key: Keys.alice, text: name)
+    }
+
+    func health(_ port: Int) async -> Int {
+        (try? await RawConnection.exchange(port: port, method: "GET", path: "/healthz"))?.status ?? 0
+    }
+
+    @Test func twoServersOnOneDatabaseServeAsOne() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let (first, one) = try await start(database)
+        let (second, two) = try await start(database)
+        defer { first.kill(SIGTERM); second.kill(SIGTERM) }
+        let zone = try conversationZone("alice", "bob")
+        let aliceOnOne = try client(one, "alice", Keys.alice), bobOnTwo = try client(two, "bob", Keys.bob)
+
+        // Writes through one are read through the other; a token from one is valid on the other.
+        try await aliceOnOne.createZone(zone)
+        _ = try await aliceOnOne.save(try (0..<3).map { try item(zone, "first-\($0)") }).map { try $0.get() }
+        let firstPage = try await bobOnTwo.fetchChanges(in: zone, since: nil, limit: 100)
+        #expect(Set(firstPage.records.map(\.id.name)) == Set(try (0..<3).map { try item(zone, "first-\($0)").id.name }))
+        let feed = try await aliceOnOne.fetchDatabaseChanges(since: nil)
+        #expect(feed.changedZones.contains(zone))
+        _ = try await aliceOnOne.save([try item(zone, "second")]).map { try $0.get() }
+        let resumed = try await bobOnTwo.fetchChanges(in: zone, since: firstPage.token, limit: 100)
+        #expect(resumed.records.map(\.id.name) == [try item(zone, "second").id.name])
+        #expect(try await bobOnTwo.fetchDatabaseChanges(since: feed.token).changedZones == [zone], "a database token from one server is valid on the other")
+
+        // A long poll on one wakes within a second of a write through the other.
+        let waiting = Task { try await bobOnTwo.waitForChanges(in: zone, since: resumed.token, timeout: .seconds(20)) }
+        try await Task.sleep(for: .milliseconds(300))
+        _ = try await aliceOnOne.save([try item(zone, "wake")]).map { try $0.get() }
+        let saved = ContinuousClock.now
+        #expect(try await waiting.value)
+        let woke = ContinuousClock.now - saved
+        #expect(woke < .seconds(1), "the long poll woke \(woke) after the write")
+
+        // A request replayed on the other server is refused.
+        let nonce = Sodium.randomBytes(16)
+        let authorization = RequestSignature.authorization(method: "GET", path: "/v1/zones", query: [], body: Data(), identity: "alice", key: Keys.alice, now: Date(), nonce: nonce)
+        let original = try await RawConnection.exchange(port: one, method: "GET", path: "/v1/zones", headers: ["Authorization": authorization])
+        let replayed = try await RawConnection.exchange(port: two, method: "GET", path: "/v1/zones", headers: ["Authorization": authorization])
+        #expect(original.status == 200)
+        #expect(replayed.status == 401 && replayed.text.contains("replayed"))
+
+        // A key bound through one is bound for all: alice's, and dave's bound first through two.
+        let impostor = try client(two, "alice", Keys.mallory)
+        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        _ = try await client(two, "dave", Keys.carol).zones()
+        await #expect { try await client(one, "dave", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        let forged = try await client(two, "bob", Keys.bob).save([try message(zone, "forged", from: "alice", to: "bob", key: Keys.mallory)])
+        guard case .failure(let error) = forged[0] else { Issue.record("a forgery of alice was accepted through the other server"); return }
+        #expect(error.code == .notAuthorized)
+
+        // /metrics shows the pool.
+        let metrics = try await RawConnection.exchange(port: one, method: "GET", path: "/metrics")
+        #expect(metrics.text.contains("convkitd_db_pool_size 4") && metrics.text.contains("convkitd_db_listener_up 1"))
+    }
+
+    @Test func aServerKilledMidBatchLosesNothingAcknowledgedAndTheOtherKeepsServing() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let (first, one) = try await start(database)
+        let (second, two) = try await start(database)
+        defer { second.kill(SIGTERM) }
+        let zone = try conversationZone("alice", "bob")
+        let writer = try client(one, "alice", Keys.alice)
+        try await writer.createZone(zone)
+        let acknowledged = Mutex([String]())
+        let writing = Task {
+            for batch in 0..<1000 {
+                let records = try (0..<40).map { try item(zone, "b\(batch)-\($0)") }
+                guard let results = try? await writer.save(records) else { return }
+                acknowledged.withLock { $0 += results.compactMap { try? $0.get().id.name } }
+            }
+        }
+        // Kill it while batches are in flight.
+        for _ in 0..<500 where acknowledged.withLock({ $0.count }) < 400 { try await Task.sleep(for: .milliseconds(10)) }
+        first.kill(SIGKILL)
+        _ = await first.wait()
+        writing.cancel()
+        _ = await writing.result
+        let kept = acknowledged.withLock { $0 }
+        #expect(kept.count >= 400)
+
+        let reader = try client(two, "bob", Keys.bob)
+        var names = [String](), token: ChangeToken? = nil
+        while true {
+            let page = try await reader.fetchChanges(in: zone, since: token, limit: 500)
+            names += page.records.map(\.id.name)
+            token = page.token
+            if !page.moreComing { break }
+        }
+        #expect(Set(names).isSuperset(of: kept), "\(Set(kept).subtracting(names).count) acknowledged records are missing")
+        #expect(Set(names).count == names.count, "a record came twice")
+        // The other server keeps serving.
+        _ = try await client(two, "alice", Keys.alice).save([try item(zone, "after")]).map { try $0.get() }
+        #expect(await health(two) == 200)
+    }
+
+    @Test func bothServersRecoverByThemselvesWhenTheDatabaseRestartsUnderLoad() async throws {
+        let cluster = try await PostgresCluster()
+        let (first, one) = try await start(cluster.conninfo)
+        let (second, two) = try await start(cluster.conninfo)
+        defer { first.kill(SIGTERM); second.kill(SIGTERM) }
+        let zone = try conversationZone("alice", "bob")
+        try await client(one, "alice", Keys.alice).createZone(zone)
+        let (healthOne, healthTwo) = (await health(one), await health(two))
+        #expect(healthOne == 200 && healthTwo == 200)
+
+        // A writer on each server, saving one message at a time, keeping what was acknowledged.
+        let load = Load()
+        var writers = [Task<Void, any Error>]()
+        for (index, port) in [one, two].enumerated() {
+            writers.append(Task {
+                let writer = try client(port, "alice", Keys.alice)
+                var count = 0
+                while !load.stop.load(ordering: .relaxed) {
+                    count += 1
+                    let record = try item(zone, "w\(index)-\(count)")
+                    if let saved = try? await writer.save([record]).first, case .success = saved {
+                        load.acknowledged.withLock { $0.append(record.id.name) }
+                    }
+                    try await Task.sleep(for: .milliseconds(20))
+                }
+            })
+        }
+        try await Task.sleep(for: .milliseconds(500))
+        try await cluster.stop()
+        var unavailable = (false, false)
+        for _ in 0..<100 where !(unavailable.0 && unavailable.1) {
+            unavailable = (await health(one) == 503, await health(two) == 503)
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(unavailable.0 && unavailable.1, "/healthz answers 503 on both while the database is down")
+        try await Task.sleep(for: .seconds(1))
+        try await cluster.start()
+        var healthy = (false, false)
+        for _ in 0..<200 where !(healthy.0 && healthy.1) {
+            healthy = (await health(one) == 200, await health(two) == 200)
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(healthy.0 && healthy.1, "both servers answer again once the database is back")
+        let before = load.acknowledged.withLock { $0.count }
+        for _ in 0..<100 where load.acknowledged.withLock({ $0.count }) < before + 10 { try await Task.sleep(for: .milliseconds(50)) }
+        load.stop.store(true, ordering: .relaxed)
+        for writer in writers { _ = await writer.result }
+        #expect(load.acknowledged.withLock { $0.count } >= before + 10, "writes go through again on both")
+
+        // Nothing acknowledged is lost, and long polls wake across servers again.
+        let reader = try client(two, "bob", Keys.bob)
+        var names = Set<String>(), token: ChangeToken? = nil
+        while true {
+            let page = try await reader.fetchChanges(in: zone, since: token, limit: 500)
+            names.formUnion(page.records.map(\.id.name))
+            token = page.token
+            if !page.moreComing { break }
+        }
+        #expect(names.isSuperset(of: load.acknowledged.withLock { $0 }))
+        let waiting = Task { [token] in try await reader.waitForChanges(in: zone, since: token, timeout: .seconds(20)) }
+        try await Task.sleep(for: .milliseconds(300))
+        _ = try await client(one, "alice", Keys.alice).save([try item(zone, "after-restart")]).map { try $0.get() }
+        let saved = ContinuousClock.now
+        #expect(try await waiting.value)
+        #expect(ContinuousClock.now - saved < .seconds(1))
+    }
+
+    /// What the writers under load share: what was acknowledged, and when to stop.
+    final class Load: Sendable {
+        let acknowledged = Mutex([String]())
+        let stop = Atomic<Bool>(false)
+    }
+}
