@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up (installs missing Debian packages), builds with warnings as errors, runs every test,
-# then the latency test alone, the server's stop tests under AddressSanitizer, a short bounded
+# (with a private PostgreSQL cluster for the PostgreSQL storage tests), then the latency test alone, the server's stop tests under AddressSanitizer, a short bounded
 # run of each libFuzzer target (scripts/fuzz.sh --runs 20000) and of the API
 # fuzzer against a real convkitd (scripts/fuzz-api.sh --max-examples 10), and the folder kill soak
 # (scripts/soak-folder.sh --kills 50).
@@ -8,6 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 swift build --build-tests -Xswiftc -warnings-as-errors
+# The tests' PostgreSQL: a private cluster in a temporary directory, stopped on exit (each test
+# makes a database of its own in it).
+pg_dir=$(mktemp -d /tmp/convkit-pg.XXXXXX)
+trap './scripts/pg-cluster.sh stop "$pg_dir"' EXIT
+CONVKIT_TEST_POSTGRES=$(./scripts/pg-cluster.sh start "$pg_dir")
+export CONVKIT_TEST_POSTGRES
 swift test --skip-build
 # Tests that measure latency run alone, on an otherwise idle machine.
 CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter hostileBodiesCostTheServerNeitherMemoryNorLatency

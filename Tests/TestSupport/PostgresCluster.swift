@@ -38,7 +38,7 @@ public final class PostgresCluster: @unchecked Sendable {
     /// Starts the cluster (again, after ``stop()``).
     public func start() async throws {
         try await runTool("pg_ctl", ["-D", directory.path + "/data", "-w", "-t", "30", "-l", directory.path + "/log",
-                                     "-o", "-k \(directory.path) -c listen_addresses='' -p \(port) -c fsync=off", "start"])
+                                     "-o", "-k \(directory.path) -c listen_addresses='' -p \(port) -c fsync=off -c max_connections=300", "start"])
     }
 
     /// Stops it at once (`immediate`: as a crash would).
@@ -46,11 +46,14 @@ public final class PostgresCluster: @unchecked Sendable {
         try await runTool("pg_ctl", ["-D", directory.path + "/data", "-w", "-m", "immediate", "stop"])
     }
 
-    deinit {
-        // Best effort: the directory goes with it.
+    deinit { stopNow() }
+
+    /// Stops the cluster at once, without waiting for a task (at exit, in deinit); best effort.
+    public func stopNow() {
         let arguments = ["-D", directory.path + "/data", "-m", "immediate", "stop"]
         _ = asPostgres ? try? ChildProcess.runToEnd("/usr/sbin/runuser", ["-u", "postgres", "--", bin + "/pg_ctl"] + arguments)
             : try? ChildProcess.runToEnd(bin + "/pg_ctl", arguments)
+        try? FileManager.default.removeItem(atPath: directory.path)
     }
 
     private func runTool(_ name: String, _ arguments: [String]) async throws {
@@ -75,27 +78,31 @@ public final class PostgresCluster: @unchecked Sendable {
     }
 }
 
-/// One private cluster for every test in a process, started on first use and stopped when the
-/// process exits; each test gets a database of its own (``freshDatabase()``).
+/// One private cluster for every test in a process; each test gets a database of its own
+/// (``freshDatabase()``). `scripts/test.sh` starts the cluster (`scripts/pg-cluster.sh`) and
+/// names it in `CONVKIT_TEST_POSTGRES`; without it, the first test to ask starts one, stopped
+/// when the process exits.
 public enum SharedPostgres {
     /// Whether PostgreSQL is installed here (`scripts/setup.sh` installs it); tests that need it
     /// are left out, with this reason, only when it is not.
-    public static let isAvailable = PostgresCluster.binDirectory != nil
+    public static let isAvailable = ProcessInfo.processInfo.environment["CONVKIT_TEST_POSTGRES"] != nil || PostgresCluster.binDirectory != nil
     public static let unavailableReason = "PostgreSQL is not installed (scripts/setup.sh installs it)"
 
-    private static let cluster = Task { () throws -> PostgresCluster in
+    /// The `postgres` database of the cluster, as its superuser.
+    private static let server = Task { () throws -> String in
+        if let given = ProcessInfo.processInfo.environment["CONVKIT_TEST_POSTGRES"] { return given }
         let cluster = try await PostgresCluster()
         started.withLock { $0 = cluster }
-        atexit { SharedPostgres.started.withLock { $0 = nil } }  // the cluster's deinit stops it
-        return cluster
+        atexit { SharedPostgres.started.withLock { $0?.stopNow() } }
+        return cluster.conninfo
     }
     private static let started = Mutex<PostgresCluster?>(nil)
 
     /// The connection string of a new, empty database in the shared cluster.
     public static func freshDatabase() async throws -> String {
-        let cluster = try await cluster.value
+        let conninfo = try await server.value
         let name = "t_" + UUID().uuidString.replacingOccurrences(of: "-", with: "").lowercased()
-        try PostgresConnection(cluster.conninfo).execute("CREATE DATABASE \(name)")
-        return cluster.conninfo.replacingOccurrences(of: "dbname=postgres", with: "dbname=\(name)")
+        try PostgresConnection(conninfo).execute("CREATE DATABASE \(name)")
+        return conninfo.replacingOccurrences(of: "dbname=postgres", with: "dbname=\(name)")
     }
 }

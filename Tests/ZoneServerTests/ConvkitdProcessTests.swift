@@ -10,12 +10,7 @@ import ZoneServer
 @Suite struct ConvkitdProcessTests {
     /// Starts `convkitd serve` on port 0 and returns it with the port it printed.
     func start(data: String, extra: [String] = []) async throws -> (ChildProcess, Int) {
-        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", data, "--listen", "127.0.0.1:0"] + extra)
-        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
-        try #require(started, "convkitd did not start: \(child.standardError)")
-        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
-        let port = try #require(line.split(separator: ":").last.flatMap { Int($0) })
-        return (child, port)
+        try await startServe(["--data", data] + extra)
     }
 
     func item(_ zone: ZoneName, _ name: String) throws -> Record {

@@ -9,11 +9,7 @@ import TestSupport
 /// server's zones copied into a folder read back the same.
 @Suite struct ConvkitdReplicateTests {
     func serve(_ data: String, replicator: String) async throws -> (ChildProcess, URL) {
-        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", data, "--listen", "127.0.0.1:0", "--replicator", replicator])
-        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
-        try #require(started, "convkitd serve did not start: \(child.standardError)")
-        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
-        let port = try #require(line.split(separator: ":").last.flatMap { Int($0) })
+        let (child, port) = try await startServe(["--data", data, "--replicator", replicator])
         return (child, try #require(URL(string: "http://127.0.0.1:\(port)")))
     }
 

@@ -25,11 +25,7 @@ import TestSupport
     }
 
     func serve(_ data: String, port: Int = 0) async throws -> (ChildProcess, Int) {
-        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", data, "--listen", "127.0.0.1:\(port)"])
-        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
-        try #require(started, "convkitd serve did not start: \(child.standardError)")
-        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
-        return (child, try #require(line.split(separator: ":").last.flatMap { Int($0) }))
+        try await startServe(["--data", data], port: port)
     }
 
     /// Alice's store gets a message from another process (no sync there); both daemons carry it

@@ -4,18 +4,14 @@ import RecordZone
 import Synchronization
 import Testing
 import TestSupport
-import ZoneServer
+@testable import ZoneServer
 
 /// Several real `convkitd serve` processes on one PostgreSQL database behave as one server.
 @Suite(.enabled(if: SharedPostgres.isAvailable, "PostgreSQL is not installed (scripts/setup.sh installs it)"))
 struct PostgresServersTests {
     /// Starts `convkitd serve --storage` on port 0 and returns it with the port it printed.
     func start(_ conninfo: String) async throws -> (ChildProcess, Int) {
-        let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--storage", conninfo, "--listen", "127.0.0.1:0", "--pool-size", "4"])
-        let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
-        try #require(started, "convkitd did not start: \(child.standardError)")
-        let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
-        return (child, try #require(line.split(separator: ":").last.flatMap { Int($0) }))
+        try await startServe(["--storage", conninfo, "--pool-size", "4"])
     }
 
     func client(_ port: Int, _ identity: String, _ key: SigningKey) throws -> HTTPBackend {
@@ -186,6 +182,48 @@ struct PostgresServersTests {
         let saved = ContinuousClock.now
         #expect(try await waiting.value)
         #expect(ContinuousClock.now - saved < .seconds(1))
+    }
+
+    /// A community moves from one SQLite server to PostgreSQL: every record verified and copied,
+    /// a planted one refused, assets copied, zone tokens still valid, database tokens expired.
+    @Test func migrateCopiesASQLiteServerIntoPostgreSQLKeepingZoneTokens() async throws {
+        let data = try TemporaryDirectory("migrate")
+        let zone = try conversationZone("alice", "bob")
+        let asset = Data((0..<3_000_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        let (oldServer, oldPort) = try await startServe(["--data", data.path])
+        let alice = try client(oldPort, "alice", Keys.alice)
+        try await alice.createZone(zone)
+        _ = try await alice.save(try (0..<30).map { try item(zone, "old-\($0)") }).map { try $0.get() }
+        let reference = try await alice.putAsset(asset)
+        let zoneToken = try await alice.fetchChanges(in: zone, since: nil, limit: 1000).token
+        let databaseToken = try await alice.fetchDatabaseChanges(since: nil).token
+        oldServer.kill(SIGTERM)
+        _ = await oldServer.wait()
+        // A record planted in the file past every check (a broken disk, a hostile admin).
+        let planted = try SQLiteBackend(directory: data.path, policy: ConversationStore.recordPolicy())
+        var forged = try message(zone, "planted", from: "alice", to: "bob", key: Keys.mallory)
+        forged.signature = Data(repeating: 7, count: 64)
+        try await planted.injectUnchecked(try forged.encoded(), into: zone, name: forged.id.name)
+
+        let database = try await SharedPostgres.freshDatabase()
+        let migration = try ChildProcess(try builtProduct("convkitd"), ["migrate", "--from", data.path, "--storage", database, "--json"])
+        #expect(await migration.wait() == 1, "a refused record makes the exit status 1: \(migration.standardError)")
+        let report = try JSONDecoder().decode(ImportReport.self, from: Data(migration.standardOutput.utf8))
+        #expect(report.zones == 1 && report.records == 30 && report.assets == 1 && report.pins >= 1)
+        #expect(report.refused.count == 1 && report.refused[0].contains("planted"))
+        // Into a database that holds zones already: refused.
+        let again = try ChildProcess(try builtProduct("convkitd"), ["migrate", "--from", data.path, "--storage", database])
+        #expect(await again.wait() == 1 && again.standardError.contains("already holds zones"))
+
+        let (server, port) = try await start(database)
+        defer { server.kill(SIGTERM) }
+        let moved = try client(port, "alice", Keys.alice)
+        _ = try await moved.save([try item(zone, "new")]).map { try $0.get() }
+        let resumed = try await moved.fetchChanges(in: zone, since: zoneToken, limit: 1000)
+        #expect(resumed.records.map(\.id.name) == [try item(zone, "new").id.name], "the zone token resumed where it was")
+        await #expect { try await moved.fetchDatabaseChanges(since: databaseToken) } throws: { ($0 as? RecordZoneError)?.code == .changeTokenExpired }
+        #expect(try await moved.asset(reference) == asset)
+        await #expect { try await client(port, "alice", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
     }
 
     /// What the writers under load share: what was acknowledged, and when to stop.

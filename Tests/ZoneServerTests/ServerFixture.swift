@@ -62,3 +62,13 @@ func message(_ zone: ZoneName, _ name: String, from speaker: String, to listener
     try record.sign(with: key, clock: HybridLogicalClock().now())
     return record
 }
+
+/// Starts the real `convkitd serve` with `arguments` (its storage, options) on 127.0.0.1 and
+/// returns the process with the port it printed (`port` 0: a free one).
+func startServe(_ arguments: [String], port: Int = 0) async throws -> (ChildProcess, Int) {
+    let child = try ChildProcess(try builtProduct("convkitd"), ["serve", "--listen", "127.0.0.1:\(port)"] + arguments)
+    let started = await child.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }
+    try #require(started, "convkitd serve did not start: \(child.standardError)")
+    let line = try #require(child.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
+    return (child, try #require(line.split(separator: ":").last.flatMap { Int($0) }))
+}
