@@ -59,7 +59,7 @@ let package = Package(
             name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport"],
             path: "Tools/convkit"),
         .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "ToolSupport", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "PostgresKit", "ImageKit", "ToolSupport", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG"],
             path: "Tools/convkit-bench"),
         // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
         .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),

@@ -107,6 +107,8 @@ public final class PostgresConnection {
             throw PostgresError(sqlState: "", message: "cannot connect: \(message)")
         }
         self.connection = connection
+        // Notices ("relation already exists, skipping") are not errors: libpq would print them.
+        PQsetNoticeProcessor(connection, { _, _ in }, nil)
     }
 
     deinit { PQfinish(connection) }

@@ -113,7 +113,7 @@ func secondsIn(_ duration: Duration) -> Double {
 }
 
 /// A zone server on 127.0.0.1 (port 0) with no rate limit, for the bench.
-@MainActor func startBenchServer(_ storage: SQLiteBackend, access: any ZoneAccessPolicy) throws -> (server: ZoneServer, url: URL, port: Int) {
+@MainActor func startBenchServer(_ storage: any ZoneStorage, access: any ZoneAccessPolicy) throws -> (server: ZoneServer, url: URL, port: Int) {
     var configuration = ZoneServerConfiguration()
     configuration.requestsPerSecond = 1_000_000
     configuration.burst = 1_000_000

@@ -11,13 +11,18 @@ struct Options {
     var sections: Set<String> = ["records", "store", "server", "registration", "images"]
     var identities = [1_000, 100_000]
     var messages = 1_000_000
+    /// A PostgreSQL cluster for the `postgres` section (scripts/bench.sh starts a private one).
+    var postgres: String?
+    var largeZone = 1_000_000
 }
 
 let command = Command(
     "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
-        .valued("only", "section", "Run one section: records, store, server, registration or images."),
+        .valued("only", "section", "Run one section: records, store, server, registration, images or postgres."),
+        .valued("postgres", "conninfo", "A PostgreSQL cluster whose role may create databases: adds the postgres section (scripts/bench.sh starts one)."),
+        .valued("large-zone", "n", "Records in the large zone of the postgres section. (default: 1000000)"),
         .valued("messages", "n", "Messages in the store for the newest-50 query. (default: 1000000)"),
         .valued("identities", "n,n", "Identities the server holds before registration and a tag query are measured. (default: 1000,100000)"),
         .flag("json", "Print the results as JSON."),
@@ -33,10 +38,14 @@ func parseOptions() -> Options {
             options.seconds = value
         }
         options.json = parsed.has("json")
+        options.postgres = parsed.value("postgres")
+        if options.postgres != nil { options.sections.insert("postgres") }
+        options.largeZone = try parsed.int("large-zone", default: options.largeZone, range: 10_000...100_000_000)
         if let section = parsed.value("only") {
-            guard ["records", "store", "server", "registration", "images"].contains(section) else {
-                throw UsageError("--only takes records, store, server, registration or images")
+            guard ["records", "store", "server", "registration", "images", "postgres"].contains(section) else {
+                throw UsageError("--only takes records, store, server, registration, images or postgres")
             }
+            guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
         }
         options.messages = try parsed.int("messages", default: options.messages, range: 1000...Int.max)
@@ -73,6 +82,9 @@ do {
     }
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
     if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
+    if options.sections.contains("postgres"), let conninfo = options.postgres {
+        try await postgresBench(reporter, seconds: options.seconds, conninfo: conninfo, largeZone: options.largeZone)
+    }
     try reporter.finish()
 } catch {
     FileHandle.standardError.write(Data("Error: \(error)\n".utf8))

@@ -38,10 +38,12 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     let waiters = ChangeWaiters()
     private let listener: Listener
 
-    /// The pin versions this server's chains came from, and the newest version it has read.
+    /// The pin versions this server's chains came from, and where its next look at the table
+    /// starts (a transaction horizon, as the database feed's: a chain committed later is never
+    /// behind it).
     private struct PinVersions {
         var known = [String: Int64]()
-        var newest: Int64 = 0
+        var horizon: Int64 = 0
     }
     private let pinVersions = Mutex(PinVersions())
     private let nonceClaims = Atomic<Int>(0)
@@ -64,8 +66,10 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 PRIMARY KEY (zone, type, field, value, name));
             CREATE INDEX ck_record_index_by_record ON ck_record_index (zone, name);
             CREATE SEQUENCE ck_pin_versions;
-            CREATE TABLE ck_pins (identity text PRIMARY KEY, chain bytea NOT NULL, version bigint NOT NULL);
-            CREATE INDEX ck_pins_by_version ON ck_pins (version);
+            CREATE TABLE ck_pins (
+                identity text PRIMARY KEY, chain bytea NOT NULL, version bigint NOT NULL,
+                changed_xid bigint NOT NULL DEFAULT pg_current_xact_id()::text::bigint);
+            CREATE INDEX ck_pins_by_change ON ck_pins (changed_xid);
             CREATE TABLE ck_nonces (nonce bytea PRIMARY KEY, seen_at bigint NOT NULL);
             CREATE INDEX ck_nonces_by_time ON ck_nonces (seen_at);
             CREATE TABLE ck_assets (hash bytea PRIMARY KEY, size bigint NOT NULL, chunks integer NOT NULL);
@@ -164,28 +168,34 @@ public final class PostgresBackend: ZoneStorage, Sendable {
 
     // MARK: Pins
 
-    /// Reads the chains changed since the newest this server has, into its pins.
+    /// Reads the chains changed since this server last looked, into its pins.
     func refreshPins() async throws(RecordZoneError) {
-        let newest = pinVersions.withLock { $0.newest }
-        let rows = try await run { db in try db.execute("SELECT identity, chain, version FROM ck_pins WHERE version > $1 ORDER BY version", [.int(newest)]) }
+        let since = pinVersions.withLock { $0.horizon }
+        let rows = try await run { db in
+            try db.execute("""
+                SELECT identity, chain, version, pg_snapshot_xmin(pg_current_snapshot())::text::bigint FROM ck_pins WHERE changed_xid >= $1
+                UNION ALL SELECT NULL, NULL, NULL, pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+                """, [.int(since)])
+        }
         install(rows)
+        if let horizon = rows.int(rows.count - 1, 3) { pinVersions.withLock { $0.horizon = max($0.horizon, horizon) } }
     }
 
-    /// Installs chains read from the database (identity, chain, version rows): the chain first,
-    /// then its version, so a version known is never newer than the chain held.
+    /// Installs the chains read from the database (identity, chain, version rows) that are newer
+    /// than those held: a chain changed here and not yet written stays as it is, unless the
+    /// database moved past the version it came from.
     private func install(_ rows: PostgresRows) {
-        var chains = [String: KeyChain](), versions = [String: Int64]()
         let decoder = JSONDecoder()
-        for row in 0..<rows.count {
-            guard let identity = rows.text(row, 0), let version = rows.int(row, 2) else { continue }
-            versions[identity] = version
-            if let blob = rows.bytes(row, 1), let chain = try? decoder.decode(KeyChain.self, from: blob) { chains[identity] = chain }
-        }
-        guard !versions.isEmpty else { return }
-        policy.pins.install(chains)
         pinVersions.withLock { state in
-            for (identity, version) in versions where version > state.known[identity] ?? 0 { state.known[identity] = version }
-            state.newest = max(state.newest, versions.values.max() ?? 0)
+            var chains = [String: KeyChain]()
+            for row in 0..<rows.count {
+                guard let identity = rows.text(row, 0), let version = rows.int(row, 2), version > state.known[identity] ?? 0,
+                    let blob = rows.bytes(row, 1), let chain = try? decoder.decode(KeyChain.self, from: blob)
+                else { continue }
+                chains[identity] = chain
+                state.known[identity] = version
+            }
+            if !chains.isEmpty { policy.pins.install(chains) }
         }
     }
 
@@ -201,7 +211,10 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     /// - Returns: the versions written. - Throws: ``PinsChanged`` when a row moved on.
     private func agreePins(_ identities: Set<String>, known: [String: Int64], changed: [String: KeyChain], in db: PostgresConnection) throws -> [String: Int64] {
         guard !identities.isEmpty else { return [:] }
-        let rows = try db.execute("SELECT identity, chain, version FROM ck_pins WHERE identity = ANY($1) ORDER BY identity FOR UPDATE",
+        // Shared locks: saves relying on one chain run side by side; writing a chain takes the
+        // row's exclusive lock (two writers of one chain may deadlock: PostgreSQL ends one, and
+        // its save goes round again).
+        let rows = try db.execute("SELECT identity, chain, version FROM ck_pins WHERE identity = ANY($1) ORDER BY identity FOR SHARE",
                                   [.textArray(identities.sorted())])
         var stored = [String: Int64]()
         for row in 0..<rows.count { if let identity = rows.text(row, 0), let version = rows.int(row, 2) { stored[identity] = version } }
@@ -219,7 +232,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             let result = stored[identity] == nil
                 ? try db.execute("INSERT INTO ck_pins (identity, chain, version) VALUES ($1, $2, nextval('ck_pin_versions')) ON CONFLICT (identity) DO NOTHING RETURNING version",
                                  [.text(identity), .bytes(blob)])
-                : try db.execute("UPDATE ck_pins SET chain = $2, version = nextval('ck_pin_versions') WHERE identity = $1 RETURNING version",
+                : try db.execute("UPDATE ck_pins SET chain = $2, version = nextval('ck_pin_versions'), changed_xid = pg_current_xact_id()::text::bigint WHERE identity = $1 RETURNING version",
                                  [.text(identity), .bytes(blob)])
             // Inserted by another server since the lock was taken (no row to lock then).
             guard let version = result.count == 1 ? result.int(0, 0) : nil else {
@@ -245,16 +258,14 @@ public final class PostgresBackend: ZoneStorage, Sendable {
 
     public func persistPins(for identity: String) async throws(RecordZoneError) {
         for _ in 0..<3 {
-            let known = knownVersions([identity])
             // The chain came from the database and nothing changed here: nothing to agree on.
-            if known[identity] != nil, policy.pins.changedIdentities.isEmpty { return }
+            if knownVersions([identity])[identity] != nil, policy.pins.changedIdentities.isEmpty { return }
             let changed = policy.pins.takeChangedChains()
+            let identities = Set(changed.keys).union([identity])
+            let known = knownVersions(identities)
             do {
                 let written = try await pool.withConnection { db in
-                    try db.transaction { () throws -> [String: Int64] in
-                        try self.agreePins(Set(changed.keys).union([identity]), known: known.merging(self.knownVersions(Set(changed.keys))) { a, _ in a },
-                                           changed: changed, in: db)
-                    }
+                    try db.transaction { () throws -> [String: Int64] in try self.agreePins(identities, known: known, changed: changed, in: db) }
                 }
                 recordWritten(written)
                 return
@@ -278,7 +289,13 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         let prune = nonceClaims.add(1, ordering: .relaxed).newValue % 1024 == 0
         return try await run { db in
             if prune { try db.execute("DELETE FROM ck_nonces WHERE seen_at < $1", [.int(now - Int64(horizon * 1000))]) }
-            return try db.execute("INSERT INTO ck_nonces (nonce, seen_at) VALUES ($1, $2) ON CONFLICT (nonce) DO NOTHING", [.bytes(nonce), .int(now)]).affected == 1
+            // Visible to every server at once; on disk within a fraction of a second rather than
+            // before the answer (no fsync per request): a database crash may forget the last
+            // moment's nonces, whose requests expire with the clock skew anyway.
+            return try db.transaction { () throws(PostgresError) in
+                try db.execute("SET LOCAL synchronous_commit = off")
+                return try db.execute("INSERT INTO ck_nonces (nonce, seen_at) VALUES ($1, $2) ON CONFLICT (nonce) DO NOTHING", [.bytes(nonce), .int(now)]).affected == 1
+            }
         }
     }
 
@@ -403,14 +420,16 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             // The versions this admission's chains come from, taken before it (a chain installed
             // meanwhile only makes the check below send the save round again).
             let owners = Set(records.compactMap { try? policy.rules.owner(of: $0)?.get() })
-            let known = knownVersions(owners.union(policy.pins.changedIdentities))
+            let knownOwners = knownVersions(owners)
             let admitted = SaveChecks.admit(records, policy: policy)
             let changed = policy.pins.takeChangedChains()
-            let knownAll = known.merging(knownVersions(Set(changed.keys))) { a, _ in a }
+            // The owners' versions as they were before admission (a chain installed during it
+            // sends the save round again); the others' as they are.
+            let known = knownVersions(Set(changed.keys).subtracting(owners)).merging(knownOwners) { $1 }
             do {
                 let (results, written) = try await pool.withConnection { db in
                     try db.transaction { () throws in
-                        let written = try self.agreePins(owners.union(changed.keys), known: knownAll, changed: changed, in: db)
+                        let written = try self.agreePins(owners.union(changed.keys), known: known, changed: changed, in: db)
                         return (try self.store(records, admitted, savePolicy, in: db), written)
                     }
                 }
@@ -673,6 +692,22 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 INSERT INTO ck_zones (name, incarnation, changed_xid) SELECT name, gen_random_uuid()::text, pg_current_xact_id()::text::bigint
                 FROM unnest($1::text[]) AS t(name) ON CONFLICT (name) DO NOTHING
                 """, [.textArray(zones.map(\.rawValue))])
+        }
+    }
+
+    /// Fills a zone with `count` filler rows (not records: 200 bytes each, never served to a
+    /// verifying reader), so the bench can measure saves and fetches in a zone of that size.
+    package func fillForBenchmark(_ zone: ZoneName, count: Int) async throws(RecordZoneError) {
+        try await run { db in
+            try db.transaction { () throws(PostgresError) in
+                let start = try db.execute("SELECT sequence FROM ck_zones WHERE name = $1 FOR UPDATE", [.text(zone.rawValue)]).int(0, 0) ?? 0
+                try db.execute("""
+                    INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at)
+                    SELECT $1, 'filler-' || n, 'Filler', $2 + n, n, '\\x00', '\\x00', convert_to(repeat('x', 200), 'UTF8'), 0 FROM generate_series(1, $3::bigint) AS n
+                    """, [.text(zone.rawValue), .int(start), .int(Int64(count))])
+                try db.execute("UPDATE ck_zones SET sequence = $2, changed_xid = pg_current_xact_id()::text::bigint WHERE name = $1", [.text(zone.rawValue), .int(start + Int64(count))])
+            }
+            try db.execute("ANALYZE ck_records")
         }
     }
 

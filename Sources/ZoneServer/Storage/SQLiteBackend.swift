@@ -332,6 +332,20 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
         }
     }
 
+    /// Fills a zone with `count` filler rows (not records: 200 bytes each, never served to a
+    /// verifying reader), so the bench can measure saves and fetches in a zone of that size.
+    package func fillForBenchmark(_ zone: ZoneName, count: Int) async throws(RecordZoneError) {
+        try await write { db in
+            let start = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue]) { $0.int(0) } ?? 0
+            try db.execute("""
+                WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+                INSERT INTO records (zone, name, type, sequence, clock, author, signature, record, received_at)
+                SELECT ?, 'filler-' || i, 'Filler', ? + i, i, x'00', x'00', zeroblob(200), 0 FROM n
+                """, [Int64(count), zone.rawValue, start])
+            try db.execute("UPDATE zones SET sequence = ?, changed_at = ? WHERE name = ?", [start + Int64(count), try Self.nextDatabaseSequence(db), zone.rawValue])
+        }
+    }
+
     /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
     func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
         try await write { db in
