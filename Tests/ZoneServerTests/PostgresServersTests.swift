@@ -226,6 +226,56 @@ struct PostgresServersTests {
         await #expect { try await client(port, "alice", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
     }
 
+    /// Two servers asked at the same moment to bind one new identity to two keys: exactly one
+    /// key wins, on both; two saves pinning one new author with two keys: exactly one is stored,
+    /// and both storages refuse the other key afterwards.
+    @Test func racingFirstBindingsThroughTwoServersEndWithOneKeyForAll() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let storages = [try await PostgresBackend(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy()),
+                        try await PostgresBackend(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy())]
+        defer { storages.forEach { $0.close() } }
+        var configuration = ZoneServerConfiguration()
+        configuration.requestsPerSecond = 100_000
+        configuration.burst = 100_000
+        let servers = storages.map { ZoneServer(storage: $0, access: ChatZoneAccess(), configuration: configuration) }
+        let ports = try servers.map { try $0.start(host: "127.0.0.1", port: 0) }
+        let (keyA, keyB) = (Keys.key(11), Keys.key(12))
+        for round in 0..<10 {
+            let identity = "racer-\(round)"
+            let (one, two) = (try client(ports[0], identity, keyA), try client(ports[1], identity, keyB))
+            async let first = try? one.zones()
+            async let second = try? two.zones()
+            let outcomes = await [first != nil, second != nil]
+            #expect(outcomes.filter { $0 }.count == 1, "round \(round): \(outcomes)")
+            let (winner, loser) = outcomes[0] ? (keyA, keyB) : (keyB, keyA)
+            for port in ports {
+                _ = try await client(port, identity, winner).zones()
+                await #expect { try await client(port, identity, loser).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+            }
+        }
+        // Saves: a new author's message signed with two keys, saved at once through each storage.
+        for round in 0..<10 {
+            let author = "author-\(round)"
+            let zone = try conversationZone(author, "bob")
+            try await storages[0].createZone(zone)
+            async let first = storages[0].save([try message(zone, "one", from: author, to: "bob", key: keyA)])
+            async let second = storages[1].save([try message(zone, "two", from: author, to: "bob", key: keyB)])
+            let results = try await first + second
+            let stored = results.compactMap { try? $0.get() }
+            #expect(stored.count == 1, "round \(round): \(results)")
+            let kept = try #require(stored.first).authorKey
+            let other = kept == keyA.publicKey ? keyB : keyA
+            for storage in storages {
+                guard case .failure(let error) = try await storage.save([try message(zone, "again", from: author, to: "bob", key: other)])[0] else {
+                    Issue.record("round \(round): the other key was taken after the race")
+                    continue
+                }
+                #expect(error.code == .notAuthorized)
+            }
+        }
+        for server in servers { await server.stop() }
+    }
+
     /// What the writers under load share: what was acknowledged, and when to stop.
     final class Load: Sendable {
         let acknowledged = Mutex([String]())
