@@ -74,6 +74,16 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             CREATE INDEX ck_nonces_by_time ON ck_nonces (seen_at);
             CREATE TABLE ck_assets (hash bytea PRIMARY KEY, size bigint NOT NULL, chunks integer NOT NULL);
             CREATE TABLE ck_asset_chunks (hash bytea NOT NULL, index integer NOT NULL, data bytea NOT NULL, PRIMARY KEY (hash, index));
+            -- A request's nonce, claimed in one round trip. Visible to every server at once, on
+            -- disk within a fraction of a second rather than before the answer (no fsync per
+            -- request): a database crash may forget the last moment's nonces, whose requests
+            -- expire with the clock skew anyway.
+            CREATE FUNCTION ck_claim_nonce(claimed bytea, now bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM set_config('synchronous_commit', 'off', true);
+                INSERT INTO ck_nonces (nonce, seen_at) VALUES (claimed, now) ON CONFLICT (nonce) DO NOTHING;
+                RETURN FOUND;
+            END $$;
             """),
     ]
 
@@ -289,13 +299,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         let prune = nonceClaims.add(1, ordering: .relaxed).newValue % 1024 == 0
         return try await run { db in
             if prune { try db.execute("DELETE FROM ck_nonces WHERE seen_at < $1", [.int(now - Int64(horizon * 1000))]) }
-            // Visible to every server at once; on disk within a fraction of a second rather than
-            // before the answer (no fsync per request): a database crash may forget the last
-            // moment's nonces, whose requests expire with the clock skew anyway.
-            return try db.transaction { () throws(PostgresError) in
-                try db.execute("SET LOCAL synchronous_commit = off")
-                return try db.execute("INSERT INTO ck_nonces (nonce, seen_at) VALUES ($1, $2) ON CONFLICT (nonce) DO NOTHING", [.bytes(nonce), .int(now)]).affected == 1
-            }
+            return try db.execute("SELECT ck_claim_nonce($1, $2)", [.bytes(nonce), .int(now)]).bool(0, 0) == true
         }
     }
 
@@ -524,12 +528,14 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             """, [.textArray(rows.zone), .textArray(rows.name), .textArray(rows.type), .intArray(rows.sequence), .intArray(rows.clock),
                   .bytesArray(rows.author), .bytesArray(rows.signature), .bytesArray(rows.record), .int(now)])
         try Self.writeIndex(queryIndex, of: stored, in: db)
+        // The zones' new positions, and a notification to every server on commit.
         let touched = Set(rows.zone).sorted()
         try db.execute("""
-            UPDATE ck_zones SET sequence = t.sequence, changed_xid = pg_current_xact_id()::text::bigint
-            FROM unnest($1::text[], $2::bigint[]) AS t(name, sequence) WHERE ck_zones.name = t.name
+            WITH moved AS (
+                UPDATE ck_zones SET sequence = t.sequence, changed_xid = pg_current_xact_id()::text::bigint
+                FROM unnest($1::text[], $2::bigint[]) AS t(name, sequence) WHERE ck_zones.name = t.name RETURNING ck_zones.name)
+            SELECT pg_notify('ck_changes', name) FROM moved
             """, [.textArray(touched), .intArray(touched.map { sequences[$0] ?? 0 })])
-        try db.execute("SELECT pg_notify('ck_changes', name) FROM unnest($1::text[]) AS t(name)", [.textArray(touched)])
         return results
     }
 
@@ -557,21 +563,20 @@ public final class PostgresBackend: ZoneStorage, Sendable {
 
     public func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
         try BackendLimits.checkBatch(ids.count)
-        let zoneNames = Set(ids.map(\.zone.rawValue)).sorted()
-        let (zoneRows, recordRows) = try await run { db in
-            try db.transaction { () throws(PostgresError) in
-                (try db.execute("SELECT name FROM ck_zones WHERE name = ANY($1)", [.textArray(zoneNames)]),
-                 try db.execute("""
-                    SELECT r.zone, r.name, r.record, r.sequence, r.received_at FROM ck_records r
-                    JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
-                    """, [.textArray(ids.map(\.zone.rawValue)), .textArray(ids.map(\.name))]))
-            }
+        // One statement: each ID with its zone's existence and its record, if any.
+        let rows = try await run { db in
+            try db.execute("""
+                SELECT k.zone, k.name, z.name IS NOT NULL, r.record, r.sequence, r.received_at
+                FROM unnest($1::text[], $2::text[]) AS k(zone, name)
+                LEFT JOIN ck_zones z ON z.name = k.zone LEFT JOIN ck_records r ON r.zone = k.zone AND r.name = k.name
+                """, [.textArray(ids.map(\.zone.rawValue)), .textArray(ids.map(\.name))])
         }
-        let existing = Set((0..<zoneRows.count).compactMap { zoneRows.text($0, 0) })
-        var found = [String: Wire.SignedRecord]()
-        for row in 0..<recordRows.count {
-            guard let zone = recordRows.text(row, 0), let name = recordRows.text(row, 1), let bytes = recordRows.bytes(row, 2), let sequence = recordRows.int(row, 3) else { continue }
-            found[zone + "\u{0}" + name] = Wire.SignedRecord(bytes: bytes, changeTag: String(sequence), receivedAt: recordRows.int(row, 4))
+        var existing = Set<String>(), found = [String: Wire.SignedRecord]()
+        for row in 0..<rows.count {
+            guard let zone = rows.text(row, 0), let name = rows.text(row, 1) else { continue }
+            if rows.bool(row, 2) == true { existing.insert(zone) }
+            guard let bytes = rows.bytes(row, 3), let sequence = rows.int(row, 4) else { continue }
+            found[zone + "\u{0}" + name] = Wire.SignedRecord(bytes: bytes, changeTag: String(sequence), receivedAt: rows.int(row, 5))
         }
         return ids.map { id in
             guard existing.contains(id.zone.rawValue) else { return .failure(RecordZoneError(.zoneNotFound, "zone '\(id.zone)' does not exist", recordID: id)) }
