@@ -20,12 +20,14 @@ import ZoneServer
     let clock = HybridLogicalClock()
 
     // One client, one server: SQLite, then PostgreSQL.
-    var single = [String: (saves: Double, fetches: Double)]()
+    var single = [String: (saves: Double, ones: Double, fetches: Double)]()
     for (name, server) in [("sqlite", sqlite), ("postgres", postgres)] {
         let load = try await BenchLoad(url: server.url, zone: "single", clients: 1, clock: clock)
-        single[name] = (try await load.saveRate(seconds: seconds, urls: [server.url]), try await load.fetchRate(seconds: seconds, urls: [server.url]))
+        single[name] = (try await load.saveRate(seconds: seconds, urls: [server.url]), try await load.oneRecordSaveRate(seconds: seconds, urls: [server.url]),
+                        try await load.fetchRate(seconds: seconds, urls: [server.url]))
     }
     reporter.report(Row(name: "PG batch save (400/request)", perSecond: single["postgres"]?.saves ?? 0, rawName: "SQLite batch save, same server", rawPerSecond: single["sqlite"]?.saves ?? 1))
+    reporter.report(Row(name: "PG 1-record save (a message sent)", perSecond: single["postgres"]?.ones ?? 0, rawName: "SQLite 1-record save, same server", rawPerSecond: single["sqlite"]?.ones ?? 1))
     reporter.report(Row(name: "PG small fetch (1 record)", perSecond: single["postgres"]?.fetches ?? 0, rawName: "SQLite small fetch, same server", rawPerSecond: single["sqlite"]?.fetches ?? 1))
 
     // Four clients, each in its own zone: through one server, then spread over two.
@@ -37,6 +39,8 @@ import ZoneServer
     let saved = oneSaves * secondsIn(ContinuousClock.now - saveStart)
     let cpuAfter = (database: try databaseCPUSeconds(database), here: processCPUSeconds())
     let twoSaves = try await load.saveRate(seconds: seconds, urls: [postgres.url, postgresTwo.url])
+    let oneSingles = try await load.oneRecordSaveRate(seconds: seconds, urls: [postgres.url])
+    let twoSingles = try await load.oneRecordSaveRate(seconds: seconds, urls: [postgres.url, postgresTwo.url])
     let oneFetches = try await load.fetchRate(seconds: seconds, urls: [postgres.url])
     let twoFetches = try await load.fetchRate(seconds: seconds, urls: [postgres.url, postgresTwo.url])
     if let before = cpuBefore.database, let after = cpuAfter.database {
@@ -44,6 +48,7 @@ import ZoneServer
                              (after - before) / saved * 1e6, (cpuAfter.here - cpuBefore.here) / saved * 1e6))
     }
     reporter.report(Row(name: "PG 4 clients, batch save, 2 servers", perSecond: twoSaves, rawName: "the same through 1 server", rawPerSecond: oneSaves))
+    reporter.report(Row(name: "PG 4 clients, 1-record save, 2 servers", perSecond: twoSingles, rawName: "the same through 1 server", rawPerSecond: oneSingles))
     reporter.report(Row(name: "PG 4 clients, small fetch, 2 servers", perSecond: twoFetches, rawName: "the same through 1 server", rawPerSecond: oneFetches))
 
     // A zone holding 10,000 records, then one holding `largeZone`.
@@ -146,6 +151,16 @@ final class BenchLoad: Sendable {
             guard index < self.batches[client].count else { return 0 }
             for result in try await backend.save(self.batches[client][index]) { _ = try result.get() }
             return Record.maximumBatchSize
+        }
+    }
+
+    /// One-record saves per second (each a transaction, as a message sent), by every client at once.
+    func oneRecordSaveRate(seconds: Double, urls: [URL]) async throws -> Double {
+        let serial = Atomic<Int>(0)
+        return try await together(seconds: seconds, urls: urls) { client, backend in
+            let index = 3_000_000_000 + serial.add(1, ordering: .relaxed).newValue
+            for result in try await backend.save([try sampleRecord(index, key: self.keys[client], clock: self.clock, zone: self.zones[client])]) { _ = try result.get() }
+            return 1
         }
     }
 
