@@ -93,7 +93,7 @@ import ZoneServer
 
     @Test func theCommandLineFollowsTheHouseConventions() async throws {
         let tool = try builtProduct("convkitd")
-        for arguments in [["--help"], ["-h"], ["help"], ["help", "serve"], ["serve", "--help"]] {
+        for arguments in [["--help"], ["-h"], ["help"], ["help", "serve"], ["serve", "--help"], ["help", "migrate"], ["migrate", "--help"]] {
             let child = try ChildProcess(tool, arguments)
             #expect(await child.wait() == 0, "\(arguments)")
             #expect(child.standardOutput.contains("OVERVIEW:") && child.standardOutput.contains("USAGE:") && child.standardOutput.contains("OPTIONS:"))
@@ -102,7 +102,9 @@ import ZoneServer
         _ = await help.wait()
         #expect(help.standardOutput.contains("SUBCOMMANDS:"))
         for arguments in [[], ["bogus"], ["serve"], ["serve", "--data"], ["serve", "--data", "/tmp/x", "--listen", "nowhere"], ["serve", "--data", "/tmp/x", "--frobnicate"],
-                          ["serve", "--data", "/tmp/x", "--log-level", "loud"]] {
+                          ["serve", "--data", "/tmp/x", "--log-level", "loud"], ["serve", "--data", "/tmp/x", "--storage", "postgres://db/chat"],
+                          ["serve", "--storage", "/var/lib/chat"], ["serve", "--storage", "postgres://db/chat", "--pool-size", "0"],
+                          ["migrate"], ["migrate", "--from", "/tmp/x"], ["migrate", "--from", "/tmp/x", "--storage", "mysql://db"]] {
             let child = try ChildProcess(tool, arguments)
             #expect(await child.wait() == 64, "\(arguments)")
             #expect(child.standardError.hasPrefix("Error: "), "\(arguments)")
@@ -114,6 +116,10 @@ import ZoneServer
         let failing = try ChildProcess(tool, ["serve", "--data", blocker.path + "/file", "--listen", "127.0.0.1:0"])
         #expect(await failing.wait() == 1)
         #expect(failing.standardError.contains("Error: "))
+        // A database that cannot be reached at start: exit 1, saying why.
+        let unreachable = try ChildProcess(tool, ["serve", "--storage", "host=\(blocker.path) port=1 dbname=none connect_timeout=2", "--listen", "127.0.0.1:0"])
+        #expect(await unreachable.wait() == 1)
+        #expect(unreachable.standardError.contains("cannot open the PostgreSQL storage"))
     }
 }
 

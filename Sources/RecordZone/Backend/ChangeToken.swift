@@ -99,6 +99,22 @@ package struct TokenContents: Equatable {
     }
 }
 
+extension TokenContents {
+    /// Parses a database token of a server whose identity is `instance`: its position (0 for
+    /// no token). - Throws: ``RecordZoneError/Code/changeTokenExpired`` for another server's.
+    package static func databasePosition(_ token: ChangeToken?, backend: String, instance: String) throws(RecordZoneError) -> Int64 {
+        guard let token else { return 0 }
+        let contents = try TokenContents(token, expecting: .database, backend: backend)
+        guard contents.incarnation == instance else { throw RecordZoneError(.changeTokenExpired, "database token is from another server") }
+        return Int64(bitPattern: SequencePosition.decode(contents.position))
+    }
+
+    /// A database token of a server whose identity is `instance`, at `position`.
+    package static func databaseToken(backend: String, instance: String, position: Int64) -> ChangeToken {
+        TokenContents(kind: .database, backend: backend, zone: "", incarnation: instance, position: SequencePosition.encode(UInt64(bitPattern: position))).token
+    }
+}
+
 /// A sequence number as a token position: 8 bytes, big-endian.
 package enum SequencePosition {
     package static func encode(_ value: UInt64) -> Data { withUnsafeBytes(of: value.bigEndian) { Data($0) } }

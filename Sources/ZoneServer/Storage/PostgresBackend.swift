@@ -108,21 +108,22 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         } catch {
             throw RecordZoneError(.ioError, "cannot open the PostgreSQL storage: \(error)")
         }
+        // Listening first, then reading the pins: a chain changed in between is read by both.
+        listener.start { [weak self] event in
+            switch event {
+            case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
+            case .pins: Task { try? await self?.refreshPins() }
+            case .connected:
+                waiters.wakeAll()
+                Task { try? await self?.refreshPins() }
+            }
+        }
         try await refreshPins()
         let index = queryIndex
         do {
             try await pool.withConnection { db in try Self.rebuildIndexIfDeclarationChanged(index, in: db) }
         } catch {
             throw RecordZoneError(.ioError, "cannot rebuild the query index: \(error)")
-        }
-        listener.start { [weak self] event in
-            switch event {
-            case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
-            case .pins: Task { try? await self?.refreshPins() }
-            case .reconnected:
-                waiters.wakeAll()
-                Task { try? await self?.refreshPins() }
-            }
         }
     }
 
@@ -339,13 +340,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     }
 
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
-        var since: Int64 = 0
-        if let token {
-            let contents = try TokenContents(token, expecting: .database, backend: Self.kind)
-            guard contents.incarnation == instance else { throw RecordZoneError(.changeTokenExpired, "database token is from another server") }
-            since = Int64(bitPattern: SequencePosition.decode(contents.position))
-        }
-        let position = since
+        let position = try TokenContents.databasePosition(token, backend: Self.kind, instance: instance)
         // One snapshot: the zones it shows, and the oldest transaction it could not see.
         let rows = try await run { db in
             try db.execute("""
@@ -363,11 +358,8 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             default: if token != nil, let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }), isVisible(zone) { deleted.append(zone) }
             }
         }
-        let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: SequencePosition.encode(UInt64(bitPattern: horizon)))
-        // A zone recreated since: changed, not deleted.
-        let live = Set(changed)
-        return DatabaseChanges(changedZones: changed.sorted { $0.rawValue < $1.rawValue }, deletedZones: deleted.filter { !live.contains($0) }.sorted { $0.rawValue < $1.rawValue },
-                               token: next.token)
+        return DatabaseChanges(changedZones: changed.sorted { $0.rawValue < $1.rawValue }, deletedZones: deleted.sorted { $0.rawValue < $1.rawValue },
+                               token: TokenContents.databaseToken(backend: Self.kind, instance: instance, position: horizon))
     }
 
     // MARK: Changes
@@ -395,8 +387,8 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         }
         let moreComing = records.count > limit
         let page = Array(records.prefix(limit))
-        let last = page.last?.changeTag.flatMap { Int64($0) } ?? claimed
-        let position = moreComing ? last : max(zoneSequence, last, claimed)
+        // One statement, one snapshot: the zone's sequence covers every record it showed.
+        let position = moreComing ? (page.last?.changeTag.flatMap { Int64($0) } ?? zoneSequence) : zoneSequence
         let next = TokenContents(kind: .zone, backend: Self.kind, zone: zone.rawValue, incarnation: incarnation, position: SequencePosition.encode(UInt64(bitPattern: position)))
         return Wire.Changes(records: page, token: next.token, moreComing: moreComing)
     }
@@ -775,8 +767,8 @@ final class Listener: Sendable {
     enum Event {
         case zone(String)
         case pins
-        /// Connected again after a failure: notifications may have been missed.
-        case reconnected
+        /// Listening (at first, or again after a failure): notifications may have been missed.
+        case connected
     }
 
     let conninfo: String
@@ -788,22 +780,19 @@ final class Listener: Sendable {
 
     func start(_ handler: @escaping @Sendable (Event) -> Void) {
         let thread = Thread { [self] in
-            var failed = false
             while !state.withLock({ $0.stopped }) {
                 do {
                     let connection = try PostgresConnection(conninfo)
                     try connection.listen("ck_changes")
                     try connection.listen("ck_pins")
                     state.withLock { $0.connected = true }
-                    if failed { handler(.reconnected) }
-                    failed = false
+                    handler(.connected)
                     while !state.withLock({ $0.stopped }) {
                         guard let note = try connection.waitForNotification(timeout: 0.25) else { continue }
                         handler(note.channel == "ck_pins" ? .pins : .zone(note.payload))
                     }
                 } catch {
                     state.withLock { $0.connected = false }
-                    failed = true
                     Thread.sleep(forTimeInterval: 0.25)
                 }
             }

@@ -124,21 +124,15 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
     }
 
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
-        var since: Int64 = 0
-        if let token {
-            let contents = try TokenContents(token, expecting: .database, backend: Self.kind)
-            guard contents.incarnation == instance else { throw RecordZoneError(.changeTokenExpired, "database token is from another server") }
-            since = Int64(bitPattern: SequencePosition.decode(contents.position))
-        }
-        let position = since
+        let position = try TokenContents.databasePosition(token, backend: Self.kind, instance: instance)
         let (changed, deleted, current) = try await read { db in
             (try db.rows("SELECT name FROM zones WHERE changed_at > ? ORDER BY name", [position]) { $0.text(0) },
              try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [position]) { $0.text(0) },
              try Self.databaseSequence(db))
         }
-        let next = TokenContents(kind: .database, backend: Self.kind, zone: "", incarnation: instance, position: SequencePosition.encode(UInt64(current)))
         return DatabaseChanges(changedZones: changed.compactMap { try? ZoneName($0) }.filter(isVisible),
-                               deletedZones: token == nil ? [] : deleted.compactMap { try? ZoneName($0) }.filter(isVisible), token: next.token)
+                               deletedZones: token == nil ? [] : deleted.compactMap { try? ZoneName($0) }.filter(isVisible),
+                               token: TokenContents.databaseToken(backend: Self.kind, instance: instance, position: current))
     }
 
     // MARK: Changes
