@@ -100,7 +100,11 @@ public final class PostgresConnection {
     /// `postgres://` URL). - Throws: ``PostgresError`` when the server cannot be reached or
     /// refuses.
     public init(_ conninfo: String) throws(PostgresError) {
-        guard let connection = PQconnectdb(conninfo) else { throw PostgresError(sqlState: "", message: "libpq could not allocate a connection") }
+        // A host that does not answer fails after 10 s (libpq's default waits for the system's
+        // TCP timeout), unless the connection string says otherwise: its values come after.
+        let keywords = ["connect_timeout", "dbname"], values = ["10", conninfo]
+        let made: OpaquePointer? = Self.withCStrings(keywords) { keywords in Self.withCStrings(values) { values in PQconnectdbParams(keywords, values, 1) } }
+        guard let connection = made else { throw PostgresError(sqlState: "", message: "libpq could not allocate a connection") }
         guard PQstatus(connection) == CONNECTION_OK else {
             let message = Self.text(PQerrorMessage(connection))
             PQfinish(connection)
@@ -217,6 +221,14 @@ public final class PostgresConnection {
 
     private static func text(_ pointer: UnsafePointer<CChar>?) -> String {
         pointer.map { String(cString: $0) } ?? "unknown error"
+    }
+
+    /// Calls `body` with a NULL-terminated array of C strings, alive for its duration.
+    private static func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> R) -> R {
+        let copies = strings.map { strdup($0) }
+        defer { copies.forEach { free($0) } }
+        let pointers = copies.map { UnsafePointer($0) } + [nil]
+        return pointers.withUnsafeBufferPointer { buffer in body(buffer.baseAddress!) }
     }
 
     /// Calls `body` with C pointers to each buffer (NULL for a nil one), alive for its duration.

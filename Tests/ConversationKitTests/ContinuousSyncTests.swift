@@ -15,8 +15,9 @@ import TestSupport
     }
 
     /// A message sent by one running store reaches the other running store with no sync() call:
-    /// through a zone server (long polls), memory, and a folder (its feed looked at every second).
-    @Test(arguments: [ChatBackend.http, .filesystem, .memory])
+    /// through a zone server on SQLite or PostgreSQL (long polls), memory, and a folder (its
+    /// feed looked at every second).
+    @Test(arguments: ChatBackend.allCases)
     func aMessageReachesARunningPeer(_ kind: ChatBackend) async throws {
         let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")

@@ -1,9 +1,10 @@
 import Foundation
+import Synchronization
 import PostgresKit
 import Testing
 import TestSupport
 
-/// libpq through PostgresKit against a real, private PostgreSQL cluster (issue 13's first part).
+/// libpq through PostgresKit against a real, private PostgreSQL cluster.
 @Suite struct PostgresConnectionTests {
     @Test func statementsBytesErrorsNotificationsAndARestart() async throws {
         let cluster = try await PostgresCluster()
@@ -43,5 +44,42 @@ import TestSupport
         #expect { try PostgresConnection(cluster.conninfo) } throws: { ($0 as? PostgresError)?.isConnectionFailure == true }
         try await cluster.start()
         #expect(try PostgresConnection(cluster.conninfo).execute("SELECT count(*) FROM records").int(0, 0) == 2)
+    }
+
+    /// The pool lends at most its size, queues the rest, and heals once the server is back.
+    @Test func thePoolLendsAtMostItsSizeAndHealsAfterARestart() async throws {
+        let cluster = try await PostgresCluster()
+        let pool = PostgresPool(conninfo: cluster.conninfo, size: 2)
+        let counts = Counts()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<12 {
+                group.addTask {
+                    try await pool.withConnection { db in
+                        let now = counts.lent.add(1, ordering: .relaxed).newValue
+                        counts.busiest.max(now, ordering: .relaxed)
+                        defer { counts.lent.subtract(1, ordering: .relaxed) }
+                        try db.execute("SELECT pg_sleep(0.02)")
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let before = pool.statistics
+        #expect(counts.busiest.load(ordering: .relaxed) == 2 && before.open == 2 && before.inUse == 0 && before.waiting == 0)
+        #expect(before.acquired == 12 && before.waited >= 10)
+        // The server goes away: a connection failure; back again, the pool opens new connections.
+        try await cluster.stop()
+        await #expect { try await pool.withConnection { db in try db.execute("SELECT 1") } } throws: { ($0 as? PostgresError)?.isConnectionFailure == true }
+        try await cluster.start()
+        var answered = false
+        for _ in 0..<4 where !answered {
+            answered = (try? await pool.withConnection { db in try db.execute("SELECT 41 + 1").int(0, 0) }) == 42
+        }
+        #expect(answered)
+        #expect(pool.statistics.broken >= 1 && pool.statistics.inUse == 0)
+    }
+
+    final class Counts: Sendable {
+        let busiest = Atomic<Int>(0), lent = Atomic<Int>(0)
     }
 }
