@@ -406,10 +406,19 @@ extension Result where Failure == RecordZoneError {
 }
 
 /// The server's query index of Speaker tags answers as a scan would: changed tags and tombstones
-/// leave it, and it is rebuilt when the declared fields change.
+/// leave it, and it is rebuilt when the declared fields change — on SQLite and on PostgreSQL.
 @Suite struct QueryIndexTests {
-    @Test func tagQueriesFromTheIndexMatchAScan() async throws {
+    static let storages = SharedPostgres.isAvailable ? ["sqlite", "postgres"] : ["sqlite"]
+
+    @Test(arguments: storages)
+    func tagQueriesFromTheIndexMatchAScan(_ kind: String) async throws {
         let directory = try TemporaryDirectory("index")
+        let database = kind == "postgres" ? try await SharedPostgres.freshDatabase() : ""
+        func open(indexed: Bool) async throws -> any ZoneStorage {
+            let fields = indexed ? ConversationStore.queryIndexes : [:]
+            if kind == "postgres" { return try await PostgresBackend(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy(), indexedFields: fields) }
+            return try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy(), indexedFields: fields)
+        }
         let zone = try ZoneName("speakers")
         let clock = HybridLogicalClock()
         func speaker(_ name: String, _ tags: [String], key: SigningKey) throws -> Record {
@@ -417,18 +426,18 @@ extension Result where Failure == RecordZoneError {
             try record.sign(with: key, clock: clock.now())
             return record
         }
-        func found(_ storage: SQLiteBackend, _ tag: String) async throws -> [String] {
+        func found(_ storage: any ZoneStorage, _ tag: String) async throws -> [String] {
             try await storage.query(RecordQuery(zone: zone, recordType: "Speaker", predicates: [.contains("tags", .string(tag))]), cursor: nil, limit: 100)
                 .records.map(\.id.name)
         }
         let keys = (0..<20).map { Keys.key(UInt8(100 + $0)) }
         do {
-            let storage = try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy())  // no index yet
+            let storage = try await open(indexed: false)  // no index yet
             try await storage.createZone(zone)
             _ = try await storage.save(try (0..<20).map { try speaker("s\($0)", $0 % 5 == 0 ? ["swift", "linux"] : ["rust"], key: keys[$0]) }, policy: .merge)
             #expect(try await found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted())
         }
-        let storage = try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        let storage = try await open(indexed: true)
         #expect(try await found(storage, "swift") == ["s0", "s10", "s15", "s5"].sorted(), "rebuilt from the stored records")
         _ = try await storage.save([try speaker("s5", ["rust"], key: keys[5]), try speaker("s3", ["swift"], key: keys[3])], policy: .merge)
         let tombstone = try storage.policy.tombstone(for: try speaker("s10", [], key: keys[10]), signedWith: keys[10], clock: clock.now())

@@ -467,7 +467,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         var results = [Result<Record, RecordZoneError>]()
         var rows = (zone: [String](), name: [String](), type: [String](), sequence: [Int64](), clock: [Int64](), author: [Data](), signature: [Data](), record: [Data]())
-        var stored = [Record]()
+        var stored = [Record](), previouslyIndexed = Set<RecordID>()
         for (record, outcome) in zip(records, admitted) {
             let zone = record.id.zone.rawValue
             guard let sequence = sequences[zone] else {
@@ -483,6 +483,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             case .store(let bytes):
                 let next = sequence + 1
                 sequences[zone] = next
+                if let held = current[record.id], queryIndex.fields[held.recordType] != nil { previouslyIndexed.insert(record.id) }
                 var saved = record
                 saved.serverMetadata = ServerMetadata(changeTag: String(next), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
                 // A later version of the same record in this batch replaces this one.
@@ -519,7 +520,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
             """, [.textArray(rows.zone), .textArray(rows.name), .textArray(rows.type), .intArray(rows.sequence), .intArray(rows.clock),
                   .bytesArray(rows.author), .bytesArray(rows.signature), .bytesArray(rows.record), .int(now)])
-        try Self.writeIndex(queryIndex, of: stored, in: db)
+        try Self.writeIndex(queryIndex, of: stored, previouslyIndexed: previouslyIndexed, in: db)
         // The zones' new positions, and a notification to every server on commit.
         let touched = Set(rows.zone).sorted()
         try db.execute("""
@@ -532,8 +533,11 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     }
 
     /// Replaces the index rows of these versions (none for a tombstone).
-    static func writeIndex(_ index: QueryIndex, of records: [Record], in db: PostgresConnection) throws {
-        guard !index.isEmpty, !records.isEmpty else { return }
+    /// - Parameter previouslyIndexed: records whose version held before was of an indexed type.
+    static func writeIndex(_ index: QueryIndex, of versions: [Record], previouslyIndexed: Set<RecordID> = [], in db: PostgresConnection) throws {
+        // Only records of an indexed type, now or before, have rows to replace.
+        let records = versions.filter { index.fields[$0.recordType] != nil || previouslyIndexed.contains($0.id) }
+        guard !records.isEmpty else { return }
         try db.execute("DELETE FROM ck_record_index i USING unnest($1::text[], $2::text[]) AS k(zone, name) WHERE i.zone = k.zone AND i.name = k.name",
                        [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))])
         var zone = [String](), type = [String](), field = [String](), value = [Data](), name = [String]()
