@@ -85,8 +85,8 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
         try await write { db in try PinTable.saveChanges(of: self.policy.pins, in: db) }
     }
 
-    /// Nonces live in memory: one server uses the file, and a restart outlasts the clock skew
-    /// that makes older requests stale anyway.
+    /// Nonces live in memory: one server uses the file. A request captured before a restart
+    /// could be replayed after it while still fresh (within the clock skew; see the README).
     public func claimNonce(_ nonce: Data, at time: Date, horizon: TimeInterval) async throws(RecordZoneError) -> Bool {
         nonces.claim(nonce, at: time, horizon: horizon)
     }
