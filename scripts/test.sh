@@ -2,7 +2,7 @@
 # Sets up (installs missing Debian packages), builds with warnings as errors, runs every test,
 # (with a private PostgreSQL cluster for the PostgreSQL storage tests), then the latency test alone, the server's stop tests under AddressSanitizer, a short bounded
 # run of each libFuzzer target (scripts/fuzz.sh --runs 20000) and of the API
-# fuzzer against a real convkitd (scripts/fuzz-api.sh --max-examples 10), and the folder kill soak
+# fuzzer against a real convkitd on each storage (scripts/fuzz-api.sh --max-examples 10 [--postgres]), and the folder kill soak
 # (scripts/soak-folder.sh --kills 50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +24,5 @@ ASAN_OPTIONS=detect_leaks=0 swift test --skip-build --build-path .build/asan \
   --filter "stopDuringLongPollsAndUploadsEndsCleanly|aServerDroppedWithoutStopStopsCleanly"
 ./scripts/fuzz.sh --runs 20000
 ./scripts/fuzz-api.sh --max-examples 10
+./scripts/fuzz-api.sh --max-examples 10 --postgres
 ./scripts/soak-folder.sh --kills 50
