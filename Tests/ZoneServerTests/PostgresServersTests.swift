@@ -28,8 +28,10 @@ struct PostgresServersTests {
 
     @Test func twoServersOnOneDatabaseServeAsOne() async throws {
         let database = try await SharedPostgres.freshDatabase()
-        let (first, one) = try await start(database)
+        // Started together on an empty database: one makes the schema, the other waits its turn.
+        async let starting = start(database)
         let (second, two) = try await start(database)
+        let (first, one) = try await starting
         defer { first.kill(SIGTERM); second.kill(SIGTERM) }
         let zone = try conversationZone("alice", "bob")
         let aliceOnOne = try client(one, "alice", Keys.alice), bobOnTwo = try client(two, "bob", Keys.bob)
@@ -274,6 +276,26 @@ struct PostgresServersTests {
             }
         }
         for server in servers { await server.stop() }
+    }
+
+    /// PostgreSQL's text cannot hold NUL: a record type holding one is refused alone, typed,
+    /// and the rest of its batch is stored.
+    @Test func aNULInARecordTypeIsRefusedAloneNotTheBatch() async throws {
+        let storage = try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: RecordPolicy())
+        defer { storage.close() }
+        let zone = try ZoneName("nul")
+        try await storage.createZone(zone)
+        let clock = HybridLogicalClock()
+        var good = Record(id: try RecordID(zone: zone, name: "good"), type: "Note", fields: ["text": .string("a\u{0}b")])
+        var bad = Record(id: try RecordID(zone: zone, name: "bad"), type: "No\u{0}te")
+        try good.sign(with: Keys.alice, clock: clock.now())
+        try bad.sign(with: Keys.alice, clock: clock.now())
+        let results = try await storage.save([good, bad])
+        #expect((try? results[0].get())?.id == good.id)
+        guard case .failure(let error) = results[1] else { Issue.record("a NUL type was stored"); return }
+        #expect(error.code == .malformed)
+        let page = try await storage.fetchChanges(in: zone, since: nil, limit: 10)
+        #expect(page.records.map(\.id.name) == ["good"] && page.records.first?["text"] == .string("a\u{0}b"))
     }
 
     /// What the writers under load share: what was acknowledged, and when to stop.
