@@ -165,11 +165,16 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             try db.execute("SELECT pg_advisory_xact_lock(7316452002)")
             guard try db.execute("SELECT value FROM ck_meta WHERE key = 'indexed_fields'").text(0, 0) != index.declaration else { return }
             try db.execute("DELETE FROM ck_record_index")
+            // A page of records at a time (zone, name order), whatever the table holds.
             for type in index.fields.keys.sorted() {
-                let rows = try db.execute("SELECT record FROM ck_records WHERE type = $1", [.text(type)])
-                for row in 0..<rows.count {
-                    guard let bytes = rows.bytes(row, 0), let record = try? Record(canonical: bytes) else { continue }
-                    try writeIndex(index, of: [record], in: db)
+                var after = ("", "")
+                while true {
+                    let rows = try db.execute("""
+                        SELECT zone, name, record FROM ck_records WHERE type = $1 AND (zone, name) > ($2, $3) ORDER BY zone, name LIMIT 1000
+                        """, [.text(type), .text(after.0), .text(after.1)])
+                    guard rows.count > 0 else { break }
+                    after = (rows.text(rows.count - 1, 0) ?? "", rows.text(rows.count - 1, 1) ?? "")
+                    try writeIndex(index, of: (0..<rows.count).compactMap { rows.bytes($0, 2).flatMap { try? Record(canonical: $0) } }, in: db)
                 }
             }
             try db.execute("INSERT INTO ck_meta (key, value) VALUES ('indexed_fields', $1) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -210,10 +215,11 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         }
     }
 
-    /// Another server changed a chain this transaction relied on.
+    /// Another server changed chains this transaction relied on: the identities whose rows
+    /// moved, and the rows as the database holds them.
     private struct PinsChanged: Error {
+        let moved: Set<String>
         let rows: PostgresRows
-        var identities: Set<String> { Set((0..<rows.count).compactMap { rows.text($0, 0) }) }
     }
 
     /// Inside a transaction: locks the pin rows of `identities`, checks that the database holds
@@ -229,7 +235,8 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                                   [.textArray(identities.sorted())])
         var stored = [String: Int64]()
         for row in 0..<rows.count { if let identity = rows.text(row, 0), let version = rows.int(row, 2) { stored[identity] = version } }
-        guard identities.allSatisfy({ stored[$0] == known[$0] }) else { throw PinsChanged(rows: rows) }
+        let moved = identities.filter { stored[$0] != known[$0] }
+        guard moved.isEmpty else { throw PinsChanged(moved: moved, rows: rows) }
         var toWrite = changed
         for identity in identities where stored[identity] == nil && toWrite[identity] == nil {
             if let chain = policy.pins.chain(for: identity) { toWrite[identity] = chain }
@@ -247,7 +254,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                                  [.text(identity), .bytes(blob)])
             // Inserted by another server since the lock was taken (no row to lock then).
             guard let version = result.count == 1 ? result.int(0, 0) : nil else {
-                throw PinsChanged(rows: try db.execute("SELECT identity, chain, version FROM ck_pins WHERE identity = $1", [.text(identity)]))
+                throw PinsChanged(moved: [identity], rows: try db.execute("SELECT identity, chain, version FROM ck_pins WHERE identity = $1", [.text(identity)]))
             }
             written[identity] = version
         }
@@ -284,7 +291,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 // Another server bound or changed it first: its chain is the truth; the caller
                 // checks the request's key against it.
                 install(error.rows)
-                policy.pins.restoreChangedChains(changed.filter { identity, _ in !error.identities.contains(identity) })
+                policy.pins.restoreChangedChains(changed.filter { identity, _ in !error.moved.contains(identity) })
             } catch {
                 policy.pins.restoreChangedChains(changed)
                 throw Self.storageError(error)
@@ -433,7 +440,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 return results
             } catch let error as PinsChanged {
                 install(error.rows)
-                policy.pins.restoreChangedChains(changed.filter { identity, _ in !error.identities.contains(identity) })
+                policy.pins.restoreChangedChains(changed.filter { identity, _ in !error.moved.contains(identity) })
             } catch let error as PostgresError where ["40P01", "40001"].contains(error.sqlState) {
                 // A deadlock or serialization failure between servers: go round again.
                 policy.pins.restoreChangedChains(changed)
