@@ -120,6 +120,15 @@ public final class PostgresConnection {
     /// Whether the connection still works as far as libpq knows.
     public var isOK: Bool { PQstatus(connection) == CONNECTION_OK }
 
+    /// Whether an idle connection (one that is not listening) may be used again, looked at
+    /// without a round trip: a server that ends a connection (a restart, an administrator)
+    /// sends it a last error and closes it, so an idle connection with anything to read is done.
+    public var isIdleAndOpen: Bool {
+        guard isOK else { return false }
+        var waiting = pollfd(fd: PQsocket(connection), events: Int16(POLLIN), revents: 0)
+        return poll(&waiting, 1, 0) == 0
+    }
+
     /// Runs one statement with parameters. - Returns: its rows (empty for a command).
     @discardableResult
     public func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws(PostgresError) -> PostgresRows {

@@ -66,7 +66,14 @@ public final class PostgresPool: Sendable {
             queue.async {
                 let connection: PostgresConnection
                 do {
-                    connection = try lent?.connection ?? self.connect()
+                    // An idle connection the server closed meanwhile (a restart) is replaced
+                    // before use, not failed on.
+                    if let idle = lent?.connection, idle.isIdleAndOpen {
+                        connection = idle
+                    } else {
+                        if lent != nil { self.countBroken() }
+                        connection = try self.connect()
+                    }
                 } catch {
                     self.release(nil, broken: false)
                     continuation.resume(throwing: error)
@@ -119,6 +126,8 @@ public final class PostgresPool: Sendable {
         }
         waiter?.resume(returning: lent)
     }
+
+    private func countBroken() { state.withLock { $0.statistics.broken += 1 } }
 
     private func connect() throws(PostgresError) -> PostgresConnection {
         do {
