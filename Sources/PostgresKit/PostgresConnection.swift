@@ -132,25 +132,78 @@ public final class PostgresConnection {
     /// Runs one statement with parameters. - Returns: its rows (empty for a command).
     @discardableResult
     public func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws(PostgresError) -> PostgresRows {
+        let sent = try send(sql, parameters) { statement, count, types, pointers, lengths, formats in
+            if let statement { return PQexecPrepared(connection, statement, count, pointers, lengths, formats, 1) }
+            return PQexecParams(connection, sql, count, types, pointers, lengths, formats, 1)
+        }
+        guard let result = sent else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
+        defer { PQclear(result) }
+        return try Self.rows(of: result)
+    }
+
+    /// Runs statements in one round trip (libpq's pipeline mode): all are sent, then every
+    /// result is read. The server runs them in order, each seeing what the ones before did
+    /// (within a transaction: the locks they took). The first that fails stops the rest.
+    /// - Returns: each statement's rows. - Throws: the first statement's error.
+    @discardableResult
+    public func pipeline(_ statements: [(sql: String, parameters: [PostgresValue])]) throws(PostgresError) -> [PostgresRows] {
+        // Prepared first (once per connection), so the pipeline holds only executions.
+        var names = [String?]()
+        for statement in statements { names.append(try prepared(statement.sql, types: statement.parameters.map(\.wire.type))) }
+        guard PQenterPipelineMode(connection) == 1 else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
+        defer { PQexitPipelineMode(connection) }
+        for (statement, name) in zip(statements, names) {
+            let queued = try send(statement.sql, statement.parameters) { _, count, types, pointers, lengths, formats in
+                if let name { return PQsendQueryPrepared(connection, name, count, pointers, lengths, formats, 1) }
+                return PQsendQueryParams(connection, statement.sql, count, types, pointers, lengths, formats, 1)
+            }
+            guard queued == 1 else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
+        }
+        guard PQpipelineSync(connection) == 1 else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
+        // Every result is read (up to the sync) whatever happened, so the connection ends idle.
+        var results = [PostgresRows](), failure: PostgresError?
+        for _ in statements {
+            guard let result = PQgetResult(connection) else {
+                failure = failure ?? PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection)))
+                continue
+            }
+            do { results.append(try Self.rows(of: result)) } catch { failure = failure ?? error }
+            PQclear(result)
+            while let extra = PQgetResult(connection) { PQclear(extra) }  // the end of this statement's results
+        }
+        while let result = PQgetResult(connection) {
+            let status = PQresultStatus(result)
+            PQclear(result)
+            if status == PGRES_PIPELINE_SYNC { break }
+        }
+        if !isOK { failure = failure ?? PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
+        if let failure { throw failure }
+        return results
+    }
+
+    /// Binds a statement's parameters (all binary) and hands them to `call` with its prepared
+    /// name (nil: not prepared); the buffers live until `call` returns.
+    private func send<R>(_ sql: String, _ parameters: [PostgresValue],
+                         _ call: (String?, Int32, [UInt32], [UnsafePointer<CChar>?], [Int32], [Int32]) -> R) throws(PostgresError) -> R {
         let wire = parameters.map(\.wire)
-        // Every parameter's bytes stay alive until PQexecParams returns; empty bytes still get
-        // a pointer (NULL is NULL).
+        // Empty bytes still get a pointer (NULL is NULL).
         let buffers: [[UInt8]?] = wire.map { $0.bytes.map { $0.isEmpty ? [0] : $0 } }
         let types = wire.map(\.type)
         let lengths = wire.map { Int32($0.bytes?.count ?? 0) }
         let formats = [Int32](repeating: 1, count: parameters.count)
         let statement = try prepared(sql, types: types)
-        let result: OpaquePointer? = Self.withPointers(buffers) { pointers in
-            if let statement { return PQexecPrepared(connection, statement, Int32(parameters.count), pointers, lengths, formats, 1) }
-            return PQexecParams(connection, sql, Int32(parameters.count), types, pointers, lengths, formats, 1)
-        }
-        guard let result else { throw PostgresError(sqlState: "", message: Self.text(PQerrorMessage(connection))) }
-        defer { PQclear(result) }
+        return Self.withPointers(buffers) { pointers in call(statement, Int32(parameters.count), types, pointers, lengths, formats) }
+    }
+
+    /// A result's rows, or its error.
+    private static func rows(of result: OpaquePointer) throws(PostgresError) -> PostgresRows {
         switch PQresultStatus(result) {
         case PGRES_COMMAND_OK, PGRES_TUPLES_OK:
             break
+        case PGRES_PIPELINE_ABORTED:
+            throw PostgresError(sqlState: "", message: "not run: an earlier statement of its pipeline failed")
         default:
-            throw Self.error(result)
+            throw error(result)
         }
         let columnCount = Int(PQnfields(result)), rowCount = Int(PQntuples(result))
         let columns = (0..<columnCount).map { String(cString: PQfname(result, Int32($0))) }

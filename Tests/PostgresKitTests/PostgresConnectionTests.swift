@@ -46,6 +46,22 @@ import TestSupport
         #expect(try PostgresConnection(cluster.conninfo).execute("SELECT count(*) FROM records").int(0, 0) == 2)
     }
 
+    /// A pipeline runs its statements in order in one round trip; the first failure is the
+    /// error, the rest are not run, and the connection is usable after.
+    @Test func aPipelineRunsInOrderAndStopsAtTheFirstFailure() async throws {
+        let cluster = try await PostgresCluster()
+        let db = try PostgresConnection(cluster.conninfo)
+        try db.execute("CREATE TABLE t (k integer PRIMARY KEY, v bytea NOT NULL)")
+        let results = try db.pipeline([("BEGIN", []), ("INSERT INTO t VALUES (1, $1)", [.bytes(Data([0, 1]))]),
+                                       ("SELECT k, v FROM t WHERE k = $1", [.int(1)]), ("COMMIT", [])])
+        #expect(results.count == 4 && results[2].int(0, 0) == 1 && results[2].bytes(0, 1) == Data([0, 1]))
+        #expect { try db.pipeline([("BEGIN", []), ("INSERT INTO t VALUES (2, '')", []), ("INSERT INTO t VALUES (1, '')", []), ("INSERT INTO t VALUES (3, '')", []), ("COMMIT", [])]) }
+            throws: { ($0 as? PostgresError)?.sqlState == "23505" }
+        try db.execute("ROLLBACK")
+        #expect(try db.execute("SELECT count(*) FROM t").int(0, 0) == 1, "the failed pipeline's transaction left nothing")
+        #expect(try db.pipeline([("SELECT 1", []), ("SELECT 2", [])]).map { $0.int(0, 0) } == [1, 2])
+    }
+
     /// The pool lends at most its size, queues the rest, and heals once the server is back.
     @Test func thePoolLendsAtMostItsSizeAndHealsAfterARestart() async throws {
         let cluster = try await PostgresCluster()

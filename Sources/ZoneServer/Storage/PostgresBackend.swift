@@ -222,17 +222,18 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         let rows: PostgresRows
     }
 
-    /// Inside a transaction: locks the pin rows of `identities`, checks that the database holds
-    /// the versions `known` says this server's chains came from, and writes the chains
-    /// `changed` (plus any chain held here that the database lacks).
+    /// Locks the pin rows of some identities (`$1`, a text array), in a transaction. Shared
+    /// locks: saves relying on one chain run side by side; writing a chain takes the row's
+    /// exclusive lock (two writers of one chain may deadlock: PostgreSQL ends one, and its save
+    /// goes round again).
+    static let lockPins = "SELECT identity, chain, version FROM ck_pins WHERE identity = ANY($1) ORDER BY identity FOR SHARE"
+
+    /// Inside a transaction, given the pin rows of `identities` it locked (``lockPins``):
+    /// checks that the database holds the versions `known` says this server's chains came from,
+    /// and writes the chains `changed` (plus any chain held here that the database lacks).
     /// - Returns: the versions written. - Throws: ``PinsChanged`` when a row moved on.
-    private func agreePins(_ identities: Set<String>, known: [String: Int64], changed: [String: KeyChain], in db: PostgresConnection) throws -> [String: Int64] {
-        guard !identities.isEmpty else { return [:] }
-        // Shared locks: saves relying on one chain run side by side; writing a chain takes the
-        // row's exclusive lock (two writers of one chain may deadlock: PostgreSQL ends one, and
-        // its save goes round again).
-        let rows = try db.execute("SELECT identity, chain, version FROM ck_pins WHERE identity = ANY($1) ORDER BY identity FOR SHARE",
-                                  [.textArray(identities.sorted())])
+    private func agreePins(_ identities: Set<String>, known: [String: Int64], changed: [String: KeyChain], locked rows: PostgresRows,
+                           in db: PostgresConnection) throws -> [String: Int64] {
         var stored = [String: Int64]()
         for row in 0..<rows.count { if let identity = rows.text(row, 0), let version = rows.int(row, 2) { stored[identity] = version } }
         let moved = identities.filter { stored[$0] != known[$0] }
@@ -283,7 +284,9 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             let known = knownVersions(identities)
             do {
                 let written = try await pool.withConnection { db in
-                    try db.transaction { () throws -> [String: Int64] in try self.agreePins(identities, known: known, changed: changed, in: db) }
+                    try db.transaction { () throws -> [String: Int64] in
+                        try self.agreePins(identities, known: known, changed: changed, locked: try db.execute(Self.lockPins, [.textArray(identities.sorted())]), in: db)
+                    }
                 }
                 recordWritten(written)
                 return
@@ -431,10 +434,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             let known = knownVersions(Set(changed.keys).subtracting(owners)).merging(knownOwners) { $1 }
             do {
                 let (results, written) = try await pool.withConnection { db in
-                    try db.transaction { () throws in
-                        let written = try self.agreePins(owners.union(changed.keys), known: known, changed: changed, in: db)
-                        return (try self.store(records, admitted, savePolicy, in: db), written)
-                    }
+                    try self.store(records, admitted, savePolicy, pins: owners.union(changed.keys), known: known, changed: changed, in: db)
                 }
                 recordWritten(written)
                 return results
@@ -452,19 +452,40 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         throw Self.busy("the batch kept meeting concurrent changes to its keys")
     }
 
-    /// Stores a batch inside the caller's transaction: locks its zones, decides each version
-    /// against the one held, assigns each zone's next sequences, writes records, index rows and
-    /// the zones' positions, and notifies the other servers on commit.
-    private func store(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, in db: PostgresConnection) throws -> [Result<Record, RecordZoneError>] {
-        let zoneNames = Set(records.map(\.id.zone.rawValue)).sorted()
-        let zoneRows = try db.execute("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(zoneNames)])
+    /// Stores a batch in one transaction of two round trips. The first begins, locks the pin
+    /// rows of `pins` (their chains checked against `known`, ``agreePins``), locks the batch's
+    /// zones (in name order) and reads the versions held — each statement after the lock before
+    /// it, so it sees what the last holder committed. Each version is then decided against the
+    /// one held and given its zone's next sequence; the second writes records, index rows and
+    /// the zones' positions, notifies the other servers, and commits.
+    /// - Returns: per record the outcome, and the pin versions written.
+    private func store(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, pins: Set<String>, known: [String: Int64],
+                       changed: [String: KeyChain], in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64]) {
+        var reads: [(sql: String, parameters: [PostgresValue])] = [("BEGIN", [])]
+        if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
+        reads.append(("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
+        reads.append(("""
+            SELECT r.zone, r.name, r.record, r.sequence FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
+            """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
+        do {
+            let read = try db.pipeline(reads)
+            let written = pins.isEmpty ? [:] : try agreePins(pins, known: known, changed: changed, locked: read[1], in: db)
+            let (results, writes) = decide(records, admitted, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            try db.pipeline(writes + [("COMMIT", [])])
+            return (results, written)
+        } catch {
+            _ = try? db.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Decides each version of a batch against the zones' positions and the versions held
+    /// (rows locked and read by ``store``). - Returns: per record the outcome, and the
+    /// statements that write what was decided.
+    private func decide(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, zones zoneRows: PostgresRows,
+                        current currentRows: PostgresRows) -> ([Result<Record, RecordZoneError>], [(sql: String, parameters: [PostgresValue])]) {
         var sequences = [String: Int64]()
         for row in 0..<zoneRows.count { if let name = zoneRows.text(row, 0), let sequence = zoneRows.int(row, 1) { sequences[name] = sequence } }
-        // The versions held now, all at once.
-        let wanted = records.filter { sequences[$0.id.zone.rawValue] != nil }
-        let currentRows = try db.execute("""
-            SELECT r.zone, r.name, r.record, r.sequence FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
-            """, [.textArray(wanted.map(\.id.zone.rawValue)), .textArray(wanted.map(\.id.name))])
         var current = [RecordID: Record]()
         for row in 0..<currentRows.count {
             guard let bytes = currentRows.bytes(row, 2), var record = try? Record(canonical: bytes), let sequence = currentRows.int(row, 3) else { continue }
@@ -517,8 +538,8 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 results.append(.success(saved))
             }
         }
-        guard !rows.zone.isEmpty else { return results }
-        try db.execute("""
+        guard !rows.zone.isEmpty else { return (results, []) }
+        var writes: [(sql: String, parameters: [PostgresValue])] = [("""
             INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at)
             SELECT zone, name, type, sequence, clock, author, signature, record, $9
             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bytea[], $7::bytea[], $8::bytea[])
@@ -526,27 +547,33 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
                 author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
             """, [.textArray(rows.zone), .textArray(rows.name), .textArray(rows.type), .intArray(rows.sequence), .intArray(rows.clock),
-                  .bytesArray(rows.author), .bytesArray(rows.signature), .bytesArray(rows.record), .int(now)])
-        try Self.writeIndex(queryIndex, of: stored, previouslyIndexed: previouslyIndexed, in: db)
+                  .bytesArray(rows.author), .bytesArray(rows.signature), .bytesArray(rows.record), .int(now)])]
+        writes += Self.indexStatements(queryIndex, of: stored, previouslyIndexed: previouslyIndexed)
         // The zones' new positions, and a notification to every server on commit.
         let touched = Set(rows.zone).sorted()
-        try db.execute("""
+        writes.append(("""
             WITH moved AS (
                 UPDATE ck_zones SET sequence = t.sequence, changed_xid = pg_current_xact_id()::text::bigint
                 FROM unnest($1::text[], $2::bigint[]) AS t(name, sequence) WHERE ck_zones.name = t.name RETURNING ck_zones.name)
             SELECT pg_notify('ck_changes', name) FROM moved
-            """, [.textArray(touched), .intArray(touched.map { sequences[$0] ?? 0 })])
-        return results
+            """, [.textArray(touched), .intArray(touched.map { sequences[$0] ?? 0 })]))
+        return (results, writes)
     }
 
     /// Replaces the index rows of these versions (none for a tombstone).
+    static func writeIndex(_ index: QueryIndex, of versions: [Record], in db: PostgresConnection) throws {
+        for statement in indexStatements(index, of: versions) { try db.execute(statement.sql, statement.parameters) }
+    }
+
+    /// The statements that replace the index rows of these versions.
     /// - Parameter previouslyIndexed: records whose version held before was of an indexed type.
-    static func writeIndex(_ index: QueryIndex, of versions: [Record], previouslyIndexed: Set<RecordID> = [], in db: PostgresConnection) throws {
+    static func indexStatements(_ index: QueryIndex, of versions: [Record], previouslyIndexed: Set<RecordID> = []) -> [(sql: String, parameters: [PostgresValue])] {
         // Only records of an indexed type, now or before, have rows to replace.
         let records = versions.filter { index.fields[$0.recordType] != nil || previouslyIndexed.contains($0.id) }
-        guard !records.isEmpty else { return }
-        try db.execute("DELETE FROM ck_record_index i USING unnest($1::text[], $2::text[]) AS k(zone, name) WHERE i.zone = k.zone AND i.name = k.name",
-                       [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))])
+        guard !records.isEmpty else { return [] }
+        var statements: [(sql: String, parameters: [PostgresValue])] = [(
+            "DELETE FROM ck_record_index i USING unnest($1::text[], $2::text[]) AS k(zone, name) WHERE i.zone = k.zone AND i.name = k.name",
+            [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))])]
         var zone = [String](), type = [String](), field = [String](), value = [Data](), name = [String]()
         for record in records {
             for entry in index.entries(of: record) {
@@ -557,11 +584,13 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 name.append(record.id.name)
             }
         }
-        guard !zone.isEmpty else { return }
-        try db.execute("""
-            INSERT INTO ck_record_index (zone, type, field, value, name)
-            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) ON CONFLICT DO NOTHING
-            """, [.textArray(zone), .textArray(type), .textArray(field), .bytesArray(value), .textArray(name)])
+        if !zone.isEmpty {
+            statements.append(("""
+                INSERT INTO ck_record_index (zone, type, field, value, name)
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) ON CONFLICT DO NOTHING
+                """, [.textArray(zone), .textArray(type), .textArray(field), .bytesArray(value), .textArray(name)]))
+        }
+        return statements
     }
 
     public func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
