@@ -44,7 +44,8 @@ let migrateCommand = Command(
         Stop the server first. The PostgreSQL database must hold no zone yet (its schema is made
         here). Key chains, zones (with their incarnations and sequences), deleted zones, records
         (with their sequences) and assets are copied; every record is verified again and every
-        asset checked against its hash, and what fails is listed and left behind (exit 1).
+        asset checked against its hash, and what fails is listed and left behind (exit 1). If
+        the copy stops midway, drop and recreate the database and run it again.
 
         Clients keep their zone tokens: they carry on where they were. Their database-feed tokens
         expire, cleanly: their next look at the feed starts over, once.

@@ -423,8 +423,6 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try BackendLimits.checkBatch(records.count)
         for _ in 0..<4 {
-            // The versions this admission's chains come from, taken before it (a chain installed
-            // meanwhile only makes the check below send the save round again).
             let owners = Set(records.compactMap { try? policy.rules.owner(of: $0)?.get() })
             let knownOwners = knownVersions(owners)
             let admitted = SaveChecks.admit(records, policy: policy)
