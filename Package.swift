@@ -86,7 +86,7 @@ let package = Package(
             name: "ConversationKitTests",
             dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "TestSupport", "convkit", "convkitd"]),
-        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -3,7 +3,7 @@ import Foundation
 @testable import RecordZone
 import Testing
 import TestSupport
-import ZoneServer
+@testable import ZoneServer
 
 @Suite struct ConversationStoreTests {
     @Test(arguments: ChatBackend.allCases)
@@ -221,6 +221,26 @@ import ZoneServer
         }
         #expect(reason.contains("notAuthorized"))
         #expect(try alice.pendingChangeCount() == 0)
+    }
+
+    /// The server's data restored from an earlier copy: a message acknowledged after the
+    /// restore takes a number bob's token had passed; bob still gets it (his token expires and
+    /// the zone is fetched again), with what he already had.
+    @Test(arguments: ChatBackend.allCases.filter(\.isServer))
+    func aMessageSentAfterTheServerWasRestoredReachesAReaderAheadOfIt(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        for text in ["one", "two", "three"] { _ = try await alice.send(text, to: "bob") }
+        try await syncAll([alice, bob])
+        let zone = try ZoneName(try #require(try alice.conversations().first?.id))
+        #expect(try history(bob, zone.rawValue).count == 3)
+        // The restore: the conversation as it stood after its first message.
+        try await #require(fixture.zoneServer).storage.rewind(zone, to: 1)
+        let late = try await alice.send("after the restore", to: "bob")
+        try await alice.sync()
+        #expect(try alice.messages(in: late.id.conversation).messages.first { $0.id == late.id }?.syncState == .synced)
+        try await bob.sync()
+        #expect(try history(bob, zone.rawValue).map(\.content).contains("after the restore"))
     }
 
     @Test(arguments: ChatBackend.allCases)

@@ -1,5 +1,6 @@
 import ConversationKit
 import Foundation
+import PostgresKit
 import RecordZone
 import Synchronization
 import Testing
@@ -296,6 +297,19 @@ struct PostgresServersTests {
         #expect(error.code == .malformed)
         let page = try await storage.fetchChanges(in: zone, since: nil, limit: 10)
         #expect(page.records.map(\.id.name) == ["good"] && page.records.first?["text"] == .string("a\u{0}b"))
+    }
+
+    /// A database whose default commits without waiting for the disk: the storage's own
+    /// connections still wait, so nothing acknowledged is lost in a crash.
+    @Test func savesAreDurableWhateverTheDatabaseDefault() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let admin = try PostgresConnection(database)
+        let name = try #require(try admin.execute("SELECT current_database()").text(0, 0))
+        try admin.execute("ALTER DATABASE \(name) SET synchronous_commit = off")
+        #expect(try PostgresConnection(database).execute("SHOW synchronous_commit").text(0, 0) == "off")
+        let storage = try await PostgresBackend(conninfo: database, poolSize: 1, policy: RecordPolicy())
+        defer { storage.close() }
+        #expect(try await storage.run { db in try db.execute("SHOW synchronous_commit").text(0, 0) } == "on")
     }
 
     /// What the writers under load share: what was acknowledged, and when to stop.

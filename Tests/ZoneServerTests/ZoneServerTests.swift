@@ -1,6 +1,6 @@
 import ConversationKit
 import Foundation
-import RecordZone
+@testable import RecordZone
 import Testing
 import TestSupport
 @testable import ZoneServer
@@ -471,5 +471,39 @@ extension Result where Failure == RecordZoneError {
         #expect((error as? RecordZoneError)?.message.contains("cancelled") == true, "\(error)")
         // The server is still there for the next request on the same client.
         #expect(try await alice.zones().contains(zone))
+    }
+}
+
+/// A server's data restored from an earlier copy: a reader whose token is past the restored
+/// zone is told to start again (`changeTokenExpired`) rather than skipping the messages that
+/// now take the numbers it had already passed — on SQLite and on PostgreSQL.
+@Suite struct RestoredStorageTests {
+    @Test(arguments: QueryIndexTests.storages)
+    func aTokenAheadOfARestoredZoneExpiresAndNothingNewIsSkipped(_ kind: String) async throws {
+        let directory = try TemporaryDirectory("restored")
+        let storage: any ZoneStorage = kind == "postgres"
+            ? try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: ConversationStore.recordPolicy())
+            : try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy())
+        let zone = try conversationZone("alice", "bob")
+        try await storage.createZone(zone)
+        func item(_ name: String) throws -> Record { try message(zone, name, from: "alice", to: "bob", key: Keys.alice, text: name) }
+        _ = try await storage.save(try ["m1", "m2", "m3"].map(item))
+        let read = try await storage.fetchChanges(in: zone, since: nil, limit: 100)
+        #expect(read.records.count == 3)
+        // The restore: the zone as it stood after m1.
+        try await storage.rewind(zone, to: 1)
+        // A message acknowledged after the restore takes number 2, behind the reader's token.
+        _ = try await storage.save([try item("after")]).map { try $0.get() }
+        await #expect { try await storage.fetchChanges(in: zone, since: read.token, limit: 100) } throws: { ($0 as? RecordZoneError)?.code == .changeTokenExpired }
+        await #expect { try await storage.waitForChanges(in: zone, since: read.token, timeout: .seconds(5)) } throws: { ($0 as? RecordZoneError)?.code == .changeTokenExpired }
+        let again = try await storage.fetchChanges(in: zone, since: nil, limit: 100)
+        #expect(Set(again.records.map(\.id.name)) == Set(try ["m1", "after"].map { try item($0).id.name }))
+        // The database feed: a position past where the database stands expires too.
+        let feed = try await storage.fetchDatabaseChanges(since: nil)
+        let contents = try TokenContents(feed.token, expecting: .database, backend: "server")
+        let ahead = TokenContents.databaseToken(backend: "server", instance: contents.incarnation, position: Int64(SequencePosition.decode(contents.position)) + 1_000_000)
+        await #expect { try await storage.fetchDatabaseChanges(since: ahead) } throws: { ($0 as? RecordZoneError)?.code == .changeTokenExpired }
+        _ = try await storage.fetchDatabaseChanges(since: feed.token)
+        (storage as? PostgresBackend)?.close()
     }
 }

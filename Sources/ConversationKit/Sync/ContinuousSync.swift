@@ -154,7 +154,11 @@ extension ConversationStore {
                             }) ?? nil
                             let moved: Bool
                             do { moved = try await backend.waitForChanges(in: zone, since: token, timeout: .seconds(25)) } catch {
-                                // The round loop backs off; this poll waits for it.
+                                // An expired token (the zone recreated, or the server's data
+                                // restored from an earlier copy): the round fetches it again
+                                // from the start. Otherwise the round loop backs off; this poll
+                                // waits for it.
+                                if (error as? RecordZoneError)?.code == .changeTokenExpired { kicks.kick(.zone(zone)) }
                                 _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
                                 continue
                             }

@@ -100,6 +100,26 @@ package struct TokenContents: Equatable {
 }
 
 extension TokenContents {
+    /// Parses a server's zone token against the zone as it stands: its position (0 for no
+    /// token). - Throws: ``RecordZoneError/Code/changeTokenExpired`` for an earlier incarnation,
+    /// or for a position past the zone's `sequence` — the server's data went back in time (a
+    /// restore from an earlier copy), and the changes that now take those numbers would be
+    /// skipped by a reader resuming from it.
+    package static func zoneSequence(_ token: ChangeToken?, backend: String, zone: ZoneName, incarnation: String, current sequence: Int64) throws(RecordZoneError) -> Int64 {
+        guard let position = try zonePosition(token, backend: backend, zone: zone, incarnation: incarnation) else { return 0 }
+        let since = Int64(bitPattern: SequencePosition.decode(position))
+        try refuseAhead(since, of: sequence, "zone '\(zone)'")
+        return since
+    }
+
+    /// Refuses a token position past where the store stands now (`current`): its data went
+    /// back in time; the reader must start again from no token.
+    package static func refuseAhead(_ position: Int64, of current: Int64, _ what: String) throws(RecordZoneError) {
+        guard position <= current else {
+            throw RecordZoneError(.changeTokenExpired, "the change token is ahead of \(what) (its data was restored from an earlier copy); fetch again from the start")
+        }
+    }
+
     /// Parses a database token of a server whose identity is `instance`: its position (0 for
     /// no token). - Throws: ``RecordZoneError/Code/changeTokenExpired`` for another server's.
     package static func databasePosition(_ token: ChangeToken?, backend: String, instance: String) throws(RecordZoneError) -> Int64 {

@@ -96,10 +96,15 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     public init(conninfo: String, poolSize: Int = 8, policy: RecordPolicy, indexedFields: [String: Set<String>] = [:]) async throws(RecordZoneError) {
         self.policy = policy
         queryIndex = QueryIndex(indexedFields)
-        // A statement that runs away (a lock never released) fails instead of holding a
-        // connection forever.
         pool = PostgresPool(conninfo: conninfo, size: poolSize) { connection throws(PostgresError) in
+            // A statement that runs away (a lock never released) fails instead of holding a
+            // connection forever.
             try connection.execute("SET statement_timeout = '60s'")
+            // A save is acknowledged once it is on disk, whatever the database's default says
+            // (`off` would acknowledge what a crash then loses; stronger settings are kept).
+            if try connection.execute("SELECT current_setting('synchronous_commit')").text(0, 0) == "off" {
+                try connection.execute("SET synchronous_commit = on")
+            }
         }
         let waiters = self.waiters
         listener = Listener(conninfo: conninfo)
@@ -189,7 +194,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         let since = pinVersions.withLock { $0.horizon }
         let rows = try await run { db in
             try db.execute("""
-                SELECT identity, chain, version, pg_snapshot_xmin(pg_current_snapshot())::text::bigint FROM ck_pins WHERE changed_xid >= $1
+                SELECT identity, chain, version, NULL::bigint FROM ck_pins WHERE changed_xid >= $1
                 UNION ALL SELECT NULL, NULL, NULL, pg_snapshot_xmin(pg_current_snapshot())::text::bigint
                 """, [.int(since)])
         }
@@ -351,19 +356,21 @@ public final class PostgresBackend: ZoneStorage, Sendable {
 
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
         let position = try TokenContents.databasePosition(token, backend: Self.kind, instance: instance)
-        // One snapshot: the zones it shows, and the oldest transaction it could not see.
+        // One snapshot: the zones it shows, the oldest transaction it could not see (the next
+        // token) and the next transaction to come (a token past it is from before a restore).
         let rows = try await run { db in
             try db.execute("""
-                WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
-                SELECT 'c', name, (SELECT xmin FROM horizon) FROM ck_zones WHERE changed_xid >= $1
-                UNION ALL SELECT 'd', name, (SELECT xmin FROM horizon) FROM ck_deleted_zones WHERE deleted_xid >= $1
-                UNION ALL SELECT 'h', '', xmin FROM horizon
+                SELECT 'c', name, NULL::bigint, NULL::bigint FROM ck_zones WHERE changed_xid >= $1
+                UNION ALL SELECT 'd', name, NULL, NULL FROM ck_deleted_zones WHERE deleted_xid >= $1
+                UNION ALL SELECT 'h', '', pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
                 """, [.int(position)])
         }
         var changed = [ZoneName](), deleted = [ZoneName](), horizon: Int64 = position
         for row in 0..<rows.count {
             switch rows.text(row, 0) {
-            case "h": horizon = rows.int(row, 2) ?? position
+            case "h":
+                horizon = rows.int(row, 2) ?? position
+                try TokenContents.refuseAhead(position, of: rows.int(row, 3) ?? position, "the database")
             case "c": if let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }), isVisible(zone) { changed.append(zone) }
             default: if token != nil, let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }), isVisible(zone) { deleted.append(zone) }
             }
@@ -389,7 +396,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         guard rows.count > 0, let incarnation = rows.text(0, 0), let zoneSequence = rows.int(0, 1) else {
             throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
         }
-        _ = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation)
+        _ = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: zoneSequence)
         var records = [Wire.SignedRecord]()
         for row in 0..<rows.count {
             guard let bytes = rows.bytes(row, 2), let sequence = rows.int(row, 3) else { continue }
@@ -409,7 +416,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         guard rows.count == 1, let incarnation = rows.text(0, 0), let sequence = rows.int(0, 1) else {
             throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
         }
-        let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation).map { Int64(bitPattern: SequencePosition.decode($0)) } ?? 0
+        let since = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: sequence)
         if sequence > since { return true }
         return await waiters.wait(for: zone, after: generation, timeout: timeout)
     }
@@ -492,8 +499,9 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         var results = [Result<Record, RecordZoneError>]()
-        var rows = (zone: [String](), name: [String](), type: [String](), sequence: [Int64](), clock: [Int64](), author: [Data](), signature: [Data](), record: [Data]())
-        var stored = [Record](), previouslyIndexed = Set<RecordID>()
+        // What to write, by record: a later version of one record in the batch replaces an earlier.
+        var winners = [RecordID: (record: Record, bytes: Data, sequence: Int64)](), order = [RecordID]()
+        var previouslyIndexed = Set<RecordID>()
         for (record, outcome) in zip(records, admitted) {
             let zone = record.id.zone.rawValue
             guard let sequence = sequences[zone] else {
@@ -512,31 +520,14 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 if let held = current[record.id], queryIndex.fields[held.recordType] != nil { previouslyIndexed.insert(record.id) }
                 var saved = record
                 saved.serverMetadata = ServerMetadata(changeTag: String(next), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
-                // A later version of the same record in this batch replaces this one.
                 current[record.id] = saved
-                if let earlier = rows.zone.indices.first(where: { rows.zone[$0] == zone && rows.name[$0] == record.id.name }) {
-                    rows.sequence[earlier] = next
-                    rows.type[earlier] = record.recordType
-                    rows.clock[earlier] = Int64(bitPattern: record.clock.rawValue)
-                    rows.author[earlier] = record.authorKey
-                    rows.signature[earlier] = record.signature
-                    rows.record[earlier] = bytes
-                    stored.removeAll { $0.id == record.id }
-                } else {
-                    rows.zone.append(zone)
-                    rows.name.append(record.id.name)
-                    rows.type.append(record.recordType)
-                    rows.sequence.append(next)
-                    rows.clock.append(Int64(bitPattern: record.clock.rawValue))
-                    rows.author.append(record.authorKey)
-                    rows.signature.append(record.signature)
-                    rows.record.append(bytes)
-                }
-                stored.append(record)
+                if winners[record.id] == nil { order.append(record.id) }
+                winners[record.id] = (record, bytes, next)
                 results.append(.success(saved))
             }
         }
-        guard !rows.zone.isEmpty else { return (results, []) }
+        let rows = order.compactMap { winners[$0] }
+        guard !rows.isEmpty else { return (results, []) }
         var writes: [(sql: String, parameters: [PostgresValue])] = [("""
             INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at)
             SELECT zone, name, type, sequence, clock, author, signature, record, $9
@@ -544,11 +535,12 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 AS t(zone, name, type, sequence, clock, author, signature, record)
             ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
                 author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
-            """, [.textArray(rows.zone), .textArray(rows.name), .textArray(rows.type), .intArray(rows.sequence), .intArray(rows.clock),
-                  .bytesArray(rows.author), .bytesArray(rows.signature), .bytesArray(rows.record), .int(now)])]
-        writes += Self.indexStatements(queryIndex, of: stored, previouslyIndexed: previouslyIndexed)
+            """, [.textArray(rows.map(\.record.id.zone.rawValue)), .textArray(rows.map(\.record.id.name)), .textArray(rows.map(\.record.recordType)),
+                  .intArray(rows.map(\.sequence)), .intArray(rows.map { Int64(bitPattern: $0.record.clock.rawValue) }), .bytesArray(rows.map(\.record.authorKey)),
+                  .bytesArray(rows.map(\.record.signature)), .bytesArray(rows.map(\.bytes)), .int(now)])]
+        writes += Self.indexStatements(queryIndex, of: rows.map(\.record), previouslyIndexed: previouslyIndexed)
         // The zones' new positions, and a notification to every server on commit.
-        let touched = Set(rows.zone).sorted()
+        let touched = Set(rows.map(\.record.id.zone.rawValue)).sorted()
         writes.append(("""
             WITH moved AS (
                 UPDATE ck_zones SET sequence = t.sequence, changed_xid = pg_current_xact_id()::text::bigint

@@ -130,6 +130,7 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
              try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [position]) { $0.text(0) },
              try Self.databaseSequence(db))
         }
+        try TokenContents.refuseAhead(position, of: current, "the server's database")
         return DatabaseChanges(changedZones: changed.compactMap { try? ZoneName($0) }.filter(isVisible),
                                deletedZones: token == nil ? [] : deleted.compactMap { try? ZoneName($0) }.filter(isVisible),
                                token: TokenContents.databaseToken(backend: Self.kind, instance: instance, position: current))
@@ -143,7 +144,7 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
             guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
-            let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation).map { Int64(bitPattern: SequencePosition.decode($0)) } ?? 0
+            let since = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: sequence)
             let rows = try db.rows("SELECT record, sequence, received_at FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
                                    [zone.rawValue, since, limit + 1]) { Wire.SignedRecord(bytes: $0.blob(0), changeTag: String($0.int(1)), receivedAt: $0.int(2)) }
             return (incarnation, sequence, rows)
@@ -161,7 +162,7 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
             guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
-            let since = try TokenContents.zonePosition(token, backend: Self.kind, zone: zone, incarnation: incarnation).map { Int64(bitPattern: SequencePosition.decode($0)) } ?? 0
+            let since = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: sequence)
             return sequence > since
         }
         if moved { return true }

@@ -39,15 +39,7 @@ extension PostgresBackend {
             // Chains first: records are checked against them, as the source server checked them.
             let chains = try source.readNow { db in try PinTable.load(from: db) }
             let checker = RecordPolicy(rules: policy.rules, pins: KeyPins(chains))
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = .sortedKeys
-            let pinRows = try chains.sorted { $0.key < $1.key }.map { ($0.key, try encoder.encode($0.value)) }
-            try await run { db in
-                try db.execute("""
-                    INSERT INTO ck_pins (identity, chain, version) SELECT identity, chain, nextval('ck_pin_versions') FROM unnest($1::text[], $2::bytea[]) AS t(identity, chain)
-                    ON CONFLICT (identity) DO NOTHING
-                    """, [.textArray(pinRows.map(\.0)), .bytesArray(pinRows.map(\.1))])
-            }
+            try await insert(chains)
             report.pins = chains.count
             progress("\(chains.count) key chains")
 
@@ -106,13 +98,8 @@ extension PostgresBackend {
                 }
             }
             // Identities the source had not pinned yet, pinned now by the verification.
-            let fresh = try checker.pins.takeChangedChains().sorted { $0.key < $1.key }.map { ($0.key, try encoder.encode($0.value)) }
-            try await run { db in
-                try db.execute("""
-                    INSERT INTO ck_pins (identity, chain, version) SELECT identity, chain, nextval('ck_pin_versions') FROM unnest($1::text[], $2::bytea[]) AS t(identity, chain)
-                    ON CONFLICT (identity) DO NOTHING
-                    """, [.textArray(fresh.map(\.0)), .bytesArray(fresh.map(\.1))])
-            }
+            let fresh = checker.pins.takeChangedChains()
+            try await insert(fresh)
             try await refreshPins()
             report.pins += fresh.count
             progress("\(report.records) records in \(report.zones) zones")
@@ -137,5 +124,18 @@ extension PostgresBackend {
         }
         progress("\(report.assets) assets")
         return report
+    }
+
+    /// Writes key chains of identities the database does not hold yet.
+    private func insert(_ chains: [String: KeyChain]) async throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        let rows = try chains.sorted { $0.key < $1.key }.map { ($0.key, try encoder.encode($0.value)) }
+        try await run { db in
+            try db.execute("""
+                INSERT INTO ck_pins (identity, chain, version) SELECT identity, chain, nextval('ck_pin_versions') FROM unnest($1::text[], $2::bytea[]) AS t(identity, chain)
+                ON CONFLICT (identity) DO NOTHING
+                """, [.textArray(rows.map(\.0)), .bytesArray(rows.map(\.1))])
+        }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import PostgresKit
 import RecordZone
 import Synchronization
 
@@ -148,6 +149,23 @@ extension ZoneStorage {
         case let sqlite as SQLiteBackend: try await sqlite.injectUnchecked(data, into: zone, name: name)
         case let postgres as PostgresBackend: try await postgres.injectUnchecked(data, into: zone, name: name)
         default: throw RecordZoneError(.invalidArguments, "no way to plant records in \(type(of: self))")
+        }
+    }
+
+    /// Puts a zone back as it stood at `sequence`, as a restore from an earlier copy would.
+    func rewind(_ zone: ZoneName, to sequence: Int64) async throws {
+        switch self {
+        case let sqlite as SQLiteBackend:
+            try sqlite.queue.writeNow { db in
+                try db.execute("DELETE FROM records WHERE zone = ? AND sequence > ?", [zone.rawValue, sequence])
+                try db.execute("UPDATE zones SET sequence = ? WHERE name = ?", [sequence, zone.rawValue])
+            }
+        case let postgres as PostgresBackend:
+            try await postgres.run { db in
+                try db.execute("DELETE FROM ck_records WHERE zone = $1 AND sequence > $2", [.text(zone.rawValue), .int(sequence)])
+                try db.execute("UPDATE ck_zones SET sequence = $2 WHERE name = $1", [.text(zone.rawValue), .int(sequence)])
+            }
+        default: throw RecordZoneError(.invalidArguments, "no way to rewind \(type(of: self))")
         }
     }
 
