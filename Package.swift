@@ -51,7 +51,7 @@ let package = Package(
             exclude: ["openapi.json"]),
 
         // Tools.
-        .target(name: "ToolSupport", path: "Tools/ToolSupport"),
+        .target(name: "ToolSupport", dependencies: ["RecordZone"], path: "Tools/ToolSupport"),
         .executableTarget(
             name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),

@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 import Synchronization
+import RecordZone
 import ToolSupport
 
 /// `convkit chat ID`: one conversation on a terminal, in plain ANSI. The newest messages with
@@ -33,7 +34,7 @@ enum ChatView {
             let (rows, columns) = Self.size()
             let state = state.withLock { $0 }
             var out = "\u{1B}[H\u{1B}[2J"
-            out += "\u{1B}[1m\(title)\u{1B}[0m  (Enter sends, Ctrl-C leaves)\r\n"
+            out += "\u{1B}[1m\(DisplayText.safe(title))\u{1B}[0m  (Enter sends, Ctrl-C leaves)\r\n"
             let room = max(1, rows - 4)
             for message in state.messages.suffix(room) {
                 let time = Self.clock.string(from: message.spokenAt)
@@ -45,11 +46,13 @@ enum ChatView {
                 case .failed(let reason): notes.append("failed: \(reason)")
                 case .synced: break
                 }
+                // Names, content and reasons come from others: made safe before they reach the
+                // terminal (this line's own escape codes are added around them).
                 let line = "[\(time)] \(names[message.speaker] ?? message.speaker): \(message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
-                out += String(line.prefix(columns)) + "\r\n"
+                out += String(DisplayText.safe(line).prefix(columns)) + "\r\n"
             }
-            out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(state.status.prefix(columns))\u{1B}[0m"
-            out += "\u{1B}[\(rows);1H> \(String(decoding: state.typed, as: UTF8.self))"
+            out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(DisplayText.safe(state.status).prefix(columns))\u{1B}[0m"
+            out += "\u{1B}[\(rows);1H> \(DisplayText.safe(String(decoding: state.typed, as: UTF8.self)))"
             FileHandle.standardOutput.write(Data(out.utf8))
         }
 

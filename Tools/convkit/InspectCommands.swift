@@ -128,7 +128,7 @@ enum InspectCommands {
         Output.line("signature  \(signature)")
         if let changeTag = record.serverMetadata?.changeTag { Output.line("change tag \(changeTag)") }
         let pretty = try JSONSerialization.data(withJSONObject: fields, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
-        Output.line(String(decoding: pretty, as: UTF8.self))
+        for line in String(decoding: pretty, as: UTF8.self).split(separator: "\n") { Output.line(String(line)) }
     }
 
     static func verify(_ context: Context) async throws {

@@ -135,7 +135,10 @@ struct Context {
 
 /// Output: text for people, or JSON with `--json`.
 enum Output {
-    static func line(_ text: String) { FileHandle.standardOutput.write(Data((text + "\n").utf8)) }
+    /// One line for a person. Everything it prints may hold text from someone else (names,
+    /// content, tags, zone and record names), so the whole line passes ``DisplayText/safe(_:)``:
+    /// no control, escape or bidi character reaches the terminal. `--json` is exact instead.
+    static func line(_ text: String) { FileHandle.standardOutput.write(Data((DisplayText.safe(text) + "\n").utf8)) }
 
     static func json(_ value: Any) throws {
         let data = try JSONSerialization.data(withJSONObject: value, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
@@ -168,7 +171,7 @@ enum Output {
                 let percent = min(100, done * 100 / self.total)
                 let filled = percent / 5
                 let bar = String(repeating: "#", count: filled) + String(repeating: ".", count: 20 - filled)
-                let line = "\(label) [\(bar)] \(percent)%\(note.isEmpty ? "" : " " + note)"
+                let line = "\(label) [\(bar)] \(percent)%\(note.isEmpty ? "" : " " + DisplayText.safe(note))"
                 guard line != shown else { return }
                 shown = line
                 FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8))

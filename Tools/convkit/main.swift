@@ -91,9 +91,7 @@ do {
 } catch let error as UsageError {
     usageFailure(error.message, match.command)
 } catch let error as ToolFailure {
-    FileHandle.standardError.write(Data("Error: \(error.message)\n".utf8))
-    exit(1)
+    exitWithError(error.message, help: nil, tool: match.command.path)
 } catch {
-    FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-    exit(1)
+    exitWithError("\(error)", help: nil, tool: match.command.path)
 }

@@ -50,7 +50,8 @@ public struct Logger: Sendable {
     public func log(_ level: Level, _ message: @autoclosure () -> String) {
         guard isEnabled(level) else { return }
         let stamp = Date().formatted(.iso8601)
-        write("\(stamp) \(level) \(label): \(message())\n")
+        // One line per entry, whatever the message holds (names and IDs come from peers).
+        write("\(stamp) \(level) \(label): \(DisplayText.safe(message()))\n")
     }
 
     public func trace(_ message: @autoclosure () -> String) { log(.trace, message()) }
