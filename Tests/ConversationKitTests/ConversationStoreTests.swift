@@ -215,11 +215,11 @@ import TestSupport
         flaky.mode = .refuseMessages
         let report = try await alice.sync()
         #expect(report.failed == 1)
-        guard case .failed(let reason) = try alice.message(message.id)?.syncState else {
+        guard case .failed(let failure) = try alice.message(message.id)?.syncState else {
             Issue.record("message is not marked failed")
             return
         }
-        #expect(reason.contains("notAuthorized"))
+        #expect(failure.code == .refused && failure.backendCode == .notAuthorized && failure.message.contains("notAuthorized"))
         #expect(try alice.pendingChangeCount() == 0)
     }
 

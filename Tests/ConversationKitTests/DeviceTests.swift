@@ -93,11 +93,19 @@ import TestSupport
 
         let late = try await laptop.send("after the revocation", to: "bob")
         if kind.isServer {
-            // The server no longer takes the laptop's key at all.
-            await #expect(throws: ConversationError.self) { try await laptop.sync() }
+            // The server no longer takes the laptop's key at all, and says so: the laptop is
+            // told it was revoked, not left waiting.
+            await #expect { try await laptop.sync() } throws: { ($0 as? ConversationError)?.code == .deviceRevoked }
         } else {
             try await laptop.sync()
         }
+        // On every backend the laptop's late message fails, as revoked, and leaves the outbox.
+        guard case .failed(let failure)? = try laptop.message(late.id)?.syncState else {
+            Issue.record("the revoked device's message is \(String(describing: try laptop.message(late.id)?.syncState))")
+            return
+        }
+        #expect(failure.code == .deviceRevoked, "\(failure)")
+        #expect(try laptop.pendingChangeCount() == 0)
         try await syncAll([alice, bob])
         let conversation = late.id.conversation
         #expect(try bob.messages(in: conversation).messages.map(\.content) == ["before"])
@@ -117,7 +125,9 @@ import TestSupport
         if kind != .filesystem {
             let raw = try fixture.rawBackend("alice", key: try KeyFile.load(from: fixture.storePath("alice-laptop") + "/device.key"))
             if kind.isServer {
-                await #expect { try await raw.save([backdated]) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+                await #expect { try await raw.save([backdated]) } throws: {
+                    ($0 as? RecordZoneError)?.code == .notAuthenticated && ($0 as? RecordZoneError)?.authentication == .deviceRevoked
+                }
             } else {
                 guard case .failure(let error) = try await raw.save([backdated])[0] else { Issue.record("the backdated message was saved"); return }
                 #expect(error.code == .notAuthorized)

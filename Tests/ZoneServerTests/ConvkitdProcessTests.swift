@@ -41,18 +41,26 @@ import ZoneServer
         #expect(try await again.fetch(batch.map(\.id)).allSatisfy { (try? $0.get()) != nil })
         // The identity binding survived too: another key cannot claim alice after the restart.
         let impostor = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(newPort)")), identity: "alice", key: Keys.mallory)
-        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.authentication == .unknownKey }
     }
 
-    /// Bob relays a message alice signed before she ever reached the server: the save pins her
-    /// key. Killed right after the acknowledgement, the server still holds that pin.
-    @Test func pinsMadeByASaveSurviveSIGKILLRightAfterItsAcknowledgement() async throws {
+    /// Bob relays a message alice signed before she ever reached the server: refused, since a
+    /// server learns alice's key only from alice. Alice's own first save binds it; killed right
+    /// after the acknowledgement, the server still holds that binding.
+    @Test func aKeyBoundByAFirstSaveSurvivesSIGKILLRightAfterItsAcknowledgement() async throws {
         let data = try TemporaryDirectory("convkitd")
         let (first, port) = try await start(data: data.path)
         let zone = try conversationZone("alice", "bob")
-        let bob = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        let firstURL = try #require(URL(string: "http://127.0.0.1:\(port)"))
+        let bob = HTTPBackend(url: firstURL, identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
         try await bob.createZone(zone)
-        _ = try await bob.save([try item(zone, "relayed")]).map { try $0.get() }
+        guard case .failure(let relayed) = try await bob.save([try item(zone, "relayed")])[0] else {
+            Issue.record("bob bound alice's key by relaying her record")
+            return
+        }
+        #expect(relayed.code == .notAuthorized && relayed.message.contains("first record of 'alice'"), "\(relayed)")
+        let aliceFirst = HTTPBackend(url: firstURL, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy())
+        _ = try await aliceFirst.save([try item(zone, "relayed")]).map { try $0.get() }
         first.kill(SIGKILL)
         _ = await first.wait()
 
@@ -60,7 +68,7 @@ import ZoneServer
         defer { second.kill(SIGTERM) }
         let url = try #require(URL(string: "http://127.0.0.1:\(newPort)"))
         let impostor = HTTPBackend(url: url, identity: "alice", key: Keys.mallory)
-        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.authentication == .unknownKey }
         let forged = try await HTTPBackend(url: url, identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
             .save([try message(zone, "forged", from: "alice", to: "bob", key: Keys.mallory)])
         guard case .failure(let error) = forged[0] else { Issue.record("a forgery of alice was accepted after the restart"); return }

@@ -68,9 +68,9 @@ struct PostgresServersTests {
 
         // A key bound through one is bound for all: alice's, and dave's bound first through two.
         let impostor = try client(two, "alice", Keys.mallory)
-        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await impostor.zones() } throws: { ($0 as? RecordZoneError)?.authentication == .unknownKey }
         _ = try await client(two, "dave", Keys.carol).zones()
-        await #expect { try await client(one, "dave", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await client(one, "dave", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.authentication == .unknownKey }
         let forged = try await client(two, "bob", Keys.bob).save([try message(zone, "forged", from: "alice", to: "bob", key: Keys.mallory)])
         guard case .failure(let error) = forged[0] else { Issue.record("a forgery of alice was accepted through the other server"); return }
         #expect(error.code == .notAuthorized)
@@ -226,7 +226,7 @@ struct PostgresServersTests {
         #expect(resumed.records.map(\.id.name) == [try item(zone, "new").id.name], "the zone token resumed where it was")
         await #expect { try await moved.fetchDatabaseChanges(since: databaseToken) } throws: { ($0 as? RecordZoneError)?.code == .changeTokenExpired }
         #expect(try await moved.asset(reference) == asset)
-        await #expect { try await client(port, "alice", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await client(port, "alice", Keys.mallory).zones() } throws: { ($0 as? RecordZoneError)?.authentication == .unknownKey }
     }
 
     /// Two servers asked at the same moment to bind one new identity to two keys: exactly one
@@ -253,7 +253,7 @@ struct PostgresServersTests {
             let (winner, loser) = outcomes[0] ? (keyA, keyB) : (keyB, keyA)
             for port in ports {
                 _ = try await client(port, identity, winner).zones()
-                await #expect { try await client(port, identity, loser).zones() } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+                await #expect { try await client(port, identity, loser).zones() } throws: { ($0 as? RecordZoneError)?.authentication == .unknownKey }
             }
         }
         // Saves: a new author's message signed with two keys, saved at once through each storage.

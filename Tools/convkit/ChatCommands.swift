@@ -91,6 +91,7 @@ enum ChatCommands {
                                     "spokenAt": Output.time(message.spokenAt), "state": state(message.syncState)]
         if let edited = message.editedAt { value["editedAt"] = Output.time(edited) }
         if let read = message.readAt { value["readAt"] = Output.time(read) }
+        if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
 

@@ -74,6 +74,8 @@ enum StoreSchema {
             CREATE TABLE image_cache (hash BLOB PRIMARY KEY, size INTEGER NOT NULL, last_used INTEGER NOT NULL) STRICT, WITHOUT ROWID;
             CREATE INDEX image_cache_by_use ON image_cache (last_used);
             """),
+        // Version 5: a failed message keeps why as a code (``SyncFailure``), beside the text.
+        Migration(version: 5, sql: "ALTER TABLE messages ADD COLUMN sync_error_code TEXT;"),
     ]
 }
 

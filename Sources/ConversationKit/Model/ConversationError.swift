@@ -33,6 +33,13 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case databaseCorrupt
         case database
         case backend
+        /// The backend (a server) does not accept this device's requests:
+        /// ``RecordZoneError/authentication`` of ``backendError`` says why (a clock too far off,
+        /// a key it does not hold). Nothing is lost: local changes wait in the outbox.
+        case notAuthenticated
+        /// This device was revoked by the speaker's first device: what it signs is refused, and
+        /// its messages that cannot reach anyone are marked ``SyncFailure/Code/deviceRevoked``.
+        case deviceRevoked
     }
 
     public var code: Code
@@ -52,6 +59,17 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
     }
 
     public var description: String { "\(code.rawValue): \(message)" }
+
+    /// A backend's error, with what the store was doing: ``Code/backend``, or
+    /// ``Code/notAuthenticated`` / ``Code/deviceRevoked`` when a server refused who signed.
+    static func backend(_ error: RecordZoneError, _ doing: String) -> ConversationError {
+        guard error.code == .notAuthenticated else { return ConversationError(.backend, "\(doing): \(error)", backendError: error) }
+        if error.authentication == .deviceRevoked {
+            return ConversationError(.deviceRevoked, "\(doing): this device was revoked; its messages cannot reach anyone (link it again as a new device)", backendError: error)
+        }
+        let why = error.authentication.map { "\($0)" } ?? error.message
+        return ConversationError(.notAuthenticated, "\(doing): the server does not accept this device's requests: \(why)", backendError: error)
+    }
 
     /// Wraps any error thrown inside the store into a ``ConversationError``.
     static func wrap(_ error: any Error) -> ConversationError {

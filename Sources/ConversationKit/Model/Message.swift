@@ -37,8 +37,52 @@ public enum SyncState: Sendable, Hashable {
     case pending
     /// The backend has it.
     case synced
-    /// The backend refused it for good; the reason says why.
-    case failed(reason: String)
+    /// It will not reach anyone as it is; the failure says why, as a code.
+    case failed(SyncFailure)
+}
+
+/// Why a local change failed for good: a code to decide on, a message to show.
+public struct SyncFailure: Sendable, Hashable, CustomStringConvertible {
+    public enum Code: String, Sendable, Hashable {
+        /// This device was revoked by the speaker's first device: nobody accepts what it signs
+        /// (over a server, nothing at all; over a folder, what it signed after the revocation).
+        case deviceRevoked
+        /// The backend refused the version for good; ``SyncFailure/backendCode`` says why.
+        case refused
+    }
+
+    public let code: Code
+    /// With ``Code/refused``: the backend's reason (`invalidSignature`, `notAuthorized`,
+    /// `limitExceeded`, …), when it gave one.
+    public let backendCode: RecordZoneError.Code?
+    /// For people: the backend's words, or the store's.
+    public let message: String
+
+    public init(_ code: Code, backendCode: RecordZoneError.Code? = nil, message: String) {
+        self.code = code
+        self.backendCode = backendCode
+        self.message = message
+    }
+
+    /// A refusal by the backend.
+    init(refusal error: RecordZoneError) {
+        self.init(.refused, backendCode: error.code, message: error.description)
+    }
+
+    /// As stored in `messages.sync_error_code`: the code, or the backend's code for a refusal.
+    var storedCode: String { backendCode?.rawValue ?? code.rawValue }
+
+    /// From `messages.sync_error_code` and `sync_error` (rows from before the code: `refused`).
+    init(storedCode: String?, message: String?) {
+        let message = message ?? "refused"
+        if storedCode == Code.deviceRevoked.rawValue {
+            self.init(.deviceRevoked, message: message)
+        } else {
+            self.init(.refused, backendCode: storedCode.flatMap(RecordZoneError.Code.init(rawValue:)), message: message)
+        }
+    }
+
+    public var description: String { message }
 }
 
 /// Something that changed in the store, for live views.

@@ -144,7 +144,7 @@ extension ConversationStore {
             }
             problem = "the avatar asset is not the \(avatar.size) PNG the profile names (it is a \(decoded.width)×\(decoded.height) image)"
         } catch let error as RecordZoneError where error.isTransient {
-            throw ConversationError(.backend, "cannot download \(identifier)'s avatar: \(error)", backendError: error)
+            throw ConversationError.backend(error, "cannot download \(identifier)'s avatar")
         } catch let error as RecordZoneError {
             problem = error.code == .unknownItem ? "the avatar asset is missing from the backend"
                 : error.code == .assetCorrupt ? "the avatar asset does not match its hash" : "the avatar asset cannot be had: \(error)"

@@ -129,7 +129,7 @@ extension ConversationStore {
         } catch let error as ConversationError {
             throw error
         } catch let error as RecordZoneError {
-            if error.code == .notAuthorized {
+            if error.code == .notAuthorized || error.code == .notAuthenticated {
                 throw ConversationError(.keyConflict, "the backend refused this device for '\(link.identity)': \(error.message)", backendError: error)
             }
             throw ConversationError(.backend, "cannot publish the device certificate: \(error)", backendError: error)

@@ -59,7 +59,7 @@ extension ConversationStore {
                     INSERT INTO ck_outbox (zone, name, record) VALUES (?, ?, ?)
                     ON CONFLICT (zone, name) DO UPDATE SET record = excluded.record, attempts = 0, next_attempt_at = 0, last_error = NULL
                     """, [zone, name, record])
-                try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.pending.rawValue, zone, name])
+                try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.pending.rawValue, zone, name])
                 applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
             }
             if !failed.isEmpty { applier.queuedLocalChange = true }

@@ -218,13 +218,13 @@ extension ConversationStore {
         }
     }
 
-    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error"
+    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code"
 
     static func message(from row: Row) -> Message {
         let state: SyncState
         switch SyncStateColumn(rawValue: row.int(8)) {
         case .pending: state = .pending
-        case .failed: state = .failed(reason: row.optionalText(9) ?? "refused")
+        case .failed: state = .failed(SyncFailure(storedCode: row.optionalText(10), message: row.optionalText(9)))
         default: state = .synced
         }
         return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),

@@ -102,7 +102,7 @@ extension ConversationStore {
         } catch where error.isTransient || error.code == .zoneNotFound {
             // Offline, or nobody published yet: the local cache answers alone.
         } catch {
-            throw ConversationError(.backend, "speaker query failed: \(error)", backendError: error)
+            throw ConversationError.backend(error, "speaker query failed")
         }
         let results = found
         return try await write { applier in

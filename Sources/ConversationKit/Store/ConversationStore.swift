@@ -208,7 +208,7 @@ public final class ConversationStore: Sendable {
             do throws(RecordZoneError) {
                 made = try backendFactory.make(BackendContext(policy: policy, identity: local.identifier, key: local.key, deviceCertificate: local.certificate, stateDirectory: backendStateDirectory))
             } catch {
-                throw ConversationError(.backend, "cannot open the backend: \(error)", backendError: error)
+                throw ConversationError.backend(error, "cannot open the backend")
             }
             connected = made
             return made

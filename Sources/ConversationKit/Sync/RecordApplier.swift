@@ -66,6 +66,13 @@ struct RecordApplier {
         quarantinedCount += 1
     }
 
+    /// Marks a local message failed for good, with why.
+    mutating func fail(_ message: MessageID, _ failure: SyncFailure) throws {
+        try db.execute("UPDATE messages SET sync_state = ?, sync_error = ?, sync_error_code = ? WHERE zone = ? AND name = ?",
+                       [SyncStateColumn.failed.rawValue, failure.message, failure.storedCode, message.conversation, message.name])
+        note(.syncStateChanged(message))
+    }
+
     /// Quarantines a record a backend's reader refused, keeping its bytes and the identity it
     /// concerns when the refusal is about one.
     mutating func quarantine(_ rejected: RejectedRecord) throws {
@@ -183,7 +190,7 @@ struct RecordApplier {
         let state = origin == .local ? SyncStateColumn.pending : .synced
         let exists = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, name]) { _ in true } ?? false
         if record.isDeleted {
-            try db.execute("UPDATE messages SET is_deleted = 1, content = '', sync_state = ?, sync_error = NULL WHERE zone = ? AND name = ?",
+            try db.execute("UPDATE messages SET is_deleted = 1, content = '', sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?",
                            [state.rawValue, zone, name])
             if exists { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
             return
@@ -195,7 +202,7 @@ struct RecordApplier {
             INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state)
             VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
-                spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL
+                spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, listener, state.rawValue])
         let other = speaker == localSpeaker ? listener : speaker
         try ensureConversation(zone: zone, other: other)

@@ -113,7 +113,7 @@ actor SyncEngine {
         } catch where error.code == .changeTokenExpired {
             return true
         } catch {
-            throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
+            throw ConversationError.backend(error, "cannot fetch the database changes")
         }
     }
 
@@ -145,22 +145,42 @@ actor SyncEngine {
     /// failed (a folder may have taken it, but no reader will) and never pushed again.
     private func failRevoked(localSpeaker: String, deviceKey: Data) async throws(ConversationError) {
         guard let revokedAfter = database.policy.pins.chain(for: localSpeaker)?.device(deviceKey)?.revokedAfter else { return }
-        let clock = Int64(bitPattern: revokedAfter.rawValue)
+        try await failSigned(by: [deviceKey], after: Int64(bitPattern: revokedAfter.rawValue),
+                             why: "this device was revoked; nobody accepts what it signs after \(revokedAfter)")
+    }
+
+    /// Marks the messages `keys` signed (after `clock`, or all of them) failed with
+    /// ``SyncFailure/Code/deviceRevoked`` (the cause, even of one a backend refused or a folder
+    /// took first), and takes every version they signed out of the outbox.
+    private func failSigned(by keys: Set<Data>, after clock: Int64 = .min, why: String) async throws(ConversationError) {
+        let failure = SyncFailure(.deviceRevoked, message: why)
         try await write { applier in
-            let why = "this device was revoked; nobody accepts what it signs after \(revokedAfter)"
-            let late = try applier.db.rows("""
-                SELECT m.zone, m.name FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
-                WHERE r.author = ? AND r.clock > ? AND m.sync_state != ?
-                """, [deviceKey, clock, SyncStateColumn.failed.rawValue]) { ($0.text(0), $0.text(1)) }
-            for (zone, name) in late {
-                try applier.db.execute("UPDATE messages SET sync_state = ?, sync_error = ? WHERE zone = ? AND name = ?", [SyncStateColumn.failed.rawValue, why, zone, name])
-                applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
+            for key in keys {
+                let late = try applier.db.rows("""
+                    SELECT m.zone, m.name FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
+                    WHERE r.author = ? AND r.clock > ? AND coalesce(m.sync_error_code, '') != ?
+                    """, [key, clock, failure.storedCode]) { ($0.text(0), $0.text(1)) }
+                for (zone, name) in late {
+                    try applier.fail(MessageID(conversation: zone, name: name), failure)
+                }
+                try applier.db.execute("""
+                    DELETE FROM ck_outbox WHERE id IN
+                        (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name WHERE r.author = ? AND r.clock > ?)
+                    """, [key, clock])
             }
-            try applier.db.execute("""
-                DELETE FROM ck_outbox WHERE id IN
-                    (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name WHERE r.author = ? AND r.clock > ?)
-                """, [deviceKey, clock])
         }
+    }
+
+    /// What a push does when the server refuses who signs it: a revoked device's messages fail
+    /// for good (``SyncFailure/Code/deviceRevoked``); otherwise (a clock too far off, a key it
+    /// does not hold) they wait in the outbox with the reason, and the sync says why.
+    private func refusedAuthentication(_ error: RecordZoneError, sending entries: [OutboxEntry], signedBy keys: Set<Data>) async throws(ConversationError) -> ConversationError {
+        if error.authentication == .deviceRevoked {
+            try await failSigned(by: keys, why: "this device was revoked; the server accepts nothing it signs")
+        } else {
+            try await reschedule(entries, error: error)
+        }
+        return ConversationError.backend(error, "push refused")
     }
 
     // MARK: Push
@@ -197,7 +217,14 @@ actor SyncEngine {
                     }
                 }
             }
-            try await ensureZonesExist(Set(records.map(\.id.zone)))
+            do {
+                try await ensureZonesExist(Set(records.map(\.id.zone)))
+            } catch {
+                if error.code == .notAuthenticated {
+                    throw try await refusedAuthentication(error, sending: sent, signedBy: Set(records.map(\.authorKey)))
+                }
+                throw ConversationError.backend(error, "cannot create a zone")
+            }
             let results: [Result<Record, RecordZoneError>]
             do {
                 // The assets they reference first (an avatar), so no reader sees a reference
@@ -205,6 +232,9 @@ actor SyncEngine {
                 try await uploadAssets(of: records)
                 results = try await backend.save(records)
             } catch {
+                if error.code == .notAuthenticated {
+                    throw try await refusedAuthentication(error, sending: sent, signedBy: Set(records.map(\.authorKey)))
+                }
                 if error.code == .notAuthorized {
                     // A backend that takes no writes at all (a folder observer): the changes
                     // wait in the outbox, and the pull goes on.
@@ -212,10 +242,10 @@ actor SyncEngine {
                     report.deferred += sent.count
                     return
                 }
-                guard error.isTransient else { throw ConversationError(.backend, "push failed: \(error)", backendError: error) }
+                guard error.isTransient else { throw ConversationError.backend(error, "push failed") }
                 try await reschedule(sent, error: error)
                 report.deferred += sent.count
-                throw ConversationError(.backend, "push failed, will retry: \(error)", backendError: error)
+                throw ConversationError.backend(error, "push failed, will retry")
             }
             let settled = zip(sent, zip(records, results)).map { ($0, $1.0, $1.1) }
             let counts = try await write { applier in
@@ -244,7 +274,7 @@ actor SyncEngine {
                 try applier.apply(winner, origin: .remote)  // another version won the merge
             }
             if unchanged, isMessage {
-                try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.synced.rawValue, zone, name])
+                try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.synced.rawValue, zone, name])
                 applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
             }
             report.pushed += 1
@@ -253,11 +283,7 @@ actor SyncEngine {
             report.deferred += 1
         case .failure(let error):
             try db.execute("DELETE FROM ck_outbox WHERE id = ? AND record = ?", [entry.id, entry.record])
-            if isMessage {
-                try db.execute("UPDATE messages SET sync_state = ?, sync_error = ? WHERE zone = ? AND name = ?",
-                               [SyncStateColumn.failed.rawValue, error.description, zone, name])
-                applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
-            }
+            if isMessage { try applier.fail(MessageID(conversation: zone, name: name), SyncFailure(refusal: error)) }
             report.failed += 1
         }
     }
@@ -290,18 +316,23 @@ actor SyncEngine {
         }
     }
 
-    private func ensureZonesExist(_ zones: Set<ZoneName>) async throws(ConversationError) {
-        let created = Set(try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } })
+    private func ensureZonesExist(_ zones: Set<ZoneName>) async throws(RecordZoneError) {
+        let created: Set<String>
+        do { created = Set(try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } }) } catch {
+            throw RecordZoneError(.ioError, "cannot read the store: \(error)")
+        }
         for zone in zones.sorted() where !created.contains(zone.rawValue) {
             do {
                 try await backend.createZone(zone)
             } catch where error.code == .notAuthorized {
                 return  // a backend that takes no writes: the save says so
-            } catch {
-                throw ConversationError(.backend, "cannot create zone \(zone): \(error)", backendError: error)
             }
-            try await write { applier in
-                try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
+            do {
+                try await write { applier in
+                    try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
+                }
+            } catch {
+                throw RecordZoneError(.ioError, "cannot write the store: \(error)")
             }
         }
     }
@@ -318,10 +349,10 @@ actor SyncEngine {
         } catch where error.code == .changeTokenExpired {
             databaseToken = nil
             do { changes = try await backend.fetchDatabaseChanges(since: nil) } catch {
-                throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
+                throw ConversationError.backend(error, "cannot fetch the database changes")
             }
         } catch {
-            throw ConversationError(.backend, "cannot fetch the database changes: \(error)", backendError: error)
+            throw ConversationError.backend(error, "cannot fetch the database changes")
         }
         // Speakers' own zones first: who holds which keys and devices is decided there, before a
         // conversation's records are read. The store follows only the speakers it knows: its
@@ -382,7 +413,7 @@ actor SyncEngine {
             } catch where error.code == .zoneNotFound {
                 return
             } catch {
-                throw ConversationError(.backend, "cannot fetch changes of \(zone): \(error)", backendError: error)
+                throw ConversationError.backend(error, "cannot fetch changes of \(zone)")
             }
             let finished = !page.moreComing
             let pageDamage = page.rejected.filter { $0.reason.code == RejectionReason.corruptSegmentCode }.map(\.source)

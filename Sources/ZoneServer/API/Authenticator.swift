@@ -8,7 +8,7 @@ import Synchronization
 /// (``ZoneStorage/claimNonce(_:at:horizon:)``), where every server sharing it sees the nonces.
 final class Authenticator: Sendable {
     enum Failure: Error {
-        case unauthenticated(String)
+        case unauthenticated(AuthenticationProblem, String)
         case rateLimited(retryAfter: Double)
     }
 
@@ -46,32 +46,45 @@ final class Authenticator: Sendable {
 
     /// Why a request's headers alone already fail authentication (before its body is read), or
     /// nil when they may pass: the signature, which covers the body, is checked later.
-    func precheck(_ headers: [String: String]) -> String? {
-        guard let header = headers["authorization"] else { return "missing Authorization header" }
-        guard let credentials = RequestSignature.parse(header) else { return "malformed Authorization header" }
-        let age = now().timeIntervalSince1970 - Double(credentials.timestamp) / 1000
-        guard abs(age) <= maximumSkew else { return "request timestamp is \(Int(age)) s away from the server's clock (at most \(Int(maximumSkew)) s)" }
-        guard headers[RequestSignature.deviceHeader.lowercased()] == nil, let chain = policy.pins.chain(for: credentials.identity) else { return nil }
-        return chain.allowsNow(credentials.publicKey) ? nil : "'\(credentials.identity)' is bound to another key"
+    func precheck(_ headers: [String: String]) -> Failure? {
+        guard let header = headers["authorization"] else { return .unauthenticated(.missingSignature, "missing Authorization header") }
+        guard let credentials = RequestSignature.parse(header) else { return .unauthenticated(.missingSignature, "malformed Authorization header") }
+        if let skew = skewFailure(credentials, now: now()) { return skew }
+        guard headers[RequestSignature.deviceHeader.lowercased()] == nil else { return nil }
+        return keyFailure(identity: credentials.identity, key: credentials.publicKey, chain: policy.pins.chain(for: credentials.identity))
+    }
+
+    /// The refusal of a request whose time is further from the server's clock than allowed,
+    /// saying by how much (a client shows it: its clock is wrong, not its key).
+    private func skewFailure(_ credentials: RequestSignature.Credentials, now clock: Date) -> Failure? {
+        let ahead = Double(credentials.timestamp) / 1000 - clock.timeIntervalSince1970
+        guard abs(ahead) > maximumSkew else { return nil }
+        return .unauthenticated(.clockSkew(seconds: ahead), "the request's time is \(Int(abs(ahead).rounded())) s \(ahead > 0 ? "ahead of" : "behind") the server's clock (at most \(Int(maximumSkew)) s allowed)")
+    }
+
+    /// Why `key` may not speak for `identity` now (nil when it may, or nothing is pinned yet):
+    /// a revoked device of the identity, or a key the identity's chain does not hold.
+    func keyFailure(identity: String, key: Data, chain: KeyChain?) -> Failure? {
+        guard let chain, !chain.allowsNow(key) else { return nil }
+        if chain.device(key)?.revokedAfter != nil { return .unauthenticated(.deviceRevoked, "this device of '\(identity)' was revoked") }
+        return .unauthenticated(.unknownKey, "'\(identity)' is bound to another key")
     }
 
     /// The authenticated identity of a request (its nonce not yet claimed).
     func authenticate(_ request: HTTPRequest) throws(Failure) -> Authenticated {
-        guard let header = request.headers["authorization"] else { throw .unauthenticated("missing Authorization header") }
-        guard let credentials = RequestSignature.parse(header) else { throw .unauthenticated("malformed Authorization header") }
+        guard let header = request.headers["authorization"] else { throw .unauthenticated(.missingSignature, "missing Authorization header") }
+        guard let credentials = RequestSignature.parse(header) else { throw .unauthenticated(.missingSignature, "malformed Authorization header") }
         let clock = now()
-        let age = clock.timeIntervalSince1970 - Double(credentials.timestamp) / 1000
-        guard abs(age) <= maximumSkew else {
-            throw .unauthenticated("request timestamp is \(Int(age)) s away from the server's clock (at most \(Int(maximumSkew)) s)")
-        }
+        if let skew = skewFailure(credentials, now: clock) { throw skew }
         guard RequestSignature.verify(credentials, method: request.method, path: request.path, query: request.query, body: request.body) else {
-            throw .unauthenticated("request signature does not verify")
+            throw .unauthenticated(.badSignature, "request signature does not verify")
         }
         if let certificate = request.headers[RequestSignature.deviceHeader.lowercased()] {
             try enroll(certificate, credentials, at: clock)
         }
         guard policy.pins.bind(identity: credentials.identity, key: credentials.publicKey) else {
-            throw .unauthenticated("'\(credentials.identity)' is bound to another key")
+            throw keyFailure(identity: credentials.identity, key: credentials.publicKey, chain: policy.pins.chain(for: credentials.identity))
+                ?? .unauthenticated(.unknownKey, "'\(credentials.identity)' is bound to another key")
         }
         let outcome: Failure? = buckets.withLock { buckets in
             var bucket = buckets[credentials.publicKey] ?? Bucket(tokens: burst, updated: clock)
@@ -93,12 +106,12 @@ final class Authenticator: Sendable {
         guard let bytes = Data(base64Encoded: header), let record = try? Record(canonical: bytes),
             record.recordType == DeviceCertificate.recordType, record[DeviceCertificate.keyField]?.bytesValue == credentials.publicKey,
             record[DeviceCertificate.identityField]?.stringValue == credentials.identity, let expires = DeviceCertificate.expiry(of: record)
-        else { throw .unauthenticated("the \(RequestSignature.deviceHeader) header is not this device's certificate") }
+        else { throw .unauthenticated(.deviceCertificate, "the \(RequestSignature.deviceHeader) header is not this device's certificate") }
         guard Double(expires.milliseconds) >= clock.timeIntervalSince1970 * 1000 else {
-            throw .unauthenticated("the device certificate's link code expired")
+            throw .unauthenticated(.deviceCertificate, "the device certificate's link code expired")
         }
         if case .failure(let rejected) = policy.admit(encoded: bytes, source: "request") {
-            throw .unauthenticated("the device certificate is refused: \(rejected.reason)")
+            throw .unauthenticated(.deviceCertificate, "the device certificate is refused: \(rejected.reason)")
         }
     }
 }

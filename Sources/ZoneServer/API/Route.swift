@@ -49,7 +49,7 @@ enum Route: CaseIterable {
     /// method.
     static func match(method: String, path: String) throws(APIError) -> Matched {
         guard !path.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
-            throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "the path holds a control character")
+            throw APIError(.invalidArguments, "the path holds a control character")
         }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
         var allowed = [String]()
@@ -72,8 +72,8 @@ enum Route: CaseIterable {
             if route.method == method { return Matched(route: route, parameters: parameters) }
         }
         if !allowed.isEmpty {
-            throw APIError(405, RecordZoneError.Code.methodNotAllowed.rawValue, "\(method) is not allowed on \(path)", headers: [("Allow", allowed.joined(separator: ", "))])
+            throw APIError(.methodNotAllowed, "\(method) is not allowed on \(path)", headers: [("Allow", allowed.joined(separator: ", "))])
         }
-        throw APIError(404, RecordZoneError.Code.routeNotFound.rawValue, "no route \(method) \(path)")
+        throw APIError(.routeNotFound, "no route \(method) \(path)")
     }
 }

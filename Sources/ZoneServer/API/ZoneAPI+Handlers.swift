@@ -44,7 +44,7 @@ extension ZoneAPI {
             try refuseOverTheBatchLimit(request.body, "records")
             let body = try decode(Wire.Modify.self, request, canonical: true)
             guard body.records.count <= Record.maximumBatchSize else {
-                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")
+                throw APIError(.limitExceeded, "a request holds at most \(Record.maximumBatchSize) records, got \(body.records.count)")
             }
             var results = [Result<Record, RecordZoneError>?](repeating: nil, count: body.records.count)
             var allowed = [(Int, Record)]()
@@ -56,7 +56,7 @@ extension ZoneAPI {
                 }
                 if !access.canWrite(record, as: identity) {
                     results[index] = .failure(RecordZoneError(.notAuthorized, "'\(identity)' may not write \(record.id)", recordID: record.id))
-                } else if let refusal = refusalByServerTime(record) {
+                } else if let refusal = refusalByServerTime(record) ?? refusalOfAnUnknownOwner(record, as: identity) {
                     results[index] = .failure(refusal)
                 } else {
                     allowed.append((index, record))
@@ -72,7 +72,7 @@ extension ZoneAPI {
             try refuseOverTheBatchLimit(request.body, "IDs")
             let body = try decode(Wire.Fetch.self, request, canonical: true)
             guard body.ids.count <= Record.maximumBatchSize else {
-                throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "a request holds at most \(Record.maximumBatchSize) IDs")
+                throw APIError(.limitExceeded, "a request holds at most \(Record.maximumBatchSize) IDs")
             }
             var outcomes = [Wire.Outcome?](repeating: nil, count: body.ids.count)
             var readable = [(Int, RecordID)]()
@@ -98,7 +98,7 @@ extension ZoneAPI {
             let zone = try readableZone(matched, identity)
             let body = try decode(Wire.Query.self, request, canonical: true)
             let cursor = try body.cursor.map { text throws(APIError) -> QueryCursor in
-                guard let data = Data(base64Encoded: text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "cursor is not base64") }
+                guard let data = Data(base64Encoded: text) else { throw APIError(.invalidArguments, "cursor is not base64") }
                 return QueryCursor(data: data)
             }
             let result = try await storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
@@ -111,7 +111,7 @@ extension ZoneAPI {
             return .json(Wire.Asset(reference), status: 201)
         case .getAsset:
             guard let size = try intParameter(request, "size"), size >= 0 else {
-                throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "size is required")
+                throw APIError(.invalidArguments, "size is required")
             }
             let data = try await storage.asset(try assetParameter(matched, size: UInt64(size)))
             return HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: data)
@@ -123,7 +123,7 @@ extension ZoneAPI {
         do {
             return try await storage.putAsset(body, expected: expected)
         } catch {
-            if error.code == .assetCorrupt { throw APIError(400, error.code.rawValue, error.message) }
+            if error.code == .assetCorrupt { throw APIError(error, status: 400) }
             throw error
         }
     }
@@ -135,10 +135,23 @@ extension ZoneAPI {
     func refuseOverTheBatchLimit(_ body: Data, _ what: String) throws(APIError) {
         let limit = "a request holds at most \(Record.maximumBatchSize) \(what)"
         if let declared = Wire.declaredRecordCount(body) {
-            guard declared <= Record.maximumBatchSize else { throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, "\(limit), got \(declared)") }
+            guard declared <= Record.maximumBatchSize else { throw APIError(.limitExceeded, "\(limit), got \(declared)") }
         } else if Wire.jsonObjectCountExceeds(body, Record.maximumBatchSize + 1) {
-            throw APIError(413, RecordZoneError.Code.limitExceeded.rawValue, limit)
+            throw APIError(.limitExceeded, limit)
         }
+    }
+
+    /// A record of an identity the server holds no key for yet, sent by someone else: a server
+    /// learns an identity's key only from that identity's own signed requests (or its first own
+    /// record), never from a record another participant signed and sent (which would let alice
+    /// bind her key to dora before dora ever connects). Replicators copy what others signed,
+    /// and may.
+    private func refusalOfAnUnknownOwner(_ record: Record, as identity: String) -> RecordZoneError? {
+        guard configuration.replicators[identity] == nil, case .success(let owner)? = storage.policy.rules.owner(of: record),
+            owner != identity, storage.policy.pins.chain(for: owner) == nil
+        else { return nil }
+        return RecordZoneError(.notAuthorized, "'\(identity)' may not send the first record of '\(owner)': the server learns '\(owner)''s key only from '\(owner)'",
+                               recordID: record.id)
     }
 
     /// What only a server can refuse, by its own clock rather than the record's: a device
@@ -154,7 +167,7 @@ extension ZoneAPI {
 
     private func zoneParameter(_ matched: Route.Matched) throws(APIError) -> ZoneName {
         guard let text = matched.parameters["zone"], let zone = try? ZoneName(text) else {
-            throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "invalid zone name")
+            throw APIError(.invalidArguments, "invalid zone name")
         }
         return zone
     }
@@ -166,24 +179,24 @@ extension ZoneAPI {
     }
 
     private func forbidden(_ identity: String, _ zone: ZoneName) -> APIError {
-        APIError(403, RecordZoneError.Code.notAuthorized.rawValue, "'\(identity)' may not use zone '\(zone)'")
+        APIError(.notAuthorized, "'\(identity)' may not use zone '\(zone)'")
     }
 
     private func tokenParameter(_ request: HTTPRequest) throws(APIError) -> ChangeToken? {
         guard let text = request.queryValue("token"), !text.isEmpty else { return nil }
-        guard let token = ChangeToken(base64: text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "token is not base64") }
+        guard let token = ChangeToken(base64: text) else { throw APIError(.invalidArguments, "token is not base64") }
         return token
     }
 
     private func intParameter(_ request: HTTPRequest, _ name: String) throws(APIError) -> Int? {
         guard let text = request.queryValue(name) else { return nil }
-        guard let value = Int(text) else { throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "\(name) must be an integer") }
+        guard let value = Int(text) else { throw APIError(.invalidArguments, "\(name) must be an integer") }
         return value
     }
 
     private func assetParameter(_ matched: Route.Matched, size: UInt64) throws(APIError) -> AssetReference {
         guard let hex = matched.parameters["sha256"], hex.count == 64, let hash = Data(hexString: hex), let reference = try? AssetReference(hash: hash, size: size) else {
-            throw APIError(400, RecordZoneError.Code.invalidArguments.rawValue, "the asset path needs a SHA-256 in hex")
+            throw APIError(.invalidArguments, "the asset path needs a SHA-256 in hex")
         }
         return reference
     }
@@ -197,16 +210,16 @@ extension ZoneAPI {
             if canonical { return try Wire.decodeCanonical(type, from: request.body, binary: binary) }
             return try Wire.decode(type, from: request.body, binary: binary)
         } catch let error as Wire.NonCanonicalJSON {
-            throw APIError(400, RecordZoneError.Code.malformed.rawValue, error.description)
+            throw APIError(.malformed, error.description)
         } catch {
-            throw APIError(400, RecordZoneError.Code.malformed.rawValue, "malformed \(binary ? "binary" : "JSON") body: \(Record.describe(error))")
+            throw APIError(.malformed, "malformed \(binary ? "binary" : "JSON") body: \(Record.describe(error))")
         }
     }
 
     /// A body that carries records, in the binary form when the request's `Accept` asks for it.
     private func wire<T: Encodable>(_ value: T, for request: HTTPRequest) -> HTTPResponse {
         let binary = request.headers["accept"]?.lowercased().contains(Wire.recordsType) ?? false
-        guard let body = try? Wire.encode(value, binary: binary) else { return APIError(500, RecordZoneError.Code.internalError.rawValue, "cannot encode the response").response }
+        guard let body = try? Wire.encode(value, binary: binary) else { return APIError(.internalError, "cannot encode the response").response }
         return HTTPResponse(status: 200, headers: [("Content-Type", binary ? Wire.recordsType : Wire.jsonType)], body: body)
     }
 }

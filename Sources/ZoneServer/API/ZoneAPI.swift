@@ -37,8 +37,8 @@ public struct ZoneAPI: HTTPService {
         let refusal: APIError
         do {
             let route = try Route.match(method: method, path: path)
-            guard route.isAuthenticated, let why = authenticator.precheck(headers) else { return nil }
-            refusal = APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
+            guard route.isAuthenticated, let failure = authenticator.precheck(headers) else { return nil }
+            refusal = APIError(failure)
         } catch {
             refusal = error
         }
@@ -71,21 +71,18 @@ public struct ZoneAPI: HTTPService {
                 do {
                     authenticated = try authenticator.authenticate(request)
                 } catch {
-                    switch error {
-                    case .unauthenticated(let why): throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, why)
-                    case .rateLimited(let after):
-                        throw APIError(429, RecordZoneError.Code.requestRateLimited.rawValue, "too many requests; retry after \(String(format: "%.3f", after)) s",
-                                       retryAfter: after)
-                    }
+                    throw APIError(error)
                 }
                 guard try await storage.claimNonce(authenticated.nonce, at: authenticated.time, horizon: authenticator.nonceHorizon) else {
-                    throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, "replayed request (nonce seen before)")
+                    throw APIError(.notAuthenticated, "replayed request (nonce seen before)", authentication: .replayed)
                 }
                 // A first request binds its identity to its key: stored (and, with several
                 // servers, agreed) before it is answered; the key is checked again after.
                 try await storage.persistPins(for: authenticated.identity)
-                guard storage.policy.pins.chain(for: authenticated.identity)?.allowsNow(authenticated.key) == true else {
-                    throw APIError(401, RecordZoneError.Code.notAuthenticated.rawValue, "'\(authenticated.identity)' is bound to another key")
+                let chain = storage.policy.pins.chain(for: authenticated.identity)
+                guard chain?.allowsNow(authenticated.key) == true else {
+                    throw APIError(authenticator.keyFailure(identity: authenticated.identity, key: authenticated.key, chain: chain)
+                                   ?? .unauthenticated(.unknownKey, "'\(authenticated.identity)' is bound to another key"))
                 }
                 identity = authenticated.identity
             }
@@ -95,7 +92,7 @@ public struct ZoneAPI: HTTPService {
         } catch let error as RecordZoneError {
             response = APIError(error).response
         } catch {
-            response = APIError(500, RecordZoneError.Code.internalError.rawValue, "\(error)").response
+            response = APIError(.internalError, "\(error)").response
         }
         let elapsed = ContinuousClock.now - start
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
@@ -106,21 +103,31 @@ public struct ZoneAPI: HTTPService {
     }
 }
 
-/// An error answered as a JSON body with an HTTP status.
+/// An error answered as a JSON body with an HTTP status: always a ``RecordZoneError`` (its code
+/// decides the status, ``status(for:)``, unless a route says otherwise).
 struct APIError: Error {
     var status: Int
     var failure: Wire.Failure
     /// Extra headers (a 405's `Allow`).
     var headers: [(String, String)] = []
 
-    init(_ status: Int, _ code: String, _ message: String, retryAfter: Double? = nil, headers: [(String, String)] = []) {
-        self.status = status
-        failure = Wire.Failure(code: code, message: message, retryAfter: retryAfter)
+    init(_ code: RecordZoneError.Code, _ message: String, status: Int? = nil, retryAfter: Double? = nil,
+         authentication: AuthenticationProblem? = nil, headers: [(String, String)] = []) {
+        self.init(RecordZoneError(code, message, retryAfter: retryAfter, authentication: authentication), status: status)
         self.headers = headers
     }
 
-    init(_ error: RecordZoneError) {
-        status = Self.status(for: error.code)
+    /// The answer to a request that failed authentication or its rate limit.
+    init(_ failure: Authenticator.Failure) {
+        switch failure {
+        case .unauthenticated(let problem, let message): self.init(.notAuthenticated, message, authentication: problem)
+        case .rateLimited(let after):
+            self.init(.requestRateLimited, "too many requests; retry after \(String(format: "%.3f", after)) s", retryAfter: after)
+        }
+    }
+
+    init(_ error: RecordZoneError, status: Int? = nil) {
+        self.status = status ?? Self.status(for: error.code)
         failure = Wire.Failure(error)
     }
 

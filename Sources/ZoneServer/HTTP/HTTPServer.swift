@@ -379,7 +379,7 @@ public final class HTTPServer: Sendable {
     }
 
     static func error(_ status: Int, _ code: RecordZoneError.Code, _ message: String, headers: [(String, String)] = []) -> HTTPResponse {
-        .json(Wire.ErrorBody(Wire.Failure(code: code.rawValue, message: message)), status: status, headers: headers)
+        .json(Wire.ErrorBody(Wire.Failure(RecordZoneError(code, message))), status: status, headers: headers)
     }
 
     /// Called by libmicrohttpd when a request is over, its answer sent or its connection gone.

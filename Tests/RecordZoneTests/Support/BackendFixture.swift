@@ -65,6 +65,13 @@ final class BackendFixture: @unchecked Sendable {
                              tls: try certificate.map { try TLSIdentity(certificateFile: $0.certificateFile, keyFile: $0.keyFile) })
             self.server = server
             self.certificate = certificate
+            // The owners of the suite's records connect first, with their own keys: a server
+            // learns an identity's key only from that identity (docs/PROTOCOL.md §4.5), never
+            // from a record another writer sends.
+            let url = try #require(URL(string: "\(kind == .https ? "https" : "http")://127.0.0.1:\(server.port)"))
+            for (identity, key) in [("alice", Keys.alice), ("bob", Keys.bob)] {
+                _ = try await HTTPBackend(url: url, identity: identity, key: key, caFile: certificate?.certificateFile).zones()
+            }
         }
     }
 

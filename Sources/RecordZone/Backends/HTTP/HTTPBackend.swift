@@ -237,7 +237,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
             let failure = try? JSONDecoder().decode(Wire.ErrorBody.self, from: data).error
             var error = failure?.error() ?? RecordZoneError(.internalError, "HTTP \(status)")
             switch status {
-            case 401: error = RecordZoneError(.notAuthorized, "not authenticated: \(error.message)")
+            case 401: error.code = .notAuthenticated
             case 403: error.code = .notAuthorized
             case 413: error.code = .limitExceeded
             case 429: error.code = .requestRateLimited

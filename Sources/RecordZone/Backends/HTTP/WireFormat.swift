@@ -148,27 +148,33 @@ public enum Wire {
 
     /// An error, for a whole request or for one record.
     public struct Failure: Codable, Sendable {
+        /// A ``RecordZoneError/Code`` by name (a client keeps one it does not know as `internalError`).
         public var code: String
         public var message: String
         public var serverRecord: SignedRecord?
+        /// Seconds to wait before retrying (429, 503).
         public var retryAfter: Double?
+        /// With `notAuthenticated`: an ``AuthenticationProblem`` by name.
+        public var reason: String?
+        /// With the reason `clockSkew`: how many seconds the request's time is ahead of the
+        /// server's clock (negative: behind).
+        public var skewSeconds: Double?
 
-        public init(code: String, message: String, serverRecord: SignedRecord? = nil, retryAfter: Double? = nil) {
-            self.code = code
-            self.message = message
-            self.serverRecord = serverRecord
-            self.retryAfter = retryAfter
-        }
-
+        /// The body of an error: every one a server sends is made from a ``RecordZoneError``.
         public init(_ error: RecordZoneError) {
-            self.init(code: error.code.rawValue, message: error.message, serverRecord: error.serverRecord.flatMap { try? SignedRecord($0) },
-                      retryAfter: error.retryAfter)
+            code = error.code.rawValue
+            message = error.message
+            serverRecord = error.serverRecord.flatMap { try? SignedRecord($0) }
+            retryAfter = error.retryAfter
+            reason = error.authentication?.name
+            if case .clockSkew(let seconds)? = error.authentication { skewSeconds = seconds }
         }
 
         /// The error, with the server's record decoded (not verified: the caller checks it).
         public func error(recordID: RecordID? = nil) -> RecordZoneError {
             RecordZoneError(RecordZoneError.Code(rawValue: code) ?? .internalError, message, recordID: recordID,
-                            serverRecord: serverRecord.flatMap { try? $0.decoded() }, retryAfter: retryAfter)
+                            serverRecord: serverRecord.flatMap { try? $0.decoded() }, retryAfter: retryAfter,
+                            authentication: reason.flatMap { AuthenticationProblem(name: $0, skewSeconds: skewSeconds) })
         }
     }
 

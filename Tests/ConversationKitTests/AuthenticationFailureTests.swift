@@ -1,0 +1,59 @@
+import Foundation
+import Synchronization
+import RecordZone
+import Testing
+import TestSupport
+@testable import ConversationKit
+
+/// A server that does not accept who signs a request says why, and the store tells its user:
+/// never the silent "takes no writes" deferral that left messages pending forever.
+@Suite struct AuthenticationFailureTests {
+    /// A machine whose clock is 10 minutes fast: the sync fails with a typed error that names the
+    /// skew; the message waits in the outbox with the reason (nothing is lost), and goes once the
+    /// clock is right.
+    @Test(arguments: ChatBackend.allCases.filter(\.isServer))
+    func aClockTenMinutesAheadGivesATypedErrorNamingTheSkew(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let url = try #require(fixture.serverURL)
+        let skew = Mutex(600.0)
+        var configuration = StoreConfiguration()
+        configuration.retryBaseDelay = 0
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { context in
+            HTTPBackend(url: url, identity: context.identity, key: context.key, policy: context.policy, deviceCertificate: context.deviceCertificate,
+                        now: { Date().addingTimeInterval(skew.withLock { $0 }) })
+        }, configuration: configuration)
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let message = try await alice.send("on a fast clock", to: "bob")
+        do {
+            try await alice.sync()
+            Issue.record("a sync with a clock 600 s ahead succeeded")
+        } catch {
+            #expect(error.code == .notAuthenticated, "\(error)")
+            guard case .clockSkew(let seconds)? = error.backendError?.authentication else {
+                Issue.record("no clock skew in \(error)")
+                return
+            }
+            #expect(abs(seconds - 600) < 30, "\(seconds)")
+            #expect(error.message.contains("600 s ahead of the server's"), "\(error.message)")
+        }
+        #expect(try alice.message(message.id)?.syncState == .pending)
+        #expect(try alice.outbox().contains { $0.lastError?.contains("ahead of the server's clock") == true })
+
+        skew.withLock { $0 = 0 }
+        try await alice.sync()
+        #expect(try alice.message(message.id)?.syncState == .synced)
+    }
+
+    /// The same skew seen from outside: the 401's body carries the reason and the skew.
+    @Test func aSkewedRequestIsAnsweredWithTheReasonAndTheSkew() async throws {
+        let fixture = try await ChatFixture(.http)
+        let backend = HTTPBackend(url: try #require(fixture.serverURL), identity: "alice", key: SigningKey.generate(), policy: ConversationStore.recordPolicy(),
+                                  now: { Date().addingTimeInterval(-900) })
+        await #expect {
+            try await backend.zones()
+        } throws: { error in
+            guard let error = error as? RecordZoneError, case .clockSkew(let seconds)? = error.authentication else { return false }
+            return error.code == .notAuthenticated && abs(seconds + 900) < 30
+        }
+    }
+}
