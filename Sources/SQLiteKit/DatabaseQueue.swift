@@ -63,6 +63,17 @@ public final class DatabaseQueue: Sendable {
         try await writer.async { db in try db.transaction { try body(db) } }
     }
 
+    /// Runs `body` in a write transaction, then, once it committed and before the next write
+    /// begins, `afterCommit` with its result: shared state that must follow what is stored
+    /// (key pins) changes only after the commit, and in commit order.
+    public func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T, afterCommit: @escaping @Sendable (T) -> Void) async throws -> T {
+        try await writer.async { db in
+            let result = try db.transaction { try body(db) }
+            afterCommit(result)
+            return result
+        }
+    }
+
     /// Runs `body` in a read transaction on the reader's queue: one consistent snapshot.
     public func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
         try await reader.async { db in try Self.snapshot(db, body) }

@@ -6,9 +6,18 @@ package enum SaveChecks {
     /// Refuses versions that are too large, unsigned, forged or not their author's to write, and
     /// anything signed by a device the backend knows is revoked, whatever clock it claims (a
     /// stolen device cannot backdate its way in; readers accept what it signed before).
-    /// Signatures are verified in parallel; ownership in order, as readers would.
-    /// - Returns: per record, its canonical encoding ready to store, or why it was refused.
-    package static func admit(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
+    /// Signatures are verified in parallel (``verify(_:policy:)``); ownership in order, as readers
+    /// would, into a value (``decideOwnership(_:verified:policy:)``): nothing shared changes.
+    /// - Returns: per record, its canonical encoding ready to store, or why it was refused; and
+    ///   the chains the admitted records would change. A backend that then refuses some of them
+    ///   (a missing zone, a changed server record) decides again over what it stores
+    ///   (``settle(_:storing:policy:)``) and stores exactly those chains with them.
+    package static func admit(_ records: [Record], policy: RecordPolicy) -> (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges) {
+        decideOwnership(records, verified: verify(records, policy: policy), policy: policy)
+    }
+
+    /// The checks that need no pins changed: size, a revoked device, the signature.
+    package static func verify(_ records: [Record], policy: RecordPolicy) -> [Result<Data, RecordZoneError>] {
         // Too large to store, or signed by a device the backend knows is revoked: refused before
         // ownership is decided (a revoked device's chain entry would still allow early clocks).
         var outcomes: [Result<Data, RecordZoneError>] = records.map { record in
@@ -21,10 +30,35 @@ package enum SaveChecks {
             }
         }
         let candidates = outcomes.indices.filter { if case .success = outcomes[$0] { true } else { false } }
-        for (index, reason) in zip(candidates, policy.check(candidates.map { records[$0] })) {
+        for (index, reason) in zip(candidates, policy.verifySignatures(candidates.map { records[$0] })) {
             if let reason { outcomes[index] = .failure(Self.error(for: reason, recordID: records[index].id)) }
         }
         return outcomes
+    }
+
+    /// Ownership of the versions `verified` passed, against the pins as they stand now.
+    package static func decideOwnership(_ records: [Record], verified: [Result<Data, RecordZoneError>],
+                                        policy: RecordPolicy) -> (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges) {
+        var outcomes = verified
+        let (reasons, pins) = policy.decideOwnership(zip(records, verified).map { record, outcome in
+            if case .success = outcome { record } else { nil }
+        })
+        for (index, reason) in reasons.enumerated() {
+            if let reason { outcomes[index] = .failure(Self.error(for: reason, recordID: records[index].id)) }
+        }
+        return (outcomes, pins)
+    }
+
+    /// The chains a save stores with the versions it keeps (`storing`, indices into `records`),
+    /// decided again over exactly those: a version refused after admission leaves no pin. A kept
+    /// version that only another, refused, version made valid (its device certificate) is
+    /// refused now. - Returns: why such versions are refused, by index, and the chains to store.
+    package static func settle(_ records: [Record], storing: [Int], policy: RecordPolicy) -> (refused: [Int: RecordZoneError], pins: PinChanges) {
+        let kept = Set(storing)
+        let (reasons, pins) = policy.decideOwnership(records.indices.map { kept.contains($0) ? records[$0] : nil })
+        var refused = [Int: RecordZoneError]()
+        for index in storing { if let reason = reasons[index] { refused[index] = Self.error(for: reason, recordID: records[index].id) } }
+        return (refused, pins)
     }
 
     package static func error(for reason: RejectionReason, recordID: RecordID?) -> RecordZoneError {
@@ -57,6 +91,38 @@ package enum SaveChecks {
             if let current, !MergeRule.wins(record, over: current) { return .superseded(by: current) }
             return .store(encoded)
         }
+    }
+
+    /// A batch decided whole: per version what to do, and exactly the chains the versions to
+    /// store change (store them in the same transaction; publish them after it commits).
+    package struct Plan {
+        package var decisions: [Decision]
+        package var pins: PinChanges
+    }
+
+    /// Decides a save the one way every backend does: admission (``admit(_:policy:)``, or
+    /// `verified` when the signatures were checked before the caller's transaction), the save
+    /// policy against the version held (`held`: the stored winner, or why the record cannot be
+    /// stored there, e.g. its zone is missing; a version earlier in the batch counts as held),
+    /// then ``settle(_:storing:policy:)`` over what is left to store.
+    package static func plan<E: Error>(_ records: [Record], verified: [Result<Data, RecordZoneError>]? = nil, savePolicy: SavePolicy, policy: RecordPolicy,
+                                       held: (Record) throws(E) -> Result<Record?, RecordZoneError>) throws(E) -> Plan {
+        let (admitted, _) = decideOwnership(records, verified: verified ?? verify(records, policy: policy), policy: policy)
+        var decisions = [Decision](), pending = [RecordID: Record]()
+        for (record, outcome) in zip(records, admitted) {
+            switch try held(record) {
+            case .failure(let error):
+                decisions.append(.refused(error))
+            case .success(let stored):
+                let decision = decide(record, admitted: outcome, current: pending[record.id] ?? stored, policy: savePolicy)
+                if case .store = decision { pending[record.id] = record }
+                decisions.append(decision)
+            }
+        }
+        let storing = decisions.indices.filter { if case .store = decisions[$0] { true } else { false } }
+        let (refused, pins) = settle(records, storing: storing, policy: policy)
+        for (index, error) in refused { decisions[index] = .refused(error) }
+        return Plan(decisions: decisions, pins: pins)
     }
 
     /// Applies ``SavePolicy/ifServerRecordUnchanged``: the record's change tag must match the stored one.

@@ -67,6 +67,29 @@ public struct KeyChain: Hashable, Sendable, Codable {
         key == current || devices.contains { $0.key == key && $0.revokedAfter == nil }
     }
 
+    /// This chain with what `other` (the same identity's chain, decided elsewhere) adds: retired
+    /// keys, devices and the earliest revocation of each, verification. The current key is the
+    /// one the other chain retired in favour of its own, else this chain's (a pin never
+    /// switches silently).
+    public func merging(_ other: KeyChain) -> KeyChain {
+        var merged = self
+        if other.current != current, other.retired.contains(where: { $0.key == current }) { merged.current = other.current }
+        for retired in other.retired where !merged.retired.contains(where: { $0.key == retired.key }) && retired.key != merged.current {
+            merged.retired.append(retired)
+        }
+        for device in other.devices {
+            if let index = merged.devices.firstIndex(where: { $0.key == device.key }) {
+                let mine = merged.devices[index]
+                merged.devices[index].revokedAfter = [mine.revokedAfter, device.revokedAfter].compactMap { $0 }.min()
+                merged.devices[index].enrollment = mine.enrollment ?? device.enrollment
+            } else {
+                merged.devices.append(device)
+            }
+        }
+        merged.isVerified = isVerified || (other.isVerified && other.current == merged.current)
+        return merged
+    }
+
     /// The device entry for `key`.
     public func device(_ key: Data) -> DeviceKey? { devices.first { $0.key == key } }
 

@@ -28,6 +28,29 @@ public final class KeyPins: Sendable {
     /// Runs `body` on the pins, atomically (admission decides and pins in one step).
     func update<R>(_ body: (inout State) -> R) -> R { state.withLock { body(&$0) } }
 
+    /// The chains and conflicts as they stand (copy-on-write: nothing is copied until changed),
+    /// for an admission that decides into a draft.
+    func snapshot() -> (chains: [String: KeyChain], conflicted: Set<String>) {
+        state.withLock { ($0.chains, $0.conflicted) }
+    }
+
+    /// Makes what an admission decided the shared state, once what it decided for is stored
+    /// (after the commit). Each chain is merged into the one held (``KeyChain/merging(_:)``),
+    /// so two saves that each added a device to one identity both keep theirs.
+    /// - Parameter markChanged: whether the chains are also left for the next
+    ///   ``takeChangedChains()`` (a reader that persists what it admitted later, with its records).
+    public func publish(_ changes: PinChanges, markChanged: Bool = false) {
+        guard !changes.isEmpty else { return }
+        state.withLock { state in
+            for (identity, chain) in changes.chains {
+                state.chains[identity] = state.chains[identity].map { $0.merging(chain) } ?? chain
+                if markChanged { state.changed.insert(identity) }
+            }
+            state.conflicted.formUnion(changes.conflicted)
+            for identity in changes.chains.keys where state.chains[identity]?.isVerified == true { state.conflicted.remove(identity) }
+        }
+    }
+
     /// The chain pinned for one identity.
     public func chain(for identity: String) -> KeyChain? { state.withLock { $0.chains[identity] } }
 
@@ -91,4 +114,38 @@ public final class KeyPins: Sendable {
     public func isRevokedDevice(_ key: Data, of identity: String) -> Bool {
         state.withLock { $0.chains[identity]?.device(key)?.revokedAfter != nil }
     }
+}
+
+/// What an admission would change in the pins, as a value: the whole new chain of each identity
+/// it changed, and the identities it found claimed with unrelated keys. Whoever stores the
+/// records stores exactly these chains in the same transaction (``PinTable/save(_:in:)``), then
+/// publishes them (``KeyPins/publish(_:markChanged:)``).
+public struct PinChanges: Sendable, Hashable {
+    public var chains: [String: KeyChain] = [:]
+    public var conflicted: Set<String> = []
+
+    public init(chains: [String: KeyChain] = [:], conflicted: Set<String> = []) {
+        self.chains = chains
+        self.conflicted = conflicted
+    }
+
+    public var isEmpty: Bool { chains.isEmpty && conflicted.isEmpty }
+}
+
+/// An admission's working copy of the pins: reads fall through to the snapshot it started
+/// from, writes stay in ``changes``.
+struct PinDraft {
+    let base: [String: KeyChain]
+    let baseConflicted: Set<String>
+    var changes = PinChanges()
+
+    init(_ pins: KeyPins) {
+        (base, baseConflicted) = pins.snapshot()
+    }
+
+    func chain(_ identity: String) -> KeyChain? { changes.chains[identity] ?? base[identity] }
+
+    func isConflicted(_ identity: String) -> Bool { changes.conflicted.contains(identity) || baseConflicted.contains(identity) }
+
+    mutating func set(_ chain: KeyChain, for identity: String) { changes.chains[identity] = chain }
 }

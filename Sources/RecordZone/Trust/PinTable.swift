@@ -20,7 +20,20 @@ public enum PinTable {
         return chains
     }
 
-    /// Writes the chains changed since the last call, inside the caller's transaction. When the
+    /// Writes exactly the chains an admission decided (``PinChanges``), inside the transaction
+    /// that stores the records they came with; publish them to memory after it commits.
+    public static func save(_ changes: PinChanges, in db: Database) throws {
+        guard !changes.chains.isEmpty else { return }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        for (identity, chain) in changes.chains.sorted(by: { $0.key < $1.key }) {
+            try db.execute("INSERT INTO ck_pins (identity, chain) VALUES (?, ?) ON CONFLICT (identity) DO UPDATE SET chain = excluded.chain",
+                           [identity, try encoder.encode(chain)])
+        }
+    }
+
+    /// Writes the chains a reader's admissions changed since the last call (``KeyPins/takeChangedChains()``),
+    /// inside the caller's transaction. When the
     /// write fails, the chains are handed back to the pins for the next transaction.
     public static func saveChanges(of pins: KeyPins, in db: Database) throws {
         let changed = pins.takeChangedChains()

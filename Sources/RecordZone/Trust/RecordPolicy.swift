@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// The checks every reader applies to every inbound record: a valid Ed25519 signature by the
 /// author key, and ownership — the record's ID names its owner (``OwnershipRules``), and the
@@ -6,12 +7,16 @@ import Foundation
 /// it (the first key seen, trust on first use, or a verified one), a key a ``KeyRotation``
 /// moved the pin to, or a device it certified (``DeviceCertificate``) and did not revoke.
 ///
-/// The rules are a fixed value; the pins grow as records are admitted. Whoever stores records
-/// persists ``KeyPins/takeChangedChains()`` in the same transaction as the records that made
-/// them (``PinTable``).
+/// The rules are a fixed value; the pins grow as records are admitted. A writer decides into a
+/// value (``decideOwnership(_:)``: the reasons and the ``PinChanges``), stores those chains in
+/// the transaction that stores the records (``PinTable``), and publishes them after the commit.
+/// A reader's admissions (``admit(batch:source:signedHere:)``, ``check(_:)``) publish at
+/// once and leave the chains for ``KeyPins/takeChangedChains()``.
 public final class RecordPolicy: Sendable {
     public let rules: OwnershipRules
     public let pins: KeyPins
+    /// Serializes readers' admissions: each decides and publishes as one step.
+    private let admission = Mutex(())
 
     public init(rules: OwnershipRules, pins: KeyPins = KeyPins()) {
         self.rules = rules
@@ -37,17 +42,37 @@ public final class RecordPolicy: Sendable {
         admit(batch: [data]) { _ in source }[0]
     }
 
-    /// Checks decoded records (a save): signatures over each record's own bytes in parallel
-    /// across cores, then ownership as ``admit(batch:source:signedHere:)`` decides it.
-    /// - Returns: per record, why it is refused, or nil.
+    /// Checks decoded records as a reader: signatures over each record's own bytes in parallel
+    /// across cores, then ownership as ``admit(batch:source:signedHere:)`` decides it; the pins
+    /// change at once. - Returns: per record, why it is refused, or nil.
     public func check(_ records: [Record]) -> [RejectionReason?] {
-        let verified = Self.parallelMap(records) { record in
-            Self.checkSignature(record).map { Result<Record, SignatureFailure>.failure(SignatureFailure(id: record.id, reason: $0)) } ?? .success(record)
+        let signatures = verifySignatures(records)
+        return admission.withLock { _ in
+            let (reasons, changes) = decideOwnership(zip(records, signatures).map { $1 == nil ? $0 : nil })
+            pins.publish(changes, markChanged: true)
+            return zip(signatures, reasons).map { $0 ?? $1 }
         }
-        return decide(verified, elsewhere: nil).map { outcome in
-            if case .failure(let failure) = outcome { return failure.reason }
-            return nil
+    }
+
+    /// The signature half of a check, in parallel across cores: per record, why its signature
+    /// fails, or nil.
+    public func verifySignatures(_ records: [Record]) -> [RejectionReason?] {
+        Self.parallelMap(records, Self.checkSignature)
+    }
+
+    /// The ownership half, for records whose signatures are verified (nil: refused already,
+    /// skipped), decided against the pins as they stand, into a value: nothing shared changes.
+    /// - Returns: per record why it is refused, or nil; and the chains the records that pass
+    ///   would change, to store with them and publish after the commit.
+    public func decideOwnership(_ records: [Record?]) -> (reasons: [RejectionReason?], pins: PinChanges) {
+        var draft = PinDraft(pins)
+        let verified = records.map { $0.map { Result<Record, SignatureFailure>.success($0) } ?? .failure(SignatureFailure(id: nil, reason: .unsigned)) }
+        let outcomes = decide(verified, elsewhere: nil, draft: &draft)
+        let reasons = zip(records, outcomes).map { record, outcome -> RejectionReason? in
+            guard record != nil, case .failure(let failure) = outcome else { return nil }
+            return failure.reason
         }
+        return (reasons, draft.changes)
     }
 
     /// Decodes and checks a batch: signatures are verified in parallel across cores, then
@@ -70,7 +95,13 @@ public final class RecordPolicy: Sendable {
         let verified = Self.parallelMap(Array(zip(batch, trusted))) { bytes, isOwn in
             isOwn ? Self.decode(bytes) : Self.decodeAndVerify(bytes)
         }
-        return zip(batch.indices, decide(verified, elsewhere: claimsElsewhere)).map { index, outcome in
+        let decided = admission.withLock { _ in
+            var draft = PinDraft(pins)
+            let decided = decide(verified, elsewhere: claimsElsewhere, draft: &draft)
+            pins.publish(draft.changes, markChanged: true)
+            return decided
+        }
+        return zip(batch.indices, decided).map { index, outcome in
             outcome.mapError { failure in
                 // A refused record keeps its bytes: one refused for its keys travels on (another
                 // reader, with other pins, may decide otherwise), and a quarantine shows it.
@@ -82,14 +113,14 @@ public final class RecordPolicy: Sendable {
     /// The one ownership path every admission takes, for records whose signatures are decided:
     /// conflicts over the batch (and what `elsewhere` claims), then each record's owner and key,
     /// an identity's key records first.
-    private func decide(_ verified: [Result<Record, SignatureFailure>], elsewhere: (() -> KeyClaims)?) -> [Result<Record, SignatureFailure>] {
+    private func decide(_ verified: [Result<Record, SignatureFailure>], elsewhere: (() -> KeyClaims)?, draft: inout PinDraft) -> [Result<Record, SignatureFailure>] {
         let records = verified.map { try? $0.get() }
         let owners = records.map { $0.flatMap(rules.owner(of:)) }
-        let conflicted = detectConflicts(records, owners: owners, elsewhere: elsewhere)
+        let conflicted = detectConflicts(records, owners: owners, elsewhere: elsewhere, draft: &draft)
         var results = verified
         for index in Self.keyRecordsFirst(records) {
             guard case .success(let record) = verified[index],
-                let reason = checkOwnership(record, owner: owners[index], conflicted: conflicted)
+                let reason = checkOwnership(record, owner: owners[index], conflicted: conflicted, draft: &draft)
             else { continue }
             results[index] = .failure(SignatureFailure(id: record.id, reason: reason))
         }
@@ -107,20 +138,19 @@ public final class RecordPolicy: Sendable {
     /// The identities with no pin that these records (nil: refused already) — with the claims
     /// `elsewhere` gives, when an unpinned identity is among them — claim with more than one key
     /// not related by a rotation, or that are held in conflict already. Remembers them.
-    private func detectConflicts(_ records: [Record?], owners: [Result<String, RejectionReason>?], elsewhere: (() -> KeyClaims)?) -> Set<String> {
+    private func detectConflicts(_ records: [Record?], owners: [Result<String, RejectionReason>?], elsewhere: (() -> KeyClaims)?,
+                                 draft: inout PinDraft) -> Set<String> {
         var claims = KeyClaims()
         for (record, owner) in zip(records, owners) {
             guard let record, case .success(let identity)? = owner else { continue }
             claims.add(record, owner: identity)
         }
-        let unpinned = pins.update { pins in claims.identities.filter { pins.chains[$0] == nil } }
+        let unpinned = claims.identities.filter { draft.chain($0) == nil }
         guard !unpinned.isEmpty else { return [] }
         if let elsewhere { claims.merge(elsewhere()) }
-        return pins.update { pins in
-            let found = unpinned.filter { pins.chains[$0] == nil && (pins.conflicted.contains($0) || claims.isConflicted($0)) }
-            pins.conflicted.formUnion(found)
-            return Set(found)
-        }
+        let found = Set(unpinned.filter { draft.isConflicted($0) || claims.isConflicted($0) })
+        draft.changes.conflicted.formUnion(found)
+        return found
     }
 
     struct SignatureFailure: Error {
@@ -154,7 +184,7 @@ public final class RecordPolicy: Sendable {
 
     /// The ownership half of an admission, for a record whose signature is verified.
     /// - Parameter owner: the record's ``owner(of:)``, when the caller has computed it already.
-    func checkOwnership(_ record: Record, owner known: Result<String, RejectionReason>?? = nil, conflicted: Set<String> = []) -> RejectionReason? {
+    func checkOwnership(_ record: Record, owner known: Result<String, RejectionReason>??, conflicted: Set<String>, draft: inout PinDraft) -> RejectionReason? {
         let identity: String
         switch known ?? rules.owner(of: record) {
         case nil:
@@ -164,19 +194,17 @@ public final class RecordPolicy: Sendable {
         }
         if conflicted.contains(identity) { return .identityConflict(identity: identity) }
         switch record.recordType {
-        case KeyRotation.recordType: return applyRotation(record, identity: identity)
-        case DeviceCertificate.recordType: return applyDevice(record, identity: identity)
-        case DeviceRevocation.recordType: return applyRevocation(record, identity: identity)
+        case KeyRotation.recordType: return applyRotation(record, identity: identity, draft: &draft)
+        case DeviceCertificate.recordType: return applyDevice(record, identity: identity, draft: &draft)
+        case DeviceRevocation.recordType: return applyRevocation(record, identity: identity, draft: &draft)
         default: break
         }
-        return pins.update { pins in
-            if let chain = pins.chains[identity] {
-                if chain.allows(record.authorKey, at: record.clock) { return nil }
-                return chain.device(record.authorKey) != nil ? .deviceRevoked(identity: identity) : .keyConflict(identity: identity)
-            }
-            pins.set(KeyChain(current: record.authorKey), for: identity)
-            return nil
+        if let chain = draft.chain(identity) {
+            if chain.allows(record.authorKey, at: record.clock) { return nil }
+            return chain.device(record.authorKey) != nil ? .deviceRevoked(identity: identity) : .keyConflict(identity: identity)
         }
+        draft.set(KeyChain(current: record.authorKey), for: identity)
+        return nil
     }
 
     /// Maps in parallel over all cores when the batch is large enough to pay for it.
@@ -200,74 +228,68 @@ public final class RecordPolicy: Sendable {
         return results.map { $0! }
     }
 
-    private func applyRotation(_ record: Record, identity: String) -> RejectionReason? {
+    private func applyRotation(_ record: Record, identity: String, draft: inout PinDraft) -> RejectionReason? {
         if record.isDeleted { return .malformed("a key rotation cannot be deleted") }
         guard let newKey = record[KeyRotation.newKeyField]?.bytesValue, newKey.count == Sodium.publicKeyLength else {
             return .ownerFieldMissing(field: KeyRotation.newKeyField)
         }
         // Without the new key's acceptance anyone could claim to be an identity's earlier key.
         guard KeyRotation.isAccepted(record, identity: identity) else { return .invalidSignature }
-        return pins.update { pins in
-            var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
-            if chain.current == newKey || chain.retired.contains(where: { $0.key == newKey }) { return nil }
-            guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else { return .keyConflict(identity: identity) }
-            if chain.current == record.authorKey {
-                chain.retired.append(KeyChain.RetiredKey(key: chain.current, until: record.clock))
-                chain.current = newKey
-            }
-            pins.set(chain, for: identity)
-            return nil
+        var chain = draft.chain(identity) ?? KeyChain(current: record.authorKey)
+        if chain.current == newKey || chain.retired.contains(where: { $0.key == newKey }) { return nil }
+        guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else { return .keyConflict(identity: identity) }
+        if chain.current == record.authorKey {
+            chain.retired.append(KeyChain.RetiredKey(key: chain.current, until: record.clock))
+            chain.current = newKey
         }
+        draft.set(chain, for: identity)
+        return nil
     }
 
     /// Admits a device certificate: its invitation must be signed by a key the identity's chain
     /// allows as the identity (or pinned now, on first use), and its link code must not have
     /// certified another device.
-    private func applyDevice(_ record: Record, identity: String) -> RejectionReason? {
+    private func applyDevice(_ record: Record, identity: String, draft: inout PinDraft) -> RejectionReason? {
         let parts: DeviceCertificate.Parts
         switch DeviceCertificate.verify(record, identity: identity) {
         case .failure(let reason): return reason
         case .success(let verified): parts = verified
         }
-        return pins.update { pins in
-            var chain = pins.chains[identity] ?? KeyChain(current: parts.certifier)
-            guard chain.allowsIdentityKey(parts.certifier, at: record.clock) else { return .keyConflict(identity: identity) }
-            if chain.devices.contains(where: { $0.enrollment == record.authorKey && $0.key != parts.device }) {
-                return .deviceNotCertified("its link code certified another device already")
-            }
-            if let index = chain.devices.firstIndex(where: { $0.key == parts.device }) {
-                guard chain.devices[index].enrollment == nil else { return nil }
-                chain.devices[index].enrollment = record.authorKey  // known from its revocation first
-            } else {
-                chain.devices.append(KeyChain.DeviceKey(key: parts.device, revokedAfter: nil, enrollment: record.authorKey))
-            }
-            pins.set(chain, for: identity)
-            return nil
+        var chain = draft.chain(identity) ?? KeyChain(current: parts.certifier)
+        guard chain.allowsIdentityKey(parts.certifier, at: record.clock) else { return .keyConflict(identity: identity) }
+        if chain.devices.contains(where: { $0.enrollment == record.authorKey && $0.key != parts.device }) {
+            return .deviceNotCertified("its link code certified another device already")
         }
+        if let index = chain.devices.firstIndex(where: { $0.key == parts.device }) {
+            guard chain.devices[index].enrollment == nil else { return nil }
+            chain.devices[index].enrollment = record.authorKey  // known from its revocation first
+        } else {
+            chain.devices.append(KeyChain.DeviceKey(key: parts.device, revokedAfter: nil, enrollment: record.authorKey))
+        }
+        draft.set(chain, for: identity)
+        return nil
     }
 
     /// Admits a device revocation signed by the identity key: the device may sign only up to
     /// the earliest `revokedAfter` seen, even when its certificate comes later.
-    private func applyRevocation(_ record: Record, identity: String) -> RejectionReason? {
+    private func applyRevocation(_ record: Record, identity: String, draft: inout PinDraft) -> RejectionReason? {
         let device: Data, revokedAfter: RecordClock
         switch DeviceRevocation.parts(record) {
         case .failure(let reason): return reason
         case .success(let parts): (device, revokedAfter) = parts
         }
-        return pins.update { pins in
-            var chain = pins.chains[identity] ?? KeyChain(current: record.authorKey)
-            guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else {
-                return chain.device(record.authorKey) != nil ? .deviceNotCertified("a device cannot revoke devices") : .keyConflict(identity: identity)
-            }
-            if let index = chain.devices.firstIndex(where: { $0.key == device }) {
-                let earliest = min(chain.devices[index].revokedAfter ?? revokedAfter, revokedAfter)
-                guard chain.devices[index].revokedAfter != earliest else { return nil }
-                chain.devices[index].revokedAfter = earliest
-            } else {
-                chain.devices.append(KeyChain.DeviceKey(key: device, revokedAfter: revokedAfter, enrollment: nil))
-            }
-            pins.set(chain, for: identity)
-            return nil
+        var chain = draft.chain(identity) ?? KeyChain(current: record.authorKey)
+        guard chain.allowsIdentityKey(record.authorKey, at: record.clock) else {
+            return chain.device(record.authorKey) != nil ? .deviceNotCertified("a device cannot revoke devices") : .keyConflict(identity: identity)
         }
+        if let index = chain.devices.firstIndex(where: { $0.key == device }) {
+            let earliest = min(chain.devices[index].revokedAfter ?? revokedAfter, revokedAfter)
+            guard chain.devices[index].revokedAfter != earliest else { return nil }
+            chain.devices[index].revokedAfter = earliest
+        } else {
+            chain.devices.append(KeyChain.DeviceKey(key: device, revokedAfter: revokedAfter, enrollment: nil))
+        }
+        draft.set(chain, for: identity)
+        return nil
     }
 }

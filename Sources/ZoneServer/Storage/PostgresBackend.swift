@@ -432,25 +432,25 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         for _ in 0..<4 {
             let owners = Set(records.compactMap { try? policy.rules.owner(of: $0)?.get() })
             let knownOwners = knownVersions(owners)
-            let admitted = SaveChecks.admit(records, policy: policy)
-            let changed = policy.pins.takeChangedChains()
+            // Decided into a value: nothing shared changes until the batch commits.
+            let (admitted, admission) = SaveChecks.admit(records, policy: policy)
+            let changed = Set(admission.chains.keys)
             // The owners' versions as they were before admission (a chain installed during it
             // sends the save round again); the others' as they are.
-            let known = knownVersions(Set(changed.keys).subtracting(owners)).merging(knownOwners) { $1 }
+            let known = knownVersions(changed.subtracting(owners)).merging(knownOwners) { $1 }
             do {
-                let (results, written) = try await pool.withConnection { db in
-                    try self.store(records, admitted, savePolicy, pins: owners.union(changed.keys), known: known, changed: changed, in: db)
+                let (results, written, stored) = try await pool.withConnection { db in
+                    try self.store(records, admitted, savePolicy, pins: owners.union(changed), known: known, in: db)
                 }
                 recordWritten(written)
+                policy.pins.publish(stored)
                 return results
-            } catch let error as PinsChanged {
-                install(error.rows)
-                policy.pins.restoreChangedChains(changed.filter { identity, _ in !error.moved.contains(identity) })
+            } catch let moved as PinsChanged {
+                // Another server moved a chain this batch relied on: read it, decide again.
+                install(moved.rows)
             } catch let error as PostgresError where ["40P01", "40001"].contains(error.sqlState) {
                 // A deadlock or serialization failure between servers: go round again.
-                policy.pins.restoreChangedChains(changed)
             } catch {
-                policy.pins.restoreChangedChains(changed)
                 throw Self.storageError(error)
             }
         }
@@ -458,14 +458,15 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     }
 
     /// Stores a batch in one transaction of two round trips. The first begins, locks the pin
-    /// rows of `pins` (their chains checked against `known`, ``agreePins``), locks the batch's
-    /// zones (in name order) and reads the versions held — each statement after the lock before
-    /// it, so it sees what the last holder committed. Each version is then decided against the
-    /// one held and given its zone's next sequence; the second writes records, index rows and
-    /// the zones' positions, notifies the other servers, and commits.
-    /// - Returns: per record the outcome, and the pin versions written.
+    /// rows of `pins`, locks the batch's zones (in name order) and reads the versions held —
+    /// each statement after the lock before it, so it sees what the last holder committed. Each
+    /// version is then decided against the one held and given its zone's next sequence; the
+    /// chains of exactly the versions stored (``SaveChecks/settle(_:storing:policy:)``) are
+    /// checked against `known` and written (``agreePins``); the second round trip writes
+    /// records, index rows and the zones' positions, notifies the other servers, and commits.
+    /// - Returns: per record the outcome, the pin versions written, and the chains to publish.
     private func store(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, pins: Set<String>, known: [String: Int64],
-                       changed: [String: KeyChain], in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64]) {
+                       in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64], PinChanges) {
         var reads: [(sql: String, parameters: [PostgresValue])] = [("BEGIN", [])]
         if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
         reads.append(("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
@@ -474,10 +475,16 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
         do {
             let read = try db.pipeline(reads)
-            let written = pins.isEmpty ? [:] : try agreePins(pins, known: known, changed: changed, locked: read[1], in: db)
-            let (results, writes) = decide(records, admitted, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            var outcomes = admitted
+            var (results, writes, storing) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            let (refused, settled) = SaveChecks.settle(records, storing: storing, policy: policy)
+            if !refused.isEmpty {
+                for (index, error) in refused { outcomes[index] = .failure(error) }
+                (results, writes, _) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            }
+            let written = pins.isEmpty ? [:] : try agreePins(pins, known: known, changed: settled.chains, locked: read[1], in: db)
             try db.pipeline(writes + [("COMMIT", [])])
-            return (results, written)
+            return (results, written, settled)
         } catch {
             _ = try? db.execute("ROLLBACK")
             throw error
@@ -488,7 +495,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     /// (rows locked and read by ``store``). - Returns: per record the outcome, and the
     /// statements that write what was decided.
     private func decide(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, zones zoneRows: PostgresRows,
-                        current currentRows: PostgresRows) -> ([Result<Record, RecordZoneError>], [(sql: String, parameters: [PostgresValue])]) {
+                        current currentRows: PostgresRows) -> ([Result<Record, RecordZoneError>], [(sql: String, parameters: [PostgresValue])], [Int]) {
         var sequences = [String: Int64]()
         for row in 0..<zoneRows.count { if let name = zoneRows.text(row, 0), let sequence = zoneRows.int(row, 1) { sequences[name] = sequence } }
         var current = [RecordID: Record]()
@@ -501,8 +508,8 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         var results = [Result<Record, RecordZoneError>]()
         // What to write, by record: a later version of one record in the batch replaces an earlier.
         var winners = [RecordID: (record: Record, bytes: Data, sequence: Int64)](), order = [RecordID]()
-        var previouslyIndexed = Set<RecordID>()
-        for (record, outcome) in zip(records, admitted) {
+        var previouslyIndexed = Set<RecordID>(), storing = [Int]()
+        for (index, (record, outcome)) in zip(records, admitted).enumerated() {
             let zone = record.id.zone.rawValue
             guard let sequence = sequences[zone] else {
                 results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)))
@@ -523,11 +530,12 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 current[record.id] = saved
                 if winners[record.id] == nil { order.append(record.id) }
                 winners[record.id] = (record, bytes, next)
+                storing.append(index)
                 results.append(.success(saved))
             }
         }
         let rows = order.compactMap { winners[$0] }
-        guard !rows.isEmpty else { return (results, []) }
+        guard !rows.isEmpty else { return (results, [], storing) }
         var writes: [(sql: String, parameters: [PostgresValue])] = [("""
             INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at)
             SELECT zone, name, type, sequence, clock, author, signature, record, $9
@@ -547,7 +555,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
                 FROM unnest($1::text[], $2::bigint[]) AS t(name, sequence) WHERE ck_zones.name = t.name RETURNING ck_zones.name)
             SELECT pg_notify('ck_changes', name) FROM moved
             """, [.textArray(touched), .intArray(touched.map { sequences[$0] ?? 0 })]))
-        return (results, writes)
+        return (results, writes, storing)
     }
 
     /// Replaces the index rows of these versions (none for a tombstone).

@@ -177,13 +177,16 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try BackendLimits.checkBatch(records.count)
-        let admitted = SaveChecks.admit(records, policy: policy)
+        // Signatures before the transaction (in parallel); ownership inside it, where saves
+        // take turns, so each decides against the pins the one before it stored.
+        let verified = SaveChecks.verify(records, policy: policy)
+        let policy = self.policy
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let (results, touched) = try await write { db in
+        let (results, touched, _) = try await write({ db in
             var results = [Result<Record, RecordZoneError>]()
             // Each zone's sequence is read once and written back once, after the batch.
             var sequences = [ZoneName: Int64](), missing = Set<ZoneName>(), touched = Set<ZoneName>()
-            for (record, outcome) in zip(records, admitted) {
+            let plan = try SaveChecks.plan(records, verified: verified, savePolicy: savePolicy, policy: policy) { record in
                 let zone = record.id.zone
                 if sequences[zone] == nil, !missing.contains(zone) {
                     if let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue], { $0.int(0) }) {
@@ -192,17 +195,18 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
                         missing.insert(zone)
                     }
                 }
-                guard let current = sequences[zone] else {
-                    results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)))
-                    continue
-                }
+                guard sequences[zone] != nil else { return .failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)) }
+                return .success(try Self.current(record.id, in: db))
+            }
+            for (record, decision) in zip(records, plan.decisions) {
+                let zone = record.id.zone
                 let encoded: Data
-                switch SaveChecks.decide(record, admitted: outcome, current: try Self.current(record.id, in: db), policy: savePolicy) {
+                switch decision {
                 case .refused(let error): results.append(.failure(error)); continue
                 case .superseded(let winner): results.append(.success(winner)); continue
                 case .store(let bytes): encoded = bytes
                 }
-                let sequence = current + 1
+                let sequence = (sequences[zone] ?? 0) + 1
                 sequences[zone] = sequence
                 touched.insert(zone)
                 try db.execute("""
@@ -215,16 +219,17 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
                 stored.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
                 results.append(.success(stored))
             }
-            // The pins this batch made commit with its records, or not at all.
-            try PinTable.saveChanges(of: self.policy.pins, in: db)
+            // Exactly the chains of what this batch stores commit with it, or not at all; they
+            // become the shared pins after the commit.
+            try PinTable.save(plan.pins, in: db)
             if !touched.isEmpty {
                 let changedAt = try Self.nextDatabaseSequence(db)
                 for zone in touched {
                     try db.execute("UPDATE zones SET sequence = ?, changed_at = ? WHERE name = ?", [sequences[zone] ?? 0, changedAt, zone.rawValue])
                 }
             }
-            return (results, touched)
-        }
+            return (results, touched, plan.pins)
+        }, afterCommit: { policy.pins.publish($0.2) })
         touched.forEach(waiters.wake)
         return results
     }
@@ -378,8 +383,8 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
     }
 
     /// Runs on the writer's queue, off Swift's cooperative pool.
-    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(RecordZoneError) -> T {
-        do { return try await queue.write(body) } catch { throw Self.storageError(error) }
+    private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T, afterCommit: @escaping @Sendable (T) -> Void = { _ in }) async throws(RecordZoneError) -> T {
+        do { return try await queue.write(body, afterCommit: afterCommit) } catch { throw Self.storageError(error) }
     }
 
     /// A full disk (`SQLITE_FULL`) is transient for clients: 503 with `Retry-After`, so they

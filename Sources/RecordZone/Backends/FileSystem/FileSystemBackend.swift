@@ -209,13 +209,12 @@ public actor FileSystemBackend: RecordZoneBackend {
             var position = try refresh(zone, generation: generation)
             var accepted = [(index: Int, record: Record, bytes: Data)]()
             var pendingIndex = [RecordID: Int]()
-            let admitted = SaveChecks.admit(indices.map { records[$0] }, policy: policy)
-            for (i, outcome) in zip(indices, admitted) {
+            let plan = try SaveChecks.plan(indices.map { records[$0] }, savePolicy: savePolicy, policy: policy) { (record) throws(RecordZoneError) in
+                .success(try index.winner(record.id, generation))
+            }
+            for (i, decision) in zip(indices, plan.decisions) {
                 let record = records[i]
-                // A version earlier in this batch counts as held.
-                var current = pendingIndex[record.id].map { accepted[$0].record }
-                if current == nil { current = try index.winner(record.id, generation) }
-                switch SaveChecks.decide(record, admitted: outcome, current: current, policy: savePolicy) {
+                switch decision {
                 case .refused(let error): results[i] = .failure(error)
                 case .superseded(let winner): results[i] = .success(winner)
                 case .store(let encoded):
@@ -237,6 +236,9 @@ public actor FileSystemBackend: RecordZoneBackend {
             for (item, winner) in zip(accepted, try index.apply(stored, zone, generation, position: position, decided: true)) {
                 results[item.index] = .success(winner)
             }
+            // Written: the chains they made are the pins now, and the store that owns this
+            // backend keeps them with its records.
+            policy.pins.publish(plan.pins, markChanged: true)
         }
         return results.map { $0 ?? .failure(RecordZoneError(.internalError, "no result")) }
     }

@@ -116,15 +116,16 @@ public actor InMemoryBackend: RecordZoneBackend {
         try BackendLimits.checkBatch(records.count)
         var results = [Result<Record, RecordZoneError>]()
         var touched = Set<ZoneName>()
-        let admitted = SaveChecks.admit(records, policy: policy)
-        for (record, outcome) in zip(records, admitted) {
-            let zoneName = record.id.zone
-            guard let current = zoneTable[zoneName].map({ $0.winners[record.id] }) else {
-                results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zoneName)' does not exist", recordID: record.id)))
-                continue
+        let plan = SaveChecks.plan(records, savePolicy: savePolicy, policy: policy) { record in
+            guard let zone = zoneTable[record.id.zone] else {
+                return .failure(RecordZoneError(.zoneNotFound, "zone '\(record.id.zone)' does not exist", recordID: record.id))
             }
+            return .success(zone.winners[record.id])
+        }
+        for (record, decision) in zip(records, plan.decisions) {
+            let zoneName = record.id.zone
             let data: Data
-            switch SaveChecks.decide(record, admitted: outcome, current: current, policy: savePolicy) {
+            switch decision {
             case .refused(let error): results.append(.failure(error)); continue
             case .superseded(let winner): results.append(.success(winner)); continue
             case .store(let encoded): data = encoded
@@ -139,6 +140,8 @@ public actor InMemoryBackend: RecordZoneBackend {
             touched.insert(zoneName)
             results.append(.success(stored))
         }
+        // Stored (this backend's memory is its storage): the chains they made are now the pins.
+        policy.pins.publish(plan.pins)
         touched.forEach(wake)
         return results
     }
