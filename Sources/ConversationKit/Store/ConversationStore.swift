@@ -75,14 +75,18 @@ public final class ConversationStore: Sendable {
         let now = configuration.now
         clock = configuration.clock ?? HybridLogicalClock(wallMilliseconds: { UInt64(max(0, now().timeIntervalSince1970 * 1000)) })
         if !readOnly {
+            // Private to its user: created 0700, its database 0600 (SQLite gives the WAL and
+            // shared-memory files the database's mode; the key file is 0600 already).
             do {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             } catch {
                 throw ConversationError(.storeNotWritable, "cannot create the store directory \(directory): \(error.localizedDescription)")
             }
             guard FileManager.default.isWritableFile(atPath: directory) else {
                 throw ConversationError(.storeNotWritable, "the store directory \(directory) is not writable")
             }
+            let descriptor = Glibc.open(directory + "/store.sqlite", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+            if descriptor >= 0 { Glibc.close(descriptor) }
         }
         let queue: DatabaseQueue
         let policy: RecordPolicy
