@@ -14,13 +14,40 @@ public struct PostgresError: Error, Sendable, CustomStringConvertible {
         self.message = message
     }
 
+    /// The SQLSTATE by name.
+    public var code: SQLState { SQLState(rawValue: sqlState) }
+
     /// Whether the connection itself failed (the server unreachable or gone), so a new one may
     /// succeed: class 08 (connection exception), 57P01–57P03 (shutdown), or no SQLSTATE at all.
     public var isConnectionFailure: Bool {
-        sqlState.isEmpty || sqlState.hasPrefix("08") || ["57P01", "57P02", "57P03"].contains(sqlState)
+        sqlState.isEmpty || code.errorClass == SQLState.connectionException.errorClass
+            || [.adminShutdown, .crashShutdown, .cannotConnectNow].contains(code)
     }
 
     public var description: String { sqlState.isEmpty ? message : "\(sqlState): \(message)" }
+}
+
+/// A SQLSTATE with a name, for the ones this code decides on (PostgreSQL's appendix A, as
+/// PostgresNIO names them): compare `error.code == .deadlockDetected`, not `"40P01"`.
+public struct SQLState: RawRepresentable, Sendable, Hashable, CustomStringConvertible {
+    public let rawValue: String
+    public init(rawValue: String) { self.rawValue = rawValue }
+
+    /// The class: the first two characters (`08` connection exception, `40` transaction rollback…).
+    public var errorClass: Substring { rawValue.prefix(2) }
+    public var description: String { rawValue }
+
+    public static let connectionException = SQLState(rawValue: "08000")
+    public static let uniqueViolation = SQLState(rawValue: "23505")
+    public static let serializationFailure = SQLState(rawValue: "40001")
+    public static let deadlockDetected = SQLState(rawValue: "40P01")
+    public static let syntaxError = SQLState(rawValue: "42601")
+    public static let diskFull = SQLState(rawValue: "53100")
+    public static let tooManyConnections = SQLState(rawValue: "53300")
+    public static let queryCanceled = SQLState(rawValue: "57014")
+    public static let adminShutdown = SQLState(rawValue: "57P01")
+    public static let crashShutdown = SQLState(rawValue: "57P02")
+    public static let cannotConnectNow = SQLState(rawValue: "57P03")
 }
 
 /// A value bound to a statement parameter, sent in binary (no escaping, no parsing): text,

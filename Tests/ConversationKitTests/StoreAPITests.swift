@@ -57,7 +57,8 @@ import TestSupport
         let logged = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"), configuration: configuration)
         alice.close()
         let report = try await logged.sync()
-        #expect(report.blocked == ["bob: signed by a key that does not speak for 'bob'"], "\(report.blocked)")
+        #expect(report.blocked.map(\.description) == ["bob: signed by a key that does not speak for 'bob'"], "\(report.blocked)")
+        #expect(report.blocked.map(\.code) == [.keyConflict] && report.blocked.map(\.subject) == ["bob"])
         #expect(logged.isBackendReachable == true)
         let written = lines.withLock { $0 }
         #expect(written.contains { $0.contains("info chat: synced: pushed") }, "\(written)")

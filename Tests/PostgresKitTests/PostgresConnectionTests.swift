@@ -20,8 +20,8 @@ import TestSupport
         #expect(rows.rows.count == 2 && rows.text(0, 0) == "m'1" && rows.int(0, 1) == 42)
         #expect(rows.bytes(0, 2) == awkward && rows.bytes(1, 2) == Data())
         // A typed error with its SQLSTATE; the transaction rolls back whole.
-        #expect { try db.execute("INSERT INTO records VALUES ('z', 'm''1', 1, '')") } throws: { ($0 as? PostgresError)?.sqlState == "23505" }
-        #expect { try db.execute("SELEC nonsense") } throws: { ($0 as? PostgresError)?.sqlState == "42601" }
+        #expect { try db.execute("INSERT INTO records VALUES ('z', 'm''1', 1, '')") } throws: { ($0 as? PostgresError)?.code == .uniqueViolation }
+        #expect { try db.execute("SELEC nonsense") } throws: { ($0 as? PostgresError)?.code == .syntaxError }
         #expect(throws: PostgresError.self) {
             try db.transaction { () throws(PostgresError) in
                 try db.execute("INSERT INTO records VALUES ('y', 'n', 1, '')")
@@ -56,7 +56,7 @@ import TestSupport
                                        ("SELECT k, v FROM t WHERE k = $1", [.int(1)]), ("COMMIT", [])])
         #expect(results.count == 4 && results[2].int(0, 0) == 1 && results[2].bytes(0, 1) == Data([0, 1]))
         #expect { try db.pipeline([("BEGIN", []), ("INSERT INTO t VALUES (2, '')", []), ("INSERT INTO t VALUES (1, '')", []), ("INSERT INTO t VALUES (3, '')", []), ("COMMIT", [])]) }
-            throws: { ($0 as? PostgresError)?.sqlState == "23505" }
+            throws: { ($0 as? PostgresError)?.code == .uniqueViolation }
         try db.execute("ROLLBACK")
         #expect(try db.execute("SELECT count(*) FROM t").int(0, 0) == 1, "the failed pipeline's transaction left nothing")
         #expect(try db.pipeline([("SELECT 1", []), ("SELECT 2", [])]).map { $0.int(0, 0) } == [1, 2])

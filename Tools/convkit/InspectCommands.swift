@@ -221,7 +221,7 @@ enum InspectCommands {
         case "list":
             let entries = try store.quarantine()
             if context.json {
-                return try Output.json(entries.map { ["id": $0.id, "zone": $0.zone ?? "", "name": $0.name ?? "", "reason": $0.reason, "source": $0.source,
+                return try Output.json(entries.map { ["id": $0.id, "zone": $0.zone ?? "", "name": $0.name ?? "", "code": $0.code?.rawValue ?? "", "reason": $0.reason, "source": $0.source,
                                                       "receivedAt": Output.time($0.receivedAt)] as [String: Any] })
             }
             for entry in entries { Output.line("\(entry.id)  \(entry.zone ?? "-")/\(entry.name ?? "-")  \(entry.reason)  (\(entry.source))") }

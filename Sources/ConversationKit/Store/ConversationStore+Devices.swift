@@ -115,7 +115,7 @@ extension ConversationStore {
             var records = [Record](), token: ChangeToken? = nil
             while true {
                 let page = try await backend.fetchChanges(in: zone, since: token, limit: 500)
-                if let conflict = page.rejected.first(where: { $0.reason.code == "keyConflict" }) {
+                if let conflict = page.rejected.first(where: { $0.reason.code == .keyConflict }) {
                     throw ConversationError(.keyConflict, "the link code is not signed by the key '\(link.identity)' holds on the backend (\(conflict.reason))")
                 }
                 records += page.records

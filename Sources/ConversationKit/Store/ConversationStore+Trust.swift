@@ -49,7 +49,7 @@ extension ConversationStore {
         try await write { applier in
             for (id, record) in held {
                 if let reason = policy.check(record) {
-                    try applier.db.execute("UPDATE ck_quarantine SET code = ?, reason = ? WHERE id = ?", [reason.code, reason.description, id])
+                    try applier.db.execute("UPDATE ck_quarantine SET code = ?, reason = ? WHERE id = ?", [reason.code.rawValue, reason.description, id])
                 } else {
                     try applier.apply(record, origin: .remote)
                     try applier.db.execute("DELETE FROM ck_quarantine WHERE id = ?", [id])

@@ -268,8 +268,9 @@ public final class ConversationStore: Sendable {
     /// Records refused on the way in, with their reasons: never applied, never shown.
     public func quarantine() throws(ConversationError) -> [QuarantinedRecord] {
         try read { db in
-            try db.rows("SELECT zone, name, reason, source, received_at, id FROM ck_quarantine ORDER BY id") { row in
-                QuarantinedRecord(id: row.int(5), zone: row.optionalText(0), name: row.optionalText(1), reason: row.text(2), source: row.text(3),
+            try db.rows("SELECT zone, name, reason, source, received_at, id, code FROM ck_quarantine ORDER BY id") { row in
+                QuarantinedRecord(id: row.int(5), zone: row.optionalText(0), name: row.optionalText(1),
+                                  code: row.optionalText(6).flatMap(RejectionReason.Code.init(rawValue:)), reason: row.text(2), source: row.text(3),
                                   receivedAt: Date(timeIntervalSince1970: Double(row.int(4)) / 1000))
             }
         }
@@ -324,6 +325,9 @@ public struct QuarantinedRecord: Sendable, Hashable {
     public let id: Int64
     public let zone: String?
     public let name: String?
+    /// Why, as a code to decide on (nil for entries from before codes were kept).
+    public let code: RejectionReason.Code?
+    /// Why, for people.
     public let reason: String
     public let source: String
     public let receivedAt: Date

@@ -38,7 +38,8 @@ struct RecordApplier {
             guard MergeRule.wins(record, over: current) else { return false }
         }
         if let problem = chatProblem(record) {
-            try quarantine(record.id, reason: problem, source: origin == .local ? "local" : "pull", record: try? record.encoded())
+            try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation(problem), source: origin == .local ? "local" : "pull",
+                                          data: try? record.encoded()))
             return false
         }
         try db.execute("""
@@ -59,12 +60,6 @@ struct RecordApplier {
     /// Adds an event to publish after the commit.
     mutating func note(_ event: StoreEvent) { events.append(event) }
 
-    /// Records a refused record with its reason; it is never applied or shown.
-    mutating func quarantine(_ id: RecordID?, reason: String, source: String, record: Data?, code: String? = nil, identity: String? = nil) throws {
-        try db.execute("INSERT INTO ck_quarantine (zone, name, reason, source, record, received_at, code, identity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       [id?.zone.rawValue, id?.name, reason, source, record, Int64(Date().timeIntervalSince1970 * 1000), code, identity])
-        quarantinedCount += 1
-    }
 
     /// Marks a local message failed for good, with why.
     mutating func fail(_ message: MessageID, _ failure: SyncFailure) throws {
@@ -73,16 +68,14 @@ struct RecordApplier {
         note(.syncStateChanged(message))
     }
 
-    /// Quarantines a record a backend's reader refused, keeping its bytes and the identity it
-    /// concerns when the refusal is about one.
+    /// Quarantines a refused record with its reason (as a code and for people), keeping its
+    /// bytes and the identity it concerns when the refusal is about one; it is never applied
+    /// or shown.
     mutating func quarantine(_ rejected: RejectedRecord) throws {
-        let identity: String?
-        switch rejected.reason {
-        case .keyConflict(let who), .identityConflict(let who), .deviceRevoked(let who): identity = who
-        default: identity = nil
-        }
-        try quarantine(rejected.recordID, reason: rejected.reason.description, source: rejected.source, record: rejected.data,
-                       code: rejected.reason.code, identity: identity)
+        try db.execute("INSERT INTO ck_quarantine (zone, name, reason, source, record, received_at, code, identity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       [rejected.recordID?.zone.rawValue, rejected.recordID?.name, rejected.reason.description, rejected.source, rejected.data,
+                        Int64(Date().timeIntervalSince1970 * 1000), rejected.reason.code.rawValue, rejected.reason.identity])
+        quarantinedCount += 1
     }
 
     /// Admits again the records quarantined as key conflicts of identities whose chains just

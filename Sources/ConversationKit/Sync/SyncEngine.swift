@@ -29,8 +29,17 @@ public struct SyncReport: Sendable, Hashable {
     public var avatarsDownloaded = 0
     /// Whose records this sync held back, and why: an identity claimed with unrelated keys, a
     /// key that does not speak for its identity, a revoked or uncertified device, a damaged file
-    /// in a folder (by its path). One line each.
-    public var blocked: [String] = []
+    /// in a folder (by its path). One entry each.
+    public var blocked: [Blocked] = []
+
+    /// What a sync held back: whose records or which file, why as a code, and for people.
+    public struct Blocked: Sendable, Hashable, CustomStringConvertible {
+        /// The identity, or the record or file, held back.
+        public let subject: String
+        public let code: RejectionReason.Code
+        /// `subject: reason`.
+        public let description: String
+    }
 }
 
 /// Pushes the outbox and pulls changes. One sync runs at a time (an actor); reads of the store
@@ -213,7 +222,7 @@ actor SyncEngine {
                 } else {
                     try await write { applier in
                         try applier.db.execute("DELETE FROM ck_outbox WHERE id = ?", [entry.id])
-                        try applier.quarantine(nil, reason: "unreadable outbox entry", source: "outbox", record: entry.record)
+                        try applier.quarantine(RejectedRecord(recordID: nil, reason: .malformed("unreadable outbox entry"), source: "outbox", data: entry.record))
                     }
                 }
             }
@@ -416,7 +425,7 @@ actor SyncEngine {
                 throw ConversationError.backend(error, "cannot fetch changes of \(zone)")
             }
             let finished = !page.moreComing
-            let pageDamage = page.rejected.filter { $0.reason.code == RejectionReason.corruptSegmentCode }.map(\.source)
+            let pageDamage = page.rejected.filter { $0.reason.code == .corruptSegment }.map(\.source)
             damaged.formUnion(pageDamage)
             let stillDamaged = damaged
             let counts = try await write { applier in
@@ -424,8 +433,8 @@ actor SyncEngine {
                 for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
                 for rejected in page.rejected {
                     // A damaged file is reported by every pull until it is whole: one row for it.
-                    if rejected.reason.code == RejectionReason.corruptSegmentCode,
-                        try applier.db.first("SELECT 1 FROM ck_quarantine WHERE code = ? AND source = ?", [rejected.reason.code, rejected.source], { _ in true }) != nil {
+                    if rejected.reason.code == .corruptSegment,
+                        try applier.db.first("SELECT 1 FROM ck_quarantine WHERE code = ? AND source = ?", [rejected.reason.code.rawValue, rejected.source], { _ in true }) != nil {
                         continue
                     }
                     try applier.quarantine(rejected)
@@ -434,7 +443,7 @@ actor SyncEngine {
                     let placeholders = Array(repeating: "?", count: stillDamaged.count).joined(separator: ",")
                     try applier.db.execute("DELETE FROM ck_quarantine WHERE code = ? AND substr(source, 1, ?) = ?"
                                            + (stillDamaged.isEmpty ? "" : " AND source NOT IN (\(placeholders))"),
-                                           [RejectionReason.corruptSegmentCode, Int64(zone.rawValue.utf8.count + 1), zone.rawValue + "/"] + stillDamaged.map { $0 })
+                                           [RejectionReason.Code.corruptSegment.rawValue, Int64(zone.rawValue.utf8.count + 1), zone.rawValue + "/"] + stillDamaged.map { $0 })
                 }
                 try applier.db.execute("""
                     INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)
@@ -466,16 +475,14 @@ actor SyncEngine {
     static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
 
     /// What a refusal says of whose records are held back (nil for one bad record alone).
-    static func blockedLine(_ rejection: RejectedRecord) -> String? {
+    static func blockedLine(_ rejection: RejectedRecord) -> SyncReport.Blocked? {
+        let subject: String
         switch rejection.reason {
-        case .identityConflict(let identity), .keyConflict(let identity), .deviceRevoked(let identity):
-            return "\(identity): \(rejection.reason)"
-        case .deviceNotCertified:
-            return "\(rejection.recordID.map { "\($0)" } ?? rejection.source): \(rejection.reason)"
-        case .corruptSegment:
-            return "\(rejection.source): \(rejection.reason)"
-        default:
-            return nil
+        case .identityConflict(let identity), .keyConflict(let identity), .deviceRevoked(let identity): subject = identity
+        case .deviceNotCertified: subject = rejection.recordID.map { "\($0)" } ?? rejection.source
+        case .corruptSegment: subject = rejection.source
+        default: return nil
         }
+        return SyncReport.Blocked(subject: subject, code: rejection.reason.code, description: "\(subject): \(rejection.reason)")
     }
 }

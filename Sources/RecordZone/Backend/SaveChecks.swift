@@ -67,6 +67,7 @@ package enum SaveChecks {
         case .unsigned, .invalidSignature: code = .invalidSignature
         case .notOwnedByID, .ownerFieldMissing, .ownerFieldMismatch, .keyConflict, .identityConflict, .deviceNotCertified, .deviceRevoked: code = .notAuthorized
         case .malformed, .corruptSegment, .refusedByBackend: code = .malformed
+        case .schemaViolation: code = .invalidArguments
         }
         return RecordZoneError(code, reason.description, recordID: recordID)
     }

@@ -28,6 +28,15 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     case corruptSegment(String)
     /// Refused by the backend (a server), which gave this reason.
     case refusedByBackend(String)
+    /// Signed and owned as it should be, but against its schema's rules (a chat record with
+    /// fields that do not match its zone, say): the schema's own words.
+    case schemaViolation(String)
+
+    /// The reasons, as codes (stored and sent).
+    public enum Code: String, Sendable, Hashable, Codable, CaseIterable {
+        case malformed, unsigned, invalidSignature, notOwnedByID, ownerFieldMissing, ownerFieldMismatch, keyConflict, identityConflict,
+            deviceNotCertified, deviceRevoked, corruptSegment, refusedByBackend, schemaViolation
+    }
 
     public var description: String {
         switch self {
@@ -43,6 +52,7 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .deviceRevoked(let identity): "signed by a device of '\(identity)' after it was revoked"
         case .corruptSegment(let why): "corrupt segment: \(why)"
         case .refusedByBackend(let why): "refused by the backend: \(why)"
+        case .schemaViolation(let why): why
         }
     }
 
@@ -55,24 +65,30 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         }
     }
 
-    /// A stable code for the reason, as stored and sent.
-    /// The code of ``corruptSegment(_:)``: a file that is not (yet) what its name says.
-    public static let corruptSegmentCode = "corruptSegment"
-
-    public var code: String {
+    /// The reason's code.
+    public var code: Code {
         switch self {
-        case .malformed: "malformed"
-        case .unsigned: "unsigned"
-        case .invalidSignature: "invalidSignature"
-        case .notOwnedByID: "notOwnedByID"
-        case .ownerFieldMissing: "ownerFieldMissing"
-        case .ownerFieldMismatch: "ownerFieldMismatch"
-        case .keyConflict: "keyConflict"
-        case .identityConflict: "identityConflict"
-        case .deviceNotCertified: "deviceNotCertified"
-        case .deviceRevoked: "deviceRevoked"
-        case .corruptSegment: Self.corruptSegmentCode
-        case .refusedByBackend: "refusedByBackend"
+        case .malformed: .malformed
+        case .unsigned: .unsigned
+        case .invalidSignature: .invalidSignature
+        case .notOwnedByID: .notOwnedByID
+        case .ownerFieldMissing: .ownerFieldMissing
+        case .ownerFieldMismatch: .ownerFieldMismatch
+        case .keyConflict: .keyConflict
+        case .identityConflict: .identityConflict
+        case .deviceNotCertified: .deviceNotCertified
+        case .deviceRevoked: .deviceRevoked
+        case .corruptSegment: .corruptSegment
+        case .refusedByBackend: .refusedByBackend
+        case .schemaViolation: .schemaViolation
+        }
+    }
+
+    /// The identity a refusal is about, when it is about which key speaks for one.
+    public var identity: String? {
+        switch self {
+        case .keyConflict(let who), .identityConflict(let who), .deviceRevoked(let who): who
+        default: nil
         }
     }
 }
@@ -95,18 +111,19 @@ extension RejectionReason: Codable {
         case "deviceNotCertified": self = .deviceNotCertified(detail)
         case "deviceRevoked": self = .deviceRevoked(identity: detail)
         case "corruptSegment": self = .corruptSegment(detail)
+        case "schemaViolation": self = .schemaViolation(detail)
         default: self = .refusedByBackend(detail)
         }
     }
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: Keys.self)
-        try c.encode(code, forKey: .kind)
+        try c.encode(code.rawValue, forKey: .kind)
         switch self {
         case .unsigned, .invalidSignature: break
         case .malformed(let detail), .corruptSegment(let detail), .refusedByBackend(let detail),
             .notOwnedByID(let detail), .ownerFieldMissing(let detail), .ownerFieldMismatch(let detail), .keyConflict(let detail),
-            .identityConflict(let detail), .deviceNotCertified(let detail), .deviceRevoked(let detail):
+            .identityConflict(let detail), .deviceNotCertified(let detail), .deviceRevoked(let detail), .schemaViolation(let detail):
             try c.encode(detail, forKey: .detail)
         }
     }

@@ -448,7 +448,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             } catch let moved as PinsChanged {
                 // Another server moved a chain this batch relied on: read it, decide again.
                 install(moved.rows)
-            } catch let error as PostgresError where ["40P01", "40001"].contains(error.sqlState) {
+            } catch let error as PostgresError where [.deadlockDetected, .serializationFailure].contains(error.code) {
                 // A deadlock or serialization failure between servers: go round again.
             } catch {
                 throw Self.storageError(error)
@@ -778,12 +778,12 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     static func storageError(_ error: any Error) -> RecordZoneError {
         if let error = error as? RecordZoneError { return error }
         if let error = error as? PostgresError {
-            if error.isConnectionFailure || error.sqlState == "53300" || error.sqlState == "57014" {
+            if error.isConnectionFailure || error.code == .tooManyConnections || error.code == .queryCanceled {
                 var unavailable = RecordZoneError(.serviceUnavailable, "the database is unavailable; try again later (\(error.message))")
                 unavailable.retryAfter = 1
                 return unavailable
             }
-            if error.sqlState == "53100" {
+            if error.code == .diskFull {
                 var full = RecordZoneError(.serviceUnavailable, "the database's disk is full; try again later")
                 full.retryAfter = 60
                 return full

@@ -391,7 +391,7 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
     /// keep their changes and try again; anything else is the server's own fault.
     static func storageError(_ error: any Error) -> RecordZoneError {
         if let error = error as? RecordZoneError { return error }
-        if let error = error as? SQLiteError, error.code & 0xFF == 13 {
+        if let error = error as? SQLiteError, error.resultCode == .full {
             var full = RecordZoneError(.serviceUnavailable, "the server's disk is full; try again later")
             full.retryAfter = 60
             return full
