@@ -44,6 +44,26 @@ import TestSupport
         #expect(try alice.message(message.id)?.syncState == .synced)
     }
 
+    /// The continuous sync says the same: not "unreachable" but not accepted, with the reason.
+    @Test func theContinuousSyncReportsAClockTooFarOffAsNotAccepted() async throws {
+        let fixture = try await ChatFixture(.http)
+        let url = try #require(fixture.serverURL)
+        let alice = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { context in
+            HTTPBackend(url: url, identity: context.identity, key: context.key, policy: context.policy, now: { Date().addingTimeInterval(-3600) })
+        })
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let events = alice.events()
+        let running = Task { try await alice.run() }
+        defer { running.cancel() }
+        _ = try await alice.send("on a slow clock", to: "bob")
+        let activity = await firstElement(of: events, seconds: 15) { if case .syncActivity(.notAccepted) = $0 { true } else { false } }
+        guard case .syncActivity(.notAccepted(let code, let reason))? = activity else {
+            Issue.record("no notAccepted activity: \(String(describing: activity))")
+            return
+        }
+        #expect(code == .notAuthenticated && reason.contains("3600 s behind"), "\(reason)")
+    }
+
     /// The same skew seen from outside: the 401's body carries the reason and the skew.
     @Test func aSkewedRequestIsAnsweredWithTheReasonAndTheSkew() async throws {
         let fixture = try await ChatFixture(.http)

@@ -210,6 +210,7 @@ func sync(_ rawArguments: [String]) async {
             case .syncActivity(.synced(let report)):
                 logger.info("synced pushed=\(report.pushed) pulled=\(report.pulled) failed=\(report.failed) deferred=\(report.deferred) quarantined=\(report.quarantined)")
             case .syncActivity(.unreachable(let why)): logger.warning("backend unreachable, backing off: \(why)")
+            case .syncActivity(.notAccepted(let code, let why)): logger.error("the backend does not accept this device (\(code.rawValue)): \(why)")
             case .syncActivity(.reachable): logger.info("backend reachable again")
             }
         }

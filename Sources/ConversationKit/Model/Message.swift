@@ -104,6 +104,11 @@ public enum SyncActivity: Sendable, Hashable {
     case synced(SyncReport)
     /// The backend could not be reached (with why); the sync backs off and tries again.
     case unreachable(String)
+    /// The backend answers but does not accept this device's requests:
+    /// ``ConversationError/Code/deviceRevoked``, or ``ConversationError/Code/notAuthenticated``
+    /// (a clock too far off, a key it does not hold), with why. The sync backs off and tries
+    /// again (a clock set right is accepted).
+    case notAccepted(ConversationError.Code, String)
     /// The backend answers again after being unreachable.
     case reachable
 }

@@ -91,11 +91,12 @@ extension ConversationStore {
                 backoff = 0.5
                 if report != SyncReport() { database.hub.publish([.syncActivity(.synced(report))]) }
             } catch {
-                reachability.withLock { $0 = false }
-                configuration.logger.warning("backend unreachable, backing off \(backoff) s: \(error)")
+                let refused = error.code == .notAuthenticated || error.code == .deviceRevoked
+                reachability.withLock { $0 = refused }
+                configuration.logger.warning("\(refused ? "the backend does not accept this device" : "backend unreachable"), backing off \(backoff) s: \(error)")
                 if !unreachable {
                     unreachable = true
-                    database.hub.publish([.syncActivity(.unreachable(error.description))])
+                    database.hub.publish([.syncActivity(refused ? .notAccepted(error.code, error.message) : .unreachable(error.description))])
                 }
                 kicks.kick(.poll)  // catch up whole once it answers
                 do { try await Task.sleep(for: .milliseconds(Int(backoff * 1000))) } catch { return }
