@@ -21,9 +21,10 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
     public var resultCode: ResultCode { ResultCode(rawValue: primaryCode) }
 
     /// Whether the file is not a database or is damaged.
-    public var isCorruption: Bool { resultCode == .corrupt || resultCode == .notADatabase }
+    /// (A read past the end of the file — `SQLITE_IOERR_SHORT_READ` — is a truncated file.)
+    public var isCorruption: Bool { resultCode == .corrupt || resultCode == .notADatabase || code == SQLITE_IOERR | (2 << 8) }
     /// Whether the database or its folder cannot be written or opened.
-    public var isAccessProblem: Bool { [.cannotOpen, .readOnly, .permission, .authorization, .ioError].contains(resultCode) }
+    public var isAccessProblem: Bool { !isCorruption && [.cannotOpen, .readOnly, .permission, .authorization, .ioError].contains(resultCode) }
     public var isConstraintViolation: Bool { resultCode == .constraint }
 
     public var description: String {

@@ -49,6 +49,10 @@ enum ChatCommands {
         ToolCommand(Command("convkit device join", "Set a new store up as one more device of a speaker, from a link code.",
                             positionals: [Positional("code", "The link code printed by 'convkit device link' on the first device.")],
                             options: Targets.storeOptions + [.valued("label", "label", "This device's name. (default: the host name)")]), run: deviceJoin),
+        ToolCommand(Command("convkit doctor", "Check a store; with --rebuild, rebuild a damaged one from its backend with its key.",
+                            discussion: "Without --rebuild: checks the database (SQLite's quick_check), the local speaker and its key; exits 1 on a problem. With --rebuild (a first device): moves the damaged database aside (store.sqlite.damaged-<time>), makes a new one with the store's key and pulls everything back from the backend; what had not been pushed is not recovered.",
+                            options: Targets.storeOptions + [.flag("rebuild", "Rebuild the store from its backend."),
+                                                             .valued("id", "identifier", "The store's speaker. (default: as 'convkit init' recorded it)"), Targets.json]), run: doctor),
         ToolCommand(Command("convkit device revoke", "On the first device: revoke a linked device (by its label or fingerprint).",
                             positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store]), run: deviceRevoke),
     ]
@@ -60,7 +64,7 @@ enum ChatCommands {
         let backend = try context.backend()
         let store = try ConversationStore(directory: context.storePath, backend: backend)
         let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: context.arguments.all("tag"))
-        try context.rememberBackend()
+        try context.rememberBackend(identity: speaker.identifier)
         if context.json {
             try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "", "store": context.storePath])
         } else {
@@ -295,11 +299,46 @@ enum ChatCommands {
         }
     }
 
+    static func doctor(_ context: Context) async throws {
+        guard FileManager.default.fileExists(atPath: context.storePath) else { throw ToolFailure("no store at \(context.storePath)") }
+        if context.arguments.has("rebuild") {
+            guard let identifier = context.arguments.value("id") ?? context.settings().identity else {
+                throw UsageError("--rebuild needs --id (the store does not say whose it is)")
+            }
+            let store = try await ConversationStore.rebuild(directory: context.storePath, identifier: identifier, backend: try context.backend())
+            try context.rememberBackend(identity: identifier)
+            let stats = try store.statistics()
+            if context.json {
+                try Output.json(["rebuilt": true, "identifier": identifier, "records": stats.records, "conversations": stats.conversations, "messages": stats.messages])
+            } else {
+                Output.line("rebuilt \(identifier)'s store from its backend: \(stats.records) records, \(stats.conversations) conversations, \(stats.messages) messages")
+                Output.line("the damaged database was moved aside (store.sqlite.damaged-*)")
+            }
+            return
+        }
+        let problems = try storeProblems(context.storePath)
+        if context.json { try Output.json(["healthy": problems.isEmpty, "problems": problems]) }
+        else if problems.isEmpty { Output.line("the store at \(context.storePath) is healthy") }
+        else { for problem in problems { Output.line("PROBLEM \(problem)") } }
+        if !problems.isEmpty { throw ToolFailure("the store is damaged: 'convkit doctor --rebuild' rebuilds it from its backend") }
+    }
+
+    /// What ``ConversationStore/check()`` finds, or why the store does not even open as damaged.
+    static func storeProblems(_ path: String) throws -> [String] {
+        let result = Result { () throws(ConversationError) in try ConversationStore.inspecting(directory: path).check().problems }
+        switch result {
+        case .success(let problems): return problems
+        case .failure(let error):
+            guard error.code == .databaseCorrupt else { throw error }
+            return [error.message]
+        }
+    }
+
     static func deviceJoin(_ context: Context) async throws {
         guard let code = context.arguments.positional(0) else { throw UsageError("missing <code>") }
         let store = try ConversationStore(directory: context.storePath, backend: try context.backend())
         let speaker = try await store.setupLocalSpeaker(linking: code, label: context.arguments.value("label") ?? defaultDevice())
-        try context.rememberBackend()
+        try context.rememberBackend(identity: speaker.identifier)
         Output.line("this store is now a device of \(speaker.identifier) (\(speaker.name))")
     }
 

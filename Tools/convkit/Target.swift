@@ -29,6 +29,8 @@ struct StoreSettings: Codable {
     var server: String?
     var zoneDir: String?
     var device: String?
+    /// The store's speaker, for `convkit doctor --rebuild` when the database cannot be read.
+    var identity: String?
 }
 
 /// The parsed arguments of one command, with what the targets resolve to.
@@ -53,13 +55,22 @@ struct Context {
         return settings
     }
 
-    /// Records the backend the options name (`--server`, or `--zone-dir` with `--device`) in
-    /// the store's convkit.json, for the other commands; without either, what is there stays.
-    func rememberBackend() throws {
+    /// Records the backend the options name (`--server`, or `--zone-dir` with `--device`) and the
+    /// store's speaker in the store's convkit.json (mode 0600), for the other commands; what the
+    /// options do not name stays.
+    func rememberBackend(identity: String? = nil) throws {
         let folder = arguments.value("zone-dir").map(Self.absolute), server = arguments.value("server")
-        guard folder != nil || server != nil else { return }
-        let device = folder == nil ? nil : arguments.value("device") ?? settings().device ?? ChatCommands.defaultDevice()
-        try JSONEncoder().encode(StoreSettings(server: server, zoneDir: folder, device: device)).write(to: URL(fileURLWithPath: settingsPath))
+        var settings = settings()
+        if folder != nil || server != nil {
+            settings.server = server
+            settings.zoneDir = folder
+            settings.device = folder == nil ? nil : arguments.value("device") ?? settings.device ?? ChatCommands.defaultDevice()
+        }
+        settings.identity = identity ?? settings.identity
+        let data = try JSONEncoder().encode(settings)
+        guard FileManager.default.createFile(atPath: settingsPath, contents: data, attributes: [.posixPermissions: 0o600]) else {
+            throw ToolFailure("cannot write \(settingsPath)")
+        }
     }
 
     /// The backend the store syncs through: the options, or what `init` recorded.

@@ -69,7 +69,7 @@ public final class ConversationStore: Sendable {
         return try ConversationStore(directory: directory, backend: none, configuration: StoreConfiguration(), readOnly: true)
     }
 
-    private init(directory: String, backend: BackendFactory, configuration: StoreConfiguration, readOnly: Bool) throws(ConversationError) {
+    init(directory: String, backend: BackendFactory, configuration: StoreConfiguration, readOnly: Bool, rebuilding: Bool = false) throws(ConversationError) {
         self.directory = directory
         self.configuration = configuration
         let now = configuration.now
@@ -85,8 +85,11 @@ public final class ConversationStore: Sendable {
             guard FileManager.default.isWritableFile(atPath: directory) else {
                 throw ConversationError(.storeNotWritable, "the store directory \(directory) is not writable")
             }
+            if !rebuilding { try Self.checkDatabaseIsWhole(in: directory) }
             let descriptor = Glibc.open(directory + "/store.sqlite", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
             if descriptor >= 0 { Glibc.close(descriptor) }
+        } else {
+            try Self.checkDatabaseIsWhole(in: directory)
         }
         let queue: DatabaseQueue
         let policy: RecordPolicy
@@ -121,6 +124,33 @@ public final class ConversationStore: Sendable {
     }
 
     deinit { database.hub.finish() }
+
+    /// A store whose key is here but whose database is gone, empty or without its schema was
+    /// damaged (truncated, replaced, half copied): it is reported, never migrated afresh behind
+    /// the user's back (which would lose its unsent messages and its pins for good).
+    static func checkDatabaseIsWhole(in directory: String) throws(ConversationError) {
+        let manager = FileManager.default
+        guard manager.fileExists(atPath: directory + "/speaker.key") || manager.fileExists(atPath: directory + "/device.key") else { return }
+        let path = directory + "/store.sqlite"
+        let damaged = { (why: String) in
+            ConversationError(.databaseCorrupt, "the store's database \(path) \(why), but the store's key is there: it was damaged or replaced. "
+                              + "Nothing was changed; 'convkit doctor --rebuild' (ConversationStore.rebuild) rebuilds it from the backend")
+        }
+        let size = (try? manager.attributesOfItem(atPath: path)[.size] as? Int) ?? nil
+        guard let size else { throw damaged("is missing") }
+        guard size > 0 else { throw damaged("is empty") }
+        do {
+            let db = try Database(path: path, readOnly: true)
+            let version = try db.first("PRAGMA user_version") { $0.int(0) } ?? 0
+            guard version > 0 else { throw damaged("has no schema") }
+        } catch let error as ConversationError {
+            throw error
+        } catch let error as SQLiteError {
+            throw error.isAccessProblem && !error.isCorruption ? ConversationError.wrap(error) : damaged("cannot be read (\(error.message))")
+        } catch {
+            throw ConversationError.wrap(error)
+        }
+    }
 
     /// Opens the store of one speaker under `root`: `<root>/<first 8 bytes of SHA-256 of the
     /// identifier, hex>`. Each speaker has a store of their own; switching identity is opening
