@@ -13,13 +13,16 @@ enum ChatCommands {
                                       .valued("tag", "tag", "A tag others can find the speaker by.", repeats: true)] + Targets.storeOptions + [Targets.json]), run: initialize),
         ToolCommand(Command("convkit whoami", "Show the store's local speaker, its fingerprint and backend.", options: [Targets.store, Targets.json]), run: whoami),
         ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
+                            discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
                             positionals: [Positional("id", "The speaker to send to."), Positional("text", "The message.")],
-                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), Targets.json]), run: send),
+                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, Targets.json]), run: send),
         ToolCommand(Command("convkit messages", "List a conversation's newest messages, oldest first.",
                             positionals: [Positional("id", "The other speaker.")],
                             options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), Targets.json]),
                     run: messages),
         ToolCommand(Command("convkit conversations", "List the conversations, with unread counts.", options: [Targets.store, Targets.json]), run: conversations),
+        ToolCommand(Command("convkit conversations remove", "Remove a conversation from this store (not from the backend; unsent messages are dropped).",
+                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: removeConversation),
         ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
                             positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: read),
         ToolCommand(Command("convkit edit", "Edit one of your messages.",
@@ -57,6 +60,22 @@ enum ChatCommands {
                             positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store]), run: deviceRevoke),
     ]
 
+    static let newRecipient = Option.flag("new", "Send to someone who has not published a profile yet (not a typo).")
+
+    /// Refuses a recipient nobody knows (a typo would make a conversation with nobody), unless
+    /// `--new` says it is meant.
+    static func requireKnown(_ identifier: String, in store: ConversationStore, _ context: Context) async throws {
+        if context.arguments.has("new") { return }
+        if try store.existingConversation(with: identifier) != nil { return }
+        let exists: Bool
+        do { exists = try await store.speakerExists(identifier) } catch {
+            throw ToolFailure("cannot check whether '\(identifier)' exists (\(error.message)); give --new to send anyway")
+        }
+        guard exists else {
+            throw ToolFailure("nobody called '\(identifier)' has published a profile, here or on the backend (a typo?); give --new to send to someone new")
+        }
+    }
+
     static func initialize(_ context: Context) async throws {
         guard let identifier = context.arguments.value("id"), let name = context.arguments.value("name") else {
             throw UsageError("--id and --name are required")
@@ -65,8 +84,16 @@ enum ChatCommands {
         let store = try ConversationStore(directory: context.storePath, backend: backend)
         let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: context.arguments.all("tag"))
         try context.rememberBackend(identity: speaker.identifier)
+        // Published at once where the backend answers, so others can find and write to this
+        // speaker; otherwise the profile waits in the outbox for the next sync.
+        var published = true
+        do { try await store.sync() } catch {
+            published = false
+            FileHandle.standardError.write(Data("note: the profile is not published yet (\(DisplayText.safe(error.message))); the next sync will\n".utf8))
+        }
         if context.json {
-            try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "", "store": context.storePath])
+            try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "", "store": context.storePath,
+                             "published": published])
         } else {
             Output.line("\(speaker.identifier) (\(speaker.name)) in \(context.storePath)")
             Output.line("fingerprint \(speaker.fingerprint ?? "-")")
@@ -110,6 +137,7 @@ enum ChatCommands {
     static func send(_ context: Context) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
+        try await requireKnown(to, in: store, context)
         var message = try await store.send(text, to: to)
         if context.arguments.has("sync") {
             try await store.sync()
@@ -160,6 +188,13 @@ enum ChatCommands {
         for conversation in list {
             Output.line("\(conversation.nonLocalSpeaker)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")  \(conversation.id)")
         }
+    }
+
+    static func removeConversation(_ context: Context) async throws {
+        let store = try context.store()
+        guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        try await store.removeConversation(with: other)
+        Output.line("the conversation with \(other) is removed from this store")
     }
 
     static func read(_ context: Context) async throws {

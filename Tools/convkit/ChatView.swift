@@ -10,7 +10,7 @@ import ToolSupport
 /// are marked read as they are shown; Ctrl-C leaves and puts the terminal back.
 enum ChatView {
     static let command = ToolCommand(Command("convkit chat", "Chat with a speaker on this terminal (Ctrl-C leaves).",
-                                             positionals: [Positional("id", "The speaker to chat with.")], options: Targets.storeOptions),
+                                             positionals: [Positional("id", "The speaker to chat with.")], options: Targets.storeOptions + [ChatCommands.newRecipient]),
                                      run: run)
 
     /// What the screen shows, and the line being typed.
@@ -71,8 +71,9 @@ enum ChatView {
 
     static func run(_ context: Context) async throws {
         guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
-        guard isatty(STDIN_FILENO) == 1 else { throw ToolFailure("convkit chat needs a terminal") }
         let store = try context.store()
+        try await ChatCommands.requireKnown(other, in: store, context)
+        guard isatty(STDIN_FILENO) == 1 else { throw ToolFailure("convkit chat needs a terminal") }
         let backend = try? context.backend()
         let conversation = try await store.conversation(with: other)
         let local = store.localSpeakerIdentifier ?? ""

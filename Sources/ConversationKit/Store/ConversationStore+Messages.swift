@@ -12,6 +12,56 @@ extension ConversationStore {
         return try read { db in try Self.conversations(db, where: "c.zone = ?", [zone], local: local.identifier).first }
     }
 
+    /// Whether `identifier` has published a profile: one this store holds, or one the backend's
+    /// directory (`speakers`) or the speaker's own zone holds. Check it before starting a
+    /// conversation with a name a person typed: a typo otherwise makes a conversation with
+    /// nobody, whose messages still end `synced`.
+    /// - Throws: a backend error when the store does not know the speaker and the backend
+    ///   cannot be asked (offline): whether it exists is then unknown.
+    public func speakerExists(_ identifier: String) async throws(ConversationError) -> Bool {
+        try ChatRecords.validate(identifier: identifier)
+        let held = try read { db in
+            try db.first("SELECT 1 FROM ck_records WHERE type = ? AND name = ? AND is_deleted = 0", [ChatRecords.speakerType, identifier]) { _ in true }
+        }
+        if held == true { return true }
+        let ids: [RecordID]
+        do { ids = [try RecordID(zone: ChatRecords.speakersZone, name: identifier), try RecordID(zone: ChatRecords.speakerZone(identifier), name: identifier)] } catch {
+            throw ConversationError(.invalidIdentifier, error.message)
+        }
+        let backend = try backend()
+        let results: [Result<Record, RecordZoneError>]
+        do { results = try await backend.fetch(ids) } catch {
+            throw ConversationError.backend(error, "cannot ask the backend whether '\(identifier)' exists")
+        }
+        for result in results {
+            switch result {
+            case .success(let record): if !record.isDeleted { return true }
+            case .failure(let error) where error.code == .unknownItem || error.code == .zoneNotFound || error.code == .notAuthorized: continue
+            case .failure(let error): throw ConversationError.backend(error, "cannot ask the backend whether '\(identifier)' exists")
+            }
+        }
+        return false
+    }
+
+    /// Removes the conversation with `other` from this store only: its messages (unsent ones
+    /// too: they are not sent), receipts and members, and what is queued for it. Nothing is
+    /// deleted on the backend; if `other` writes again, the conversation comes back with what
+    /// the backend holds.
+    public func removeConversation(with other: String) async throws(ConversationError) {
+        let local = try requireIdentity()
+        try ChatRecords.validate(identifier: other)
+        let zone = ChatRecords.conversationZone(local.identifier, other).rawValue
+        try await write { applier in
+            guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
+                throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
+            }
+            for table in ["ck_records", "ck_outbox", "ck_zone_state", "ck_quarantine", "messages", "receipts", "conversation_members", "conversations"] {
+                try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
+            }
+            applier.note(.conversationChanged(zone))
+        }
+    }
+
     /// The conversation with `other`, started (offline, through the outbox) if there is none.
     /// Both sides starting it at once still end in one conversation: its zone comes from the pair.
     @discardableResult
