@@ -139,9 +139,22 @@ enum ChatCommands {
         guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
         try await requireKnown(to, in: store, context)
         var message = try await store.send(text, to: to)
+        // Committed: from here on the message is reported, whatever the sync says.
         if context.arguments.has("sync") {
-            try await store.sync()
+            var note: String? = nil
+            do { try await store.sync() } catch { note = "not synced yet: \(error.message)" }
             message = try store.message(message.id) ?? message
+            if message.syncState == .pending, note == nil {
+                // Another process holds this store's device (a running convkitd sync): it
+                // pushes the outbox at its next look; wait for it a little.
+                let deadline = Date().addingTimeInterval(10)
+                while message.syncState == .pending, Date() < deadline {
+                    try await Task.sleep(for: .milliseconds(100))
+                    message = try store.message(message.id) ?? message
+                }
+                if message.syncState == .pending { note = "still pending: the process syncing this store (or the next sync) pushes it" }
+            }
+            if let note { FileHandle.standardError.write(Data("note: \(DisplayText.safe(note))\n".utf8)) }
         }
         if context.json { try Output.json(messageJSON(message)) } else { Output.line("\(message.id) \(state(message.syncState))") }
     }

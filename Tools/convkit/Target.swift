@@ -77,9 +77,11 @@ struct Context {
     func backend() throws -> BackendFactory {
         let saved = settings()
         let label = arguments.value("device") ?? saved.device ?? ChatCommands.defaultDevice()
-        if let folder = arguments.value("zone-dir") { return .folder(Self.absolute(folder), device: label) }
+        // Beside a daemon that syncs the same store (and holds its folder device), read the
+        // folder as an observer: the daemon pushes what this process commits.
+        if let folder = arguments.value("zone-dir") { return .folder(Self.absolute(folder), device: label, observingWhileInUse: true) }
         if let server = arguments.value("server") { return .server(try Self.url(server)) }
-        if let folder = saved.zoneDir { return .folder(folder, device: saved.device ?? label) }
+        if let folder = saved.zoneDir { return .folder(folder, device: saved.device ?? label, observingWhileInUse: true) }
         if let server = saved.server { return .server(try Self.url(server)) }
         throw ToolFailure("no backend for \(storePath): give --server or --zone-dir (or set one with 'convkit init')")
     }

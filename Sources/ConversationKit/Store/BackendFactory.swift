@@ -33,8 +33,22 @@ public struct BackendFactory: Sendable {
     /// remembers the folder: once it has synced, a folder that is missing, empty (not mounted?)
     /// or another one is `folderUnavailable`, and nothing is written.
     public static func folder(_ root: String, device: String) -> BackendFactory {
+        folder(root, device: device, observingWhileInUse: false)
+    }
+
+    /// A shared folder written as `device`; with `observingWhileInUse`, while another process
+    /// writes as this store's device (a running `convkitd sync` on the same store), this one
+    /// reads the folder as an observer instead of failing with `deviceInUse`: its pulls and
+    /// queries work, and its local changes wait in the outbox for that process to push (it
+    /// looks at the outbox every poll). How the CLI works beside the daemon.
+    public static func folder(_ root: String, device: String, observingWhileInUse: Bool) -> BackendFactory {
         BackendFactory { context throws(RecordZoneError) in
-            try FileSystemBackend(root: root, device: device, policy: context.policy, stateDirectory: context.stateDirectory + "/folder")
+            do throws(RecordZoneError) {
+                return try FileSystemBackend(root: root, device: device, policy: context.policy, stateDirectory: context.stateDirectory + "/folder")
+            } catch {
+                guard observingWhileInUse, error.code == .deviceInUse else { throw error }
+                return try FileSystemBackend(root: root, device: nil, policy: context.policy)
+            }
         }
     }
 
