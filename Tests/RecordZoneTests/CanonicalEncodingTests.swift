@@ -169,3 +169,50 @@ final class WallClock: @unchecked Sendable {
     var now: UInt64 { lock.withLock { value } }
     func set(_ v: UInt64) { lock.withLock { value = v } }
 }
+
+/// Record names, types and field keys have one spelling (Unicode NFC): Swift compares text by
+/// canonical equivalence and a server by bytes, so `é` (C3 A9) and `e`+U+0301 (65 CC 81) would
+/// be one key to one reader and two to another. Refused with a reason that says so.
+@Suite struct NormalFormTests {
+    /// Canonical bytes written by hand: a record `z/n` of type `T`, unsigned, with these fields
+    /// (key bytes, string value), in the order given.
+    static func bytes(name: [UInt8] = Array("n".utf8), fields: [([UInt8], String)]) -> Data {
+        var out: [UInt8] = Array("CKR".utf8) + [1]
+        func u16(_ v: Int) { out += [UInt8(v >> 8), UInt8(v & 0xFF)] }
+        func u32(_ v: Int) { out += [0, 0, UInt8(v >> 8), UInt8(v & 0xFF)] }
+        u16(1); out += Array("z".utf8)
+        u16(name.count); out += name
+        u16(1); out += Array("T".utf8)
+        out += [0] + Array(repeating: 0, count: 8) + [0]
+        u32(fields.count)
+        for (key, value) in fields {
+            u16(key.count); out += key
+            out += [1]; u32(value.utf8.count); out += Array(value.utf8)
+        }
+        out += [0]
+        return Data(out)
+    }
+
+    static let composed: [UInt8] = [0xC3, 0xA9], decomposed: [UInt8] = [0x65, 0xCC, 0x81]
+
+    @Test func aComposedKeyDecodesAndADecomposedOneIsRefusedAsNotNFC() throws {
+        let record = try Record(canonical: Self.bytes(fields: [(Self.composed, "a")]))
+        #expect(record["\u{E9}"] == .string("a"))
+        #expect(throws: RecordDecodingError.notNormalized(what: "field name")) { try Record(canonical: Self.bytes(fields: [(Self.decomposed, "a")])) }
+        // Both spellings, in byte order: refused for the spelling, not as a repeat.
+        #expect(throws: RecordDecodingError.notNormalized(what: "field name")) {
+            try Record(canonical: Self.bytes(fields: [(Self.decomposed, "a"), (Self.composed, "b")]))
+        }
+    }
+
+    @Test func namesAndKeysNotInNFCAreRefusedWhereverRecordsAreMade() throws {
+        #expect { try Record(canonical: Self.bytes(name: Array("caf".utf8) + Self.decomposed, fields: [])) } throws: { error in
+            if case .invalidName(let why) = error as? RecordDecodingError { return why.contains("NFC") }
+            return false
+        }
+        #expect { try RecordID(zone: "z", name: "cafe\u{301}") } throws: { ($0 as? RecordZoneError)?.code == .invalidArguments }
+        #expect(try RecordID(zone: "z", name: "caf\u{E9}").name == "caf\u{E9}")
+        let record = Record(id: try RecordID(zone: "z", name: "n"), type: "T", fields: ["e\u{301}": .string("a")])
+        #expect { try record.encoded() } throws: { ($0 as? RecordZoneError)?.code == .invalidArguments }
+    }
+}

@@ -12,6 +12,8 @@ public enum RecordDecodingError: Error, Hashable, Sendable, CustomStringConverti
     case invalidLength(what: String, length: Int)
     case invalidFlags(UInt8)
     case fieldsOutOfOrder(key: String)
+    /// A record name, type or field key not in Unicode NFC (two spellings of one text).
+    case notNormalized(what: String)
     case invalidValue(field: String, reason: String)
     case trailingBytes(count: Int)
 
@@ -26,6 +28,7 @@ public enum RecordDecodingError: Error, Hashable, Sendable, CustomStringConverti
         case .invalidLength(let what, let length): "invalid length \(length) for \(what)"
         case .invalidFlags(let flags): "unknown flags 0x\(String(flags, radix: 16))"
         case .fieldsOutOfOrder(let key): "field '\(key)' is out of order or repeated"
+        case .notNormalized(let what): "\(what) is not in Unicode NFC (one spelling per text: compose it first)"
         case .invalidValue(let field, let reason): "field '\(field)': \(reason)"
         case .trailingBytes(let count): "\(count) bytes after the end of the record"
         }
@@ -122,6 +125,7 @@ struct ByteReader {
         }
         let type = try string16(what: "record type")
         guard !type.isEmpty else { throw .invalidLength(what: "record type", length: 0) }
+        guard NormalForm.isNFC(type) else { throw .notNormalized(what: "record type") }
         var record = Record(id: id, type: type)
         let keyLength = Int(try u8())
         guard keyLength == 0 || keyLength == Sodium.publicKeyLength else {
@@ -144,6 +148,7 @@ struct ByteReader {
             }
             let keyBytes = try raw(keyCount)
             guard let key = String(validating: keyBytes, as: UTF8.self) else { throw .invalidUTF8(what: "field name") }
+            guard NormalForm.isNFC(key) else { throw .notNormalized(what: "field name") }
             if let previous = previousKey, !previous.lexicographicallyPrecedes(keyBytes) {
                 throw .fieldsOutOfOrder(key: key)
             }

@@ -55,6 +55,7 @@ extension Record {
         guard typeCount > 0, typeCount <= Self.maximumTypeLength else {
             throw RecordZoneError(.invalidArguments, "record type must be 1…\(Self.maximumTypeLength) bytes", recordID: id)
         }
+        guard NormalForm.isNFC(recordType) else { throw RecordZoneError(.invalidArguments, "record type is not in Unicode NFC", recordID: id) }
         guard authorKey.isEmpty || authorKey.count == Sodium.publicKeyLength,
             signature.isEmpty || signature.count == Sodium.signatureLength
         else {
@@ -76,6 +77,7 @@ extension Record {
             guard keyCount > 0, keyCount <= CanonicalEncoding.maximumKeyLength else {
                 throw RecordZoneError(.invalidArguments, "field name must be 1…\(CanonicalEncoding.maximumKeyLength) bytes", recordID: id)
             }
+            guard NormalForm.isNFC(key) else { throw RecordZoneError(.invalidArguments, "field name '\(key)' is not in Unicode NFC", recordID: id) }
             w.string16(key)
             try w.value(value, allowList: true, field: key, id: id)
         }

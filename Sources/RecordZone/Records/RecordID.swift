@@ -2,7 +2,7 @@
 ///
 /// Names are validated on construction: ``RecordID/init(zone:name:)`` throws for an empty name,
 /// a name longer than ``RecordID/maximumNameLength`` bytes of UTF-8, a name that starts with the
-/// reserved prefix `_`, or one that holds a control character. Zone names are stricter still
+/// reserved prefix `_`, one that holds a control character, or one not in Unicode NFC. Zone names are stricter still
 /// (``ZoneName``), because they become folder names in a filesystem zone.
 public struct RecordID: Hashable, Sendable, Comparable, CustomStringConvertible {
     /// The longest record name, in bytes of UTF-8.
@@ -41,6 +41,8 @@ public struct RecordID: Hashable, Sendable, Comparable, CustomStringConvertible 
         guard !name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
             throw RecordZoneError(.invalidArguments, "\(kind) holds a control character")
         }
+        // Swift compares names by canonical equivalence, servers by bytes: one spelling only.
+        guard NormalForm.isNFC(name) else { throw RecordZoneError(.invalidArguments, "\(kind) is not in Unicode NFC") }
     }
 
     public var description: String { "\(zone.rawValue)/\(name)" }

@@ -47,7 +47,9 @@ public enum RequestSignature {
             guard let equals = part.firstIndex(of: "=") else { return nil }
             fields[String(part[..<equals])] = String(part[part.index(after: equals)...])
         }
-        guard let id = fields["id"].flatMap({ Data(base64Encoded: $0) }), let identity = String(data: id, encoding: .utf8),
+        // An identity in Unicode NFC only: one spelling per identity (the pins compare text by
+        // canonical equivalence, zone hashes by bytes).
+        guard let id = fields["id"].flatMap({ Data(base64Encoded: $0) }), let identity = String(data: id, encoding: .utf8), NormalForm.isNFC(identity),
             let key = fields["key"].flatMap({ Data(base64Encoded: $0) }), key.count == Sodium.publicKeyLength,
             let timestamp = fields["ts"].flatMap({ Int64($0) }),
             let nonce = fields["nonce"].flatMap({ Data(base64Encoded: $0) }), nonce.count >= 8, nonce.count <= 64,
