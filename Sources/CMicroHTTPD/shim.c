@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -28,19 +30,149 @@ static size_t unescape(void *cls, struct MHD_Connection *connection, char *text)
     return (size_t)(out - text);
 }
 
+/* One open connection, in the pressure list (least recently active first). */
+struct cmhd_tracked {
+    struct MHD_Connection *connection;
+    struct cmhd_tracked *previous, *next;
+    int in_request;   /* between the first call of a request and its completion (long polls too) */
+    int giving_way;   /* given the short timeout, not closed yet */
+};
+
+struct cmhd_pressure {
+    pthread_mutex_t lock;
+    struct cmhd_tracked *head, *tail;
+    unsigned int open, giving_way, high_water;
+    unsigned long long evicted;
+    MHD_AccessHandlerCallback handler;
+    void *handler_cls;
+    MHD_RequestCompletedCallback completed;
+    void *completed_cls;
+};
+
+static void unlink_tracked(struct cmhd_pressure *p, struct cmhd_tracked *t) {
+    if (t->previous) t->previous->next = t->next; else p->head = t->next;
+    if (t->next) t->next->previous = t->previous; else p->tail = t->previous;
+    t->previous = t->next = NULL;
+}
+
+static void append_tracked(struct cmhd_pressure *p, struct cmhd_tracked *t) {
+    t->previous = p->tail;
+    t->next = NULL;
+    if (p->tail) p->tail->next = t; else p->head = t;
+    p->tail = t;
+}
+
+static struct cmhd_tracked *tracked_of(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info == NULL ? NULL : (struct cmhd_tracked *)info->socket_context;
+}
+
+/* Under the lock: the least recently active idle connections give way until the open ones not
+ * already giving way are below the high-water mark. The newest connection never does. */
+static void relieve(struct cmhd_pressure *p) {
+    for (struct cmhd_tracked *t = p->head; t != NULL && t != p->tail && p->open - p->giving_way >= p->high_water; t = t->next) {
+        if (t->in_request || t->giving_way) continue;
+        MHD_set_connection_option(t->connection, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+        t->giving_way = 1;
+        p->giving_way++;
+        p->evicted++;
+    }
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *connection, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    struct cmhd_pressure *p = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct cmhd_tracked *t = calloc(1, sizeof(*t));
+        *socket_context = t;
+        if (t == NULL) return;
+        t->connection = connection;
+        pthread_mutex_lock(&p->lock);
+        append_tracked(p, t);
+        p->open++;
+        relieve(p);
+        pthread_mutex_unlock(&p->lock);
+    } else {
+        struct cmhd_tracked *t = *socket_context;
+        if (t == NULL) return;
+        pthread_mutex_lock(&p->lock);
+        unlink_tracked(p, t);
+        p->open--;
+        if (t->giving_way) p->giving_way--;
+        pthread_mutex_unlock(&p->lock);
+        free(t);
+        *socket_context = NULL;
+    }
+}
+
+static enum MHD_Result tracked_access(void *cls, struct MHD_Connection *connection, const char *url, const char *method, const char *version,
+                                      const char *upload_data, size_t *upload_data_size, void **request_context) {
+    struct cmhd_pressure *p = cls;
+    if (*request_context == NULL) {
+        struct cmhd_tracked *t = tracked_of(connection);
+        if (t != NULL) {
+            pthread_mutex_lock(&p->lock);
+            t->in_request = 1;
+            pthread_mutex_unlock(&p->lock);
+        }
+    }
+    return p->handler(p->handler_cls, connection, url, method, version, upload_data, upload_data_size, request_context);
+}
+
+static void tracked_completed(void *cls, struct MHD_Connection *connection, void **request_context, enum MHD_RequestTerminationCode code) {
+    struct cmhd_pressure *p = cls;
+    struct cmhd_tracked *t = tracked_of(connection);
+    if (t != NULL) {
+        pthread_mutex_lock(&p->lock);
+        t->in_request = 0;
+        unlink_tracked(p, t);
+        append_tracked(p, t);
+        pthread_mutex_unlock(&p->lock);
+    }
+    p->completed(p->completed_cls, connection, request_context, code);
+}
+
+static void cmhd_stop_unstarted(struct cmhd_pressure *pressure) {
+    pthread_mutex_destroy(&pressure->lock);
+    free(pressure);
+}
+
+void cmhd_stop(struct MHD_Daemon *daemon, struct cmhd_pressure *pressure) {
+    MHD_stop_daemon(daemon);
+    if (pressure != NULL) {
+        pthread_mutex_destroy(&pressure->lock);
+        free(pressure);
+    }
+}
+
+unsigned long long cmhd_evicted_count(struct cmhd_pressure *pressure) {
+    pthread_mutex_lock(&pressure->lock);
+    unsigned long long count = pressure->evicted;
+    pthread_mutex_unlock(&pressure->lock);
+    return count;
+}
+
 struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
                               MHD_AccessHandlerCallback handler, void *handler_cls,
                               MHD_RequestCompletedCallback completed, void *completed_cls,
-                              unsigned int connection_limit, unsigned int per_address_limit,
+                              unsigned int connection_limit, unsigned int per_address_limit, unsigned int high_water,
                               unsigned int connection_timeout_seconds, size_t connection_memory_limit,
-                              const char *tls_key_pem, const char *tls_certificate_pem) {
+                              const char *tls_key_pem, const char *tls_certificate_pem, struct cmhd_pressure **pressure_out) {
+    *pressure_out = NULL;
+    struct cmhd_pressure *pressure = calloc(1, sizeof(*pressure));
+    if (pressure == NULL) { errno = ENOMEM; return NULL; }
+    pthread_mutex_init(&pressure->lock, NULL);
+    pressure->high_water = high_water == 0 || high_water > connection_limit ? connection_limit : high_water;
+    pressure->handler = handler;
+    pressure->handler_cls = handler_cls;
+    pressure->completed = completed;
+    pressure->completed_cls = completed_cls;
     /* An IPv4 or IPv6 address, or a host name: the first address it resolves to. */
     struct addrinfo hints, *found = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
-    if (getaddrinfo(host, NULL, &hints, &found) != 0 || found == NULL) { errno = ENXIO; return NULL; }
+    if (getaddrinfo(host, NULL, &hints, &found) != 0 || found == NULL) { cmhd_stop_unstarted(pressure); errno = ENXIO; return NULL; }
     struct sockaddr_storage address;
     memset(&address, 0, sizeof(address));
     memcpy(&address, found->ai_addr, found->ai_addrlen);
@@ -55,7 +187,8 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
     /* One option list, TLS or not (two-pointer options pass the function as the value). */
     struct MHD_OptionItem options[] = {
         {MHD_OPTION_SOCK_ADDR, 0, &address},
-        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, completed_cls},
+        {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)tracked_completed, pressure},
+        {MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)notify_connection, pressure},
         {MHD_OPTION_CONNECTION_LIMIT, connection_limit, NULL},
         {MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_address_limit, NULL},
         {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape, NULL},
@@ -66,12 +199,20 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
         {MHD_OPTION_END, 0, NULL},
     };
     if (tls_key_pem != NULL && tls_certificate_pem != NULL) {
-        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) { errno = ENOTSUP; return NULL; }
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) { cmhd_stop_unstarted(pressure); errno = ENOTSUP; return NULL; }
         flags |= MHD_USE_TLS;
-        options[7] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key_pem};
-        options[8] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)tls_certificate_pem};
+        options[8] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key_pem};
+        options[9] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)tls_certificate_pem};
     }
-    return MHD_start_daemon(flags, port, NULL, NULL, handler, handler_cls, MHD_OPTION_ARRAY, options, MHD_OPTION_END);
+    struct MHD_Daemon *daemon = MHD_start_daemon(flags, port, NULL, NULL, tracked_access, pressure, MHD_OPTION_ARRAY, options, MHD_OPTION_END);
+    if (daemon == NULL) {
+        int saved = errno;
+        cmhd_stop_unstarted(pressure);
+        errno = saved;
+        return NULL;
+    }
+    *pressure_out = pressure;
+    return daemon;
 }
 
 uint16_t cmhd_bound_port(struct MHD_Daemon *daemon) {

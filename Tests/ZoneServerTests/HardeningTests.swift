@@ -91,6 +91,40 @@ import TestSupport
         #expect(answer.status == 200)
         withExtendedLifetime(idle) {}
     }
+
+    /// Every slot held by idle connections from addresses under their cap: the least recently
+    /// active ones give way (closed within a second), so a new client is answered at once —
+    /// not after the idle timeout. A connection in a long poll is not idle and stays.
+    @Test func idleConnectionsGiveWayToANewClient() async throws {
+        let fixture = try ServerFixture { configuration in
+            configuration.limits.maximumConnections = 16
+            configuration.limits.maximumConnectionsPerAddress = 8
+            configuration.limits.connectionTimeoutSeconds = 30
+        }
+        let alice = fixture.client("alice", key: Keys.alice)
+        let zone = try conversationZone("alice", "bob")
+        try await alice.createZone(zone)
+        let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
+        async let poll = alice.waitForChanges(in: zone, since: token, timeout: .seconds(20))
+        try await Task.sleep(for: .milliseconds(200))
+        // Sixteen idle connections from two addresses, eight each (their cap).
+        let idle = (0..<16).compactMap { index in try? RawConnection(port: fixture.port, source: index < 8 ? "127.0.0.3" : "127.0.0.4") }
+        #expect(idle.count == 16)
+        let start = ContinuousClock.now
+        let other = try RawConnection(port: fixture.port, source: "127.0.0.5")
+        other.write("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        let answer = RawResponse(await other.readUntilClosedOffPool().data)
+        let took = ContinuousClock.now - start
+        #expect(answer.status == 200)
+        #expect(took < .seconds(5), "the new client waited \(took) (the idle timeout is 30 s)")
+        let metrics = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/metrics")
+        let given = metrics.text.split(separator: "\n").first { $0.hasPrefix("convkitd_idle_connections_given_way_total ") }
+        #expect((given?.split(separator: " ").last.flatMap { Int($0) } ?? 0) > 0, "\(metrics.text)")
+        // The long poll was not idle: it still ends with a change.
+        _ = try await alice.save([try message(zone, "wake", from: "alice", to: "bob", key: Keys.alice)])
+        #expect(try await poll == true)
+        withExtendedLifetime(idle) {}
+    }
 }
 
 extension HardeningTests {

@@ -30,7 +30,7 @@ final class Metrics: Sendable {
         }
     }
 
-    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int) -> String {
+    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0) -> String {
         let snapshot = state.withLock { $0 }
         var out = """
             # HELP convkitd_requests_total HTTP requests answered, by method and status.
@@ -54,6 +54,9 @@ final class Metrics: Sendable {
             # HELP convkitd_requests_in_flight Requests being handled.
             # TYPE convkitd_requests_in_flight gauge
             convkitd_requests_in_flight \(inFlight)
+            # HELP convkitd_idle_connections_given_way_total Idle connections closed so that new clients could get in.
+            # TYPE convkitd_idle_connections_given_way_total counter
+            convkitd_idle_connections_given_way_total \(idleGivenWay)
             # HELP convkitd_request_duration_seconds Time to answer a request.
             # TYPE convkitd_request_duration_seconds histogram
 

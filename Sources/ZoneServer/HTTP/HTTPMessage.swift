@@ -68,8 +68,13 @@ public struct TLSIdentity: Sendable {
 public struct HTTPLimits: Sendable {
     /// The largest request body; larger ones get 413 without being read whole.
     public var maximumBodyBytes = 48 << 20
-    /// The most connections at once; more are refused.
+    /// The most connections at once; more wait to be accepted.
     public var maximumConnections: UInt32 = 512
+    /// From this many open connections on, the least recently active idle ones (between
+    /// requests, or connected with none yet; never one in a request or a long poll) are closed
+    /// within a second, so that connections held open and idle cannot keep a new client out.
+    /// nil: seven eighths of ``maximumConnections``.
+    public var idleConnectionsGiveWayAt: UInt32? = nil
     /// The most connections at once from one address, so one client cannot take them all.
     public var maximumConnectionsPerAddress: UInt32 = 64
     /// Seconds a connection may stay idle (a slow client) before it is closed.

@@ -26,8 +26,15 @@ extension HTTPService {
 public final class HTTPCounters: Sendable {
     let inFlight = Atomic<Int>(0)
     let handlers = Atomic<Int>(0)
+    /// The listening daemon's idle-connection tracking (nil when not listening).
+    let pressure = Mutex<HTTPServer.Pressure?>(nil)
 
     public init() {}
+
+    /// Idle connections made to give way to new ones since the server started listening.
+    public var idleConnectionsGivenWayCount: Int {
+        pressure.withLock { $0.map { Int(cmhd_evicted_count($0.pointer)) } ?? 0 }
+    }
 
     /// Requests being handled or answered now (counted until their answer has been sent).
     public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
@@ -67,7 +74,12 @@ public final class HTTPServer: Sendable {
     private let incoming: AsyncStream<Pending>
     private let incomingContinuation: AsyncStream<Pending>.Continuation
 
-    private struct Daemon: @unchecked Sendable { let pointer: OpaquePointer }
+    private struct Daemon: @unchecked Sendable {
+        let pointer: OpaquePointer
+        let pressure: Pressure
+    }
+    /// The shim's idle-connection tracking of a daemon (freed with it by ``stopDaemon(_:)``).
+    struct Pressure: @unchecked Sendable { let pointer: OpaquePointer }
     private enum Phase { case idle, listening, stopping, stopped }
     private struct State {
         var phase = Phase.idle
@@ -158,9 +170,12 @@ public final class HTTPServer: Sendable {
         guard state.withLock({ $0.phase == .idle }) else { throw RecordZoneError(.invalidArguments, "the server was started already") }
         let context = Unmanaged.passUnretained(self).toOpaque()
         errno = 0
+        var pressure: OpaquePointer? = nil
+        let giveWayAt = limits.idleConnectionsGiveWayAt ?? (limits.maximumConnections - limits.maximumConnections / 8)
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
-                                       limits.maximumConnections, limits.maximumConnectionsPerAddress, limits.connectionTimeoutSeconds,
-                                       limits.connectionMemoryBytes, tls?.keyPEM, tls?.certificatePEM)
+                                       limits.maximumConnections, limits.maximumConnectionsPerAddress, giveWayAt, limits.connectionTimeoutSeconds,
+                                       limits.connectionMemoryBytes, tls?.keyPEM, tls?.certificatePEM, &pressure),
+            let pressure
         else {
             let code = errno
             let why = switch code {
@@ -176,10 +191,11 @@ public final class HTTPServer: Sendable {
         }
         let bound = Int(cmhd_bound_port(started))
         state.withLock { state in
-            state.daemon = Daemon(pointer: started)
+            state.daemon = Daemon(pointer: started, pressure: Pressure(pointer: pressure))
             state.phase = .listening
             state.port = bound
         }
+        counters.pressure.withLock { $0 = Pressure(pointer: pressure) }
         logger.info("listening on \(host):\(bound)\(tls == nil ? "" : " (HTTPS)")")
         return bound
     }
@@ -217,7 +233,7 @@ public final class HTTPServer: Sendable {
             }
             return (state.daemon, state.stoppedWaiters)
         }
-        if let daemon { MHD_stop_daemon(daemon.pointer) }
+        if let daemon { stopDaemon(daemon) }
         waiters.forEach { $0.resume() }
     }
 
@@ -253,7 +269,13 @@ public final class HTTPServer: Sendable {
 
     deinit {
         // The serving loop holds the server until it has stopped the daemon.
-        if let daemon = state.withLock({ $0.daemon }) { MHD_stop_daemon(daemon.pointer) }
+        if let daemon = state.withLock({ $0.daemon }) { stopDaemon(daemon) }
+    }
+
+    /// Stops libmicrohttpd's daemon and frees what the shim kept for it.
+    private func stopDaemon(_ daemon: Daemon) {
+        counters.pressure.withLock { $0 = nil }
+        cmhd_stop(daemon.pointer, daemon.pressure.pointer)
     }
 
     // MARK: Per-request state
