@@ -125,6 +125,25 @@ import TestSupport
         #expect(try await poll == true)
         withExtendedLifetime(idle) {}
     }
+
+    /// A page `limit` outside the declared 1…1000 is refused, not silently clamped; a version
+    /// saved again byte for byte is answered `stored` with its change tag and when it was received.
+    @Test func pageLimitsOutOfRangeAreRefusedAndAResaveSaysWhenItWasReceived() async throws {
+        let fixture = try ServerFixture()
+        let alice = fixture.client("alice", key: Keys.alice)
+        let zone = try conversationZone("alice", "bob")
+        try await alice.createZone(zone)
+        for limit in ["-1", "0", "1001"] {
+            let answer = try await fixture.signed("GET", "/v1/zones/\(zone.rawValue)/changes", query: [("limit", limit)], identity: "alice", key: Keys.alice)
+            #expect(answer.status == 400 && answer.errorCode == "invalidArguments" && answer.text.contains("limit must be 1…1000"), "\(limit): \(answer.text)")
+        }
+        #expect(try await fixture.signed("GET", "/v1/zones/\(zone.rawValue)/changes", query: [("limit", "1000")], identity: "alice", key: Keys.alice).status == 200)
+        let record = try message(zone, "again", from: "alice", to: "bob", key: Keys.alice)
+        let first = try await alice.save([record])[0].get()
+        let second = try await alice.save([record])[0].get()
+        #expect(second.serverMetadata?.changeTag == first.serverMetadata?.changeTag)
+        #expect(second.serverMetadata?.receivedAt != nil && second.serverMetadata?.receivedAt == first.serverMetadata?.receivedAt)
+    }
 }
 
 extension HardeningTests {
@@ -303,9 +322,11 @@ extension HardeningTests {
     /// Headers over the limit get a JSON 431 like every other refusal (not libmicrohttpd's HTML).
     @Test func oversizedHeadersGetAJSON431() async throws {
         let fixture = try ServerFixture()
-        let answer = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz",
-                                                      headers: ["X-Padding": String(repeating: "a", count: 20_000)])
-        #expect(answer.status == 431 && answer.errorCode == "limitExceeded", "\(answer.status) \(answer.text.prefix(200))")
+        for size in [20_000, 100_000, 200_000] {
+            let answer = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz",
+                                                          headers: ["X-Padding": String(repeating: "a", count: size)])
+            #expect(answer.status == 431 && answer.errorCode == "limitExceeded", "\(size): \(answer.status) \(answer.text.prefix(200))")
+        }
         #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
     }
 

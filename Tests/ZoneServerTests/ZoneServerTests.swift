@@ -401,6 +401,12 @@ extension Result where Failure == RecordZoneError {
                     #expect(statuses[status] != nil, "\(route.method) \(route.template) does not document \(status)")
                 }
             }
+            // 405 with Allow on every path, Retry-After with 429 and 503.
+            #expect(((statuses["405"] as? [String: Any])?["headers"] as? [String: Any])?["Allow"] != nil, "\(route.method) \(route.template): 405")
+            for status in ["429", "503"] where statuses[status] != nil {
+                #expect(((statuses[status] as? [String: Any])?["headers"] as? [String: Any])?["Retry-After"] != nil, "\(route.method) \(route.template): \(status)")
+            }
+            if route == .waitForChanges || route == .zoneChanges { #expect(statuses["410"] != nil, "\(route.template): 410") }
         }
     }
 }

@@ -34,7 +34,7 @@ extension ZoneAPI {
             return .json(changes)
         case .zoneChanges:
             let zone = try readableZone(matched, identity)
-            let limit = try intParameter(request, "limit") ?? 200
+            let limit = try Self.pageLimit(try intParameter(request, "limit"), default: 200)
             return wire(try await storage.changes(in: zone, since: try tokenParameter(request), limit: limit), for: request)
         case .waitForChanges:
             let zone = try readableZone(matched, identity)
@@ -103,7 +103,7 @@ extension ZoneAPI {
                 return QueryCursor(data: data)
             }
             let result = try await storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
-                                                 cursor: cursor, limit: body.limit ?? 100)
+                                                 cursor: cursor, limit: try Self.pageLimit(body.limit, default: 100))
             let records = result.records.compactMap { try? Wire.SignedRecord($0) }
             return wire(Wire.QueryResults(records: records, cursor: result.cursor?.data.base64EncodedString()), for: request)
         case .putAsset:
@@ -187,6 +187,16 @@ extension ZoneAPI {
         guard let text = request.queryValue("token"), !text.isEmpty else { return nil }
         guard let token = ChangeToken(base64: text) else { throw APIError(.invalidArguments, "token is not base64") }
         return token
+    }
+
+    /// A page's `limit`: 1…1000 as the OpenAPI document declares, refused otherwise (never
+    /// silently clamped).
+    static func pageLimit(_ limit: Int?, default value: Int) throws(APIError) -> Int {
+        guard let limit else { return value }
+        guard (1...BackendLimits.maximumPageSize).contains(limit) else {
+            throw APIError(.invalidArguments, "limit must be 1…\(BackendLimits.maximumPageSize), got \(limit)")
+        }
+        return limit
     }
 
     private func intParameter(_ request: HTTPRequest, _ name: String) throws(APIError) -> Int? {

@@ -79,8 +79,9 @@ public struct HTTPLimits: Sendable {
     public var maximumConnectionsPerAddress: UInt32 = 64
     /// Seconds a connection may stay idle (a slow client) before it is closed.
     public var connectionTimeoutSeconds: UInt32 = 15
-    /// Bytes of memory each connection may use for headers and buffers.
-    public var connectionMemoryBytes = 64 << 10
+    /// Bytes of memory each connection may use for headers and buffers (reserved, touched only
+    /// as used): room for headers far past ``maximumHeaderBytes``, so that they get the JSON 431.
+    public var connectionMemoryBytes = 256 << 10
     /// The most header bytes (names and values) a request may carry; more get a JSON 431. (A
     /// request whose headers do not even fit `connectionMemoryBytes` is refused by libmicrohttpd
     /// itself: a 431 with its own small HTML body.)

@@ -196,7 +196,8 @@ public final class HTTPServer: Sendable {
             state.port = bound
         }
         counters.pressure.withLock { $0 = Pressure(pointer: pressure) }
-        logger.info("listening on \(host):\(bound)\(tls == nil ? "" : " (HTTPS)")")
+        // An IPv6 address in brackets, as in a URL: [::1]:8443.
+        logger.info("listening on \(host.contains(":") ? "[\(host)]" : host):\(bound)\(tls == nil ? "" : " (HTTPS)")")
         return bound
     }
 

@@ -471,7 +471,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
         reads.append(("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
         reads.append(("""
-            SELECT r.zone, r.name, r.record, r.sequence FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
+            SELECT r.zone, r.name, r.record, r.sequence, r.received_at FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
             """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
         do {
             let read = try db.pipeline(reads)
@@ -501,7 +501,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
         var current = [RecordID: Record]()
         for row in 0..<currentRows.count {
             guard let bytes = currentRows.bytes(row, 2), var record = try? Record(canonical: bytes), let sequence = currentRows.int(row, 3) else { continue }
-            record.serverMetadata = ServerMetadata(changeTag: String(sequence))
+            record.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: currentRows.int(row, 4).map { Date(timeIntervalSince1970: Double($0) / 1000) })
             current[record.id] = record
         }
         let now = Int64(Date().timeIntervalSince1970 * 1000)

@@ -360,10 +360,12 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
     // MARK: Helpers
 
     private static func current(_ id: RecordID, in db: Database) throws -> Record? {
-        guard let (bytes, sequence) = try db.first("SELECT record, sequence FROM records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name], { ($0.blob(0), $0.int(1)) }),
+        guard let (bytes, sequence, received) = try db.first("SELECT record, sequence, received_at FROM records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name],
+                                                             { ($0.blob(0), $0.int(1), $0.int(2)) }),
             var record = try? Record(canonical: bytes)
         else { return nil }
-        record.serverMetadata = ServerMetadata(changeTag: String(sequence))
+        // With when it was received: a version saved again as it is answers with both.
+        record.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: Date(timeIntervalSince1970: Double(received) / 1000))
         return record
     }
 

@@ -79,7 +79,8 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     // MARK: Changes
 
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
-        var query = [("limit", String(limit))]
+        // Every backend takes any limit and pages within its own (the server refuses one out of 1…1000).
+        var query = [("limit", String(BackendLimits.clampPage(limit)))]
         if let token { query.append(("token", token.base64)) }
         let page = try await get(Wire.Changes.self, "/v1/zones/\(zone.rawValue)/changes", query: query, records: true)
         // What the server sent is verified here, once, over the bytes received. So are the records
@@ -140,7 +141,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
 
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
         let request = Wire.Query(recordType: query.recordType, predicates: query.predicates, sort: query.sort,
-                                 cursor: cursor?.data.base64EncodedString(), limit: limit)
+                                 cursor: cursor?.data.base64EncodedString(), limit: BackendLimits.clampPage(limit))
         let body = try await post(Wire.QueryResults.self, "/v1/zones/\(query.zone.rawValue)/query", request)
         let next = try body.cursor.map { text throws(RecordZoneError) -> QueryCursor in
             guard let data = Data(base64Encoded: text) else { throw RecordZoneError(.malformed, "the server sent a malformed cursor") }
