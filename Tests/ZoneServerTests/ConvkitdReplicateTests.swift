@@ -109,3 +109,46 @@ import TestSupport
         }
     }
 }
+
+extension ConvkitdReplicateTests {
+    /// Runs `convkitd replicate` in `directory` (so bare file names are relative to it).
+    func replicate(in directory: String, _ arguments: [String]) async throws -> (status: Int32, err: String) {
+        let command = "cd '\(directory)' && exec '\(try builtProduct("convkitd"))' replicate " + arguments.map { "'\($0)'" }.joined(separator: " ")
+        let child = try ChildProcess("/bin/sh", ["-c", command])
+        let status = await child.wait()
+        return (status, child.standardError)
+    }
+
+    /// Records refused at the source are named, counted in the summary and give exit status 3
+    /// (a pass with nothing refused exits 0); `--state` and `--key` take bare file names.
+    @Test func refusedRecordsGiveTheirOwnExitStatusAndBareFileNamesWork() async throws {
+        let dir = try TemporaryDirectory("replicate-refused")
+        let alice = try ConversationStore(directory: dir.path + "/alice", backend: .folder(dir.path + "/a", device: "laptop"))
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        try await alice.sync()
+        // A forged profile of alice's, written into the folder by another device.
+        let mallory = try FileSystemBackend(root: dir.path + "/a", device: "mallory", policy: RecordPolicy())
+        let zone = try ZoneName("s-" + OwnershipRule.identityHash("alice"))
+        var forged = Record(id: try RecordID(zone: zone, name: "alice"), type: "Speaker", fields: ["name": .string("Mallory"), "tags": .list([])])
+        try forged.sign(with: Keys.mallory, clock: HybridLogicalClock().now())
+        _ = try await mallory.save([forged])
+
+        let first = try await replicate(in: dir.path, ["--from", "./a", "--to", "./b", "--state", "st"])
+        #expect(first.status == 3, "\(first.err)")
+        // Each refusal named (the fresh reader holds both claims of alice back as a conflict), and
+        // the summary counts exactly those.
+        let named = first.err.split(separator: "\n").filter { $0.contains("not copied (refused at the source)") }.count
+        #expect(named > 0 && first.err.contains("\(named) refused at the source, 0 at the destination"), "\(first.err)")
+        #expect(FileManager.default.fileExists(atPath: dir.path + "/st"))
+        let again = try await replicate(in: dir.path, ["--from", "./a", "--to", "./b", "--state", "st"])
+        #expect(again.status == 0, "\(again.err)")
+
+        // A bare --key is created in the working directory (the server then refuses an unknown
+        // replicator: a failure, exit 1, but not an I/O error about a directory named "").
+        let (server, port) = try await startServe(["--data", dir.path + "/server"])
+        defer { server.kill(SIGTERM) }
+        let keyed = try await replicate(in: dir.path, ["--from", "http://127.0.0.1:\(port)", "--to", "./c", "--state", "st2", "--key", "rk"])
+        #expect(FileManager.default.fileExists(atPath: dir.path + "/rk"), "\(keyed.err)")
+        #expect(!keyed.err.contains("cannot open directory"), "\(keyed.err)")
+    }
+}

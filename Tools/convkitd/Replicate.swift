@@ -13,6 +13,9 @@ let replicateCommand = Command(
         written after each page is saved), never from state kept in either backend. Against a
         server it signs as --identity with --key: the server must list it (convkitd serve
         --replicator <identity>=<public key hex>, printed at start) to read and write every zone.
+        Exit status: 0 when everything read was copied; 3 when some records were not (refused at
+        the source as forged or unreadable, or at the destination), each named on stderr and
+        counted in the summary; 1 on a failure; 64 on a usage error.
         """,
     synopsis: "--from <url|dir> --to <url|dir> --state <file> [<options>]",
     options: [
@@ -94,17 +97,23 @@ func replicate(_ rawArguments: [String]) async {
             }
         }
         defer { withExtendedLifetime(sources) {} }
+        var refusedInAll = 0
         repeat {
             do {
-                let copied = try await replicateOnce(source, destination, state: &state, statePath: statePath, only: only, logger: logger, stopping: stopping)
-                if copied > 0 || !arguments.has("continuous") { logger.info("sent \(copied) records (new there, or already there)") }
+                let pass = try await replicateOnce(source, destination, state: &state, statePath: statePath, only: only, logger: logger, stopping: stopping)
+                refusedInAll += pass.refusedAtSource + pass.refusedAtDestination
+                if pass.copied > 0 || pass.refusedAtSource + pass.refusedAtDestination > 0 || !arguments.has("continuous") {
+                    let refused = pass.refusedAtSource + pass.refusedAtDestination == 0 ? ""
+                        : "; not copied: \(pass.refusedAtSource) refused at the source, \(pass.refusedAtDestination) at the destination"
+                    logger.info("sent \(pass.copied) records (new there, or already there)\(refused)")
+                }
             } catch let error as RecordZoneError where error.isTransient && arguments.has("continuous") {
                 logger.warning("backend unreachable, trying again: \(error)")
             }
             if !arguments.has("continuous") || stopping.isSet { break }
             for _ in 0..<(interval * 10) where !stopping.isSet { try await Task.sleep(for: .milliseconds(100)) }
         } while !stopping.isSet
-        exit(0)
+        exit(refusedInAll > 0 ? 3 : 0)
     } catch let error as UsageError {
         fail(error.message, usage: replicateHelp)
     } catch {
@@ -120,14 +129,21 @@ final class StopFlag: @unchecked Sendable {
     func set() { lock.withLock { value = true } }
 }
 
+/// What one pass did: records the destination holds as sent (stored now, or there already),
+/// and records not copied because the source's reader or the destination refused them.
+struct ReplicationPass {
+    var copied = 0
+    var refusedAtSource = 0
+    var refusedAtDestination = 0
+}
+
 /// One pass: every zone of the source (speakers' own zones first, so keys and devices are known
 /// before conversations are judged), each from its checkpoint, page by page: assets, then the
-/// records, then the checkpoint. - Returns: how many records the destination holds as sent
-/// (stored now, or there already).
+/// records, then the checkpoint.
 func replicateOnce(_ source: any RecordZoneBackend, _ destination: any RecordZoneBackend, state: inout ReplicationState, statePath: String,
-                   only: Set<String>?, logger: Logger, stopping: StopFlag) async throws -> Int {
+                   only: Set<String>?, logger: Logger, stopping: StopFlag) async throws -> ReplicationPass {
     let zones = ConversationStore.readingOrder(try await source.zones().filter { only?.contains($0.rawValue) ?? true })
-    var copied = 0
+    var pass = ReplicationPass()
     for zone in zones where !stopping.isSet {
         var token = state.tokens[zone.rawValue].flatMap(ChangeToken.init(base64:))
         var created = false
@@ -137,6 +153,7 @@ func replicateOnce(_ source: any RecordZoneBackend, _ destination: any RecordZon
                 continue
             }
             for rejection in page.rejected { logger.warning("not copied (refused at the source): \(rejection.source): \(rejection.reason)") }
+            pass.refusedAtSource += page.rejected.count
             if !page.records.isEmpty {
                 if !created {
                     try await destination.createZone(zone)
@@ -145,10 +162,12 @@ func replicateOnce(_ source: any RecordZoneBackend, _ destination: any RecordZon
                 try await copyAssets(of: page.records, from: source, to: destination, logger: logger)
                 for (record, result) in zip(page.records, try await destination.save(page.records)) {
                     switch result {
-                    case .success(let winner) where winner.signature == record.signature: copied += 1
+                    case .success(let winner) where winner.signature == record.signature: pass.copied += 1
                     case .success: break  // the destination holds a newer version
                     case .failure(let error) where error.isTransient: throw error
-                    case .failure(let error): logger.warning("not copied (refused at the destination): \(record.id): \(error)")
+                    case .failure(let error):
+                        logger.warning("not copied (refused at the destination): \(record.id): \(error)")
+                        pass.refusedAtDestination += 1
                     }
                 }
             }
@@ -158,7 +177,7 @@ func replicateOnce(_ source: any RecordZoneBackend, _ destination: any RecordZon
             if !page.moreComing { break }
         }
     }
-    return copied
+    return pass
 }
 
 /// One page of a zone's changes; nil when the token expired (the zone was recreated at the

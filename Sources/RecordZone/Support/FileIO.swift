@@ -13,7 +13,7 @@ enum FileIO {
     /// Writes `data` to `path` durably: a temporary file beside it, fsync, rename, fsync of the
     /// directory. With `replacing: false` the call fails when `path` exists (link, not rename).
     static func writeAtomically(_ data: Data, to path: String, mode: mode_t = 0o644, replacing: Bool = true) throws(RecordZoneError) {
-        let directory = (path as NSString).deletingLastPathComponent
+        let directory = Self.directory(of: path)
         let name = (path as NSString).lastPathComponent
         let temporary = "\(directory)/.\(name).\(getpid()).tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
@@ -39,6 +39,12 @@ enum FileIO {
             unlink(temporary)
         }
         try syncDirectory(directory)
+    }
+
+    /// The directory a path's file is in: `.` for a bare file name (`--state st`).
+    static func directory(of path: String) -> String {
+        let directory = (path as NSString).deletingLastPathComponent
+        return directory.isEmpty ? "." : directory
     }
 
     static func writeAll(_ fd: Int32, _ data: Data, path: String) throws(RecordZoneError) {
