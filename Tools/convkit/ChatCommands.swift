@@ -393,7 +393,14 @@ enum ChatCommands {
     static func deviceRevoke(_ context: Context) async throws {
         guard let which = context.arguments.positional(0) else { throw UsageError("missing <device>") }
         let store = try context.store()
-        let matches = try store.devices().filter { ($0.label == which || $0.fingerprint == which) && !$0.isThisDevice }
+        var matches = try store.devices().filter { ($0.label == which || $0.fingerprint == which) && !$0.isThisDevice }
+        if matches.isEmpty, (try? context.backend()) != nil {
+            // A device that joined since the last sync is known once its certificate is pulled.
+            do { try await store.sync() } catch {
+                throw ToolFailure("no other device '\(which)' in this store, and it cannot sync to look for one just linked: \(error.message)")
+            }
+            matches = try store.devices().filter { ($0.label == which || $0.fingerprint == which) && !$0.isThisDevice }
+        }
         guard let device = matches.first else { throw ToolFailure("no other device '\(which)' (see 'convkit device list')") }
         guard matches.count == 1 else { throw ToolFailure("'\(which)' names \(matches.count) devices: give its fingerprint") }
         try await store.revokeDevice(device)
