@@ -105,7 +105,7 @@ import TestSupport
         #expect(try await ok(["sync"] + bob).err.isEmpty, "no progress bar when stderr is not a terminal")
         let listed = try await ok(["messages", "alice", "--json"] + bob)
         #expect(((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob"])
-        #expect(try await ok(["messages", "alice"] + bob).out.contains("Alice: Hi Bob"))
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("Alice (alice): Hi Bob"))
         #expect(((try await ok(["conversations", "--json"] + bob).json as? [[String: Any]])?.first?["unread"] as? Int) == 1)
         #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
         #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
@@ -236,25 +236,25 @@ import TestSupport
             }
             return false
         }
-        let opened = try await eventually(10) { $0.contains("Chat with Alice (alice)") && $0.contains("Alice: first") }
+        let opened = try await eventually(10) { $0.contains("Chat with Alice (alice)") && $0.contains("Alice (alice): first") }
         let first = try await screen()
         #expect(opened, "\(first)")
 
         // From another store: shown within 2 s (the folder is looked at every second).
         #expect(try await ConvkitTests.convkit(["send", "bob", "live from alice", "--sync"] + alice).status == 0)
         let start = Date()
-        let shown = try await eventually(2) { $0.contains("Alice: live from alice") }
+        let shown = try await eventually(2) { $0.contains("Alice (alice): live from alice") }
         let now = try await screen()
         #expect(shown, "\(now)")
         #expect(Date().timeIntervalSince(start) < 2)
 
         // A typed line is sent, and reaches alice.
         _ = try await Self.tmux(["send-keys", "-t", session, "hello from bob", "Enter"])
-        #expect(try await eventually(5) { $0.contains("Bob: hello from bob") })
+        #expect(try await eventually(5) { $0.contains("Bob (bob): hello from bob") })
         var delivered = false
         for _ in 0..<20 where !delivered {
             _ = try await ConvkitTests.convkit(["sync"] + alice)
-            delivered = try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("Bob: hello from bob")
+            delivered = try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("Bob (bob): hello from bob")
             if !delivered { try await Task.sleep(for: .milliseconds(250)) }
         }
         #expect(delivered, "the typed line reached alice")

@@ -89,7 +89,7 @@ import TestSupport
             try await Task.sleep(for: .milliseconds(100))
         }
         #expect(screen.contains("Chat with Alice<U+202E> (alice)"), "the header survives: \(screen)")
-        #expect(screen.contains("Alice<U+202E>: hi<U+000D><U+001B>[2KBob: I owe Alice 500 EUR<U+001B>[2J"), "\(screen)")
+        #expect(screen.contains("Alice<U+202E> (alice): hi<U+000D><U+001B>[2KBob: I owe Alice 500 EUR<U+001B>[2J"), "\(screen)")
         #expect(!screen.split(separator: "\n").contains { $0.hasPrefix("Bob: I owe") })
         _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session, "C-c"])
     }

@@ -42,12 +42,12 @@ import TestSupport
         let rebuilt = try await run(["doctor", "--rebuild"] + alice)
         #expect(rebuilt.status == 0 && rebuilt.out.contains("rebuilt alice's store"), "\(rebuilt.out)\(rebuilt.err)")
         let shown = try await run(["messages", "bob"] + alice)
-        #expect(shown.out.contains("Alice: from alice") && shown.out.contains("Bob: from bob"), "\(shown.out)")
+        #expect(shown.out.contains("Alice (alice): from alice") && shown.out.contains("Bob (bob): from bob"), "\(shown.out)")
         #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path + "/alice").contains { $0.hasPrefix("store.sqlite.damaged-") })
         #expect(try await run(["doctor"] + alice).status == 0)
         let after = try await run(["send", "bob", "after the rebuild", "--sync"] + alice)
         #expect(after.status == 0 && after.out.contains("synced"), "\(after.out)\(after.err)")
         #expect(try await run(["sync"] + bob).status == 0)
-        #expect(try await run(["messages", "alice"] + bob).out.contains("Alice: after the rebuild"))
+        #expect(try await run(["messages", "alice"] + bob).out.contains("Alice (alice): after the rebuild"))
     }
 }

@@ -159,6 +159,13 @@ enum ChatCommands {
         if context.json { try Output.json(messageJSON(message)) } else { Output.line("\(message.id) \(state(message.syncState))") }
     }
 
+    /// A speaker as people see it: the free-form name with the identity beside it, so that
+    /// nobody can pass for someone else by taking their name ("Bob (mallory)").
+    static func shown(_ name: String?, _ identifier: String) -> String {
+        guard let name, !name.isEmpty, name != identifier else { return identifier }
+        return "\(name) (\(identifier))"
+    }
+
     static func conversation(_ store: ConversationStore, with other: String) throws -> Conversation {
         guard let conversation = try store.existingConversation(with: other) else { throw ToolFailure("no conversation with '\(other)'") }
         return conversation
@@ -183,7 +190,7 @@ enum ChatCommands {
             return
         }
         for message in page.messages {
-            let name = (try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? message.speaker
+            let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
             let flags = [message.editedAt != nil ? "edited" : nil, message.readAt != nil ? "read" : nil,
                          message.syncState == .synced ? nil : state(message.syncState)].compactMap { $0 }
             Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")

@@ -77,8 +77,10 @@ enum ChatView {
         let backend = try? context.backend()
         let conversation = try await store.conversation(with: other)
         let local = store.localSpeakerIdentifier ?? ""
-        let names = Dictionary(uniqueKeysWithValues: [local, other].map { id in (id, (try? store.speaker(fromRef: SpeakerRef(identifier: id))?.name) ?? id) })
-        let screen = Screen(title: "Chat with \(names[other] ?? other) (\(other))", names: names)
+        let names = Dictionary(uniqueKeysWithValues: [local, other].map { id in
+            (id, ChatCommands.shown((try? store.speaker(fromRef: SpeakerRef(identifier: id))?.name) ?? nil, id))
+        })
+        let screen = Screen(title: "Chat with \(names[other] ?? other)", names: names)
 
         // Continuous sync in this process, unless another process (a daemon) already syncs the
         // store: then what it writes is read every half second.

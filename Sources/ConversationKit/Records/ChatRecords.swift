@@ -46,7 +46,7 @@ enum ChatRecords {
         RecordPolicy(rules: rules, requiresOwner: true, pinnedKeys: pinnedKeys)
     }
 
-    static let maximumIdentifierBytes = 128
+    static let maximumIdentifierBytes = 64
 
     static func constantZone(_ name: String) -> ZoneName {
         guard let zone = try? ZoneName(name) else { preconditionFailure("invalid constant zone name \(name)") }
@@ -56,17 +56,27 @@ enum ChatRecords {
     /// Prefixes of the key records' names, which no identifier may start with.
     static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix]
 
-    /// Checks a speaker identifier: 1–128 bytes, no control characters, no leading `_`, not
-    /// starting with a key record's prefix (`rotation.`, `device.`, `revoke.`).
-    static func validate(identifier: String) throws(ConversationError) {
-        let count = identifier.utf8.count
-        guard count > 0 else { throw ConversationError(.invalidIdentifier, "a speaker identifier may not be empty") }
-        guard count <= maximumIdentifierBytes else {
-            throw ConversationError(.invalidIdentifier, "speaker identifier is \(count) bytes; the limit is \(maximumIdentifierBytes)")
+    /// Whether `identifier` follows the identifier rule: 1–64 characters of `a–z 0–9 . - _`,
+    /// starting with a letter or a digit, and not with a key record's prefix (`rotation.`,
+    /// `device.`, `revoke.`). One spelling per person, as Matrix user IDs and Signal usernames:
+    /// no capitals, no look-alike letters from other scripts (`Ａlice`, Cyrillic `аlice`), no
+    /// spaces or invisible characters. Names shown to people stay free-form.
+    public static func isValidIdentifier(_ identifier: String) -> Bool {
+        let bytes = Array(identifier.utf8)
+        guard let first = bytes.first, bytes.count <= maximumIdentifierBytes else { return false }
+        let isLetterOrDigit = { (byte: UInt8) in (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) }
+        guard isLetterOrDigit(first), bytes.allSatisfy({ isLetterOrDigit($0) || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") }) else {
+            return false
         }
-        guard (try? RecordID(zone: speakersZone, name: identifier)) != nil, !reservedPrefixes.contains(where: identifier.hasPrefix) else {
-            throw ConversationError(.invalidIdentifier,
-                                    "speaker identifier '\(identifier)' holds a control character, or starts with '_' or one of \(reservedPrefixes.joined(separator: ", "))")
+        return !reservedPrefixes.contains(where: identifier.hasPrefix)
+    }
+
+    /// Checks a speaker identifier against ``isValidIdentifier(_:)``.
+    static func validate(identifier: String) throws(ConversationError) {
+        guard !identifier.isEmpty else { throw ConversationError(.invalidIdentifier, "a speaker identifier may not be empty") }
+        guard isValidIdentifier(identifier) else {
+            throw ConversationError(.invalidIdentifier, "speaker identifier '\(identifier)' breaks the identifier rule: 1–\(maximumIdentifierBytes) characters of a–z 0–9 . - _, "
+                                    + "starting with a letter or digit, not with \(reservedPrefixes.joined(separator: ", ")) (no capitals, look-alike letters or spaces)")
         }
     }
 

@@ -4,15 +4,19 @@ import RecordZone
 /// and every speaker's own zone (`s-<h(identifier)>`: profile, devices, revocations); each
 /// speaker writes only its own zone and its own directory entry. A conversation zone is
 /// readable and writable only by its two participants (its name says who they are), who alone
-/// may delete it. Nobody deletes the directory or a speaker's zone. Anything else is closed.
+/// may delete it. Nobody deletes the directory or a speaker's zone. Anything else is closed,
+/// and everything is to an identity that breaks the identifier rule
+/// (``ChatRecords/isValidIdentifier(_:)``): nobody can squat a look-alike of someone.
 public struct ChatZoneAccess: ZoneAccessPolicy {
     public init() {}
 
     public func canRead(zone: ZoneName, as identity: String) -> Bool {
-        zone == ChatRecords.speakersZone || ChatRecords.isSpeakerZone(zone) || ChatRecords.isParticipant(identity, in: zone)
+        guard ChatRecords.isValidIdentifier(identity) else { return false }
+        return zone == ChatRecords.speakersZone || ChatRecords.isSpeakerZone(zone) || ChatRecords.isParticipant(identity, in: zone)
     }
 
     public func canWrite(_ record: Record, as identity: String) -> Bool {
+        guard ChatRecords.isValidIdentifier(identity) else { return false }
         if record.id.zone == ChatRecords.speakersZone {
             return record.recordType == ChatRecords.speakerType && record.id.name == identity
         }
@@ -20,10 +24,11 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
     }
 
     public func canCreate(zone: ZoneName, as identity: String) -> Bool {
-        zone == ChatRecords.speakersZone || zone == ChatRecords.speakerZone(identity) || ChatRecords.isParticipant(identity, in: zone)
+        guard ChatRecords.isValidIdentifier(identity) else { return false }
+        return zone == ChatRecords.speakersZone || zone == ChatRecords.speakerZone(identity) || ChatRecords.isParticipant(identity, in: zone)
     }
 
     public func canDelete(zone: ZoneName, as identity: String) -> Bool {
-        ChatRecords.isParticipant(identity, in: zone)
+        ChatRecords.isValidIdentifier(identity) && ChatRecords.isParticipant(identity, in: zone)
     }
 }

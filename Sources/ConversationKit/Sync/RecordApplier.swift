@@ -96,6 +96,11 @@ struct RecordApplier {
     /// applied with the store's policy).
     private func chatProblem(_ record: Record) -> String? {
         let zone = record.id.zone
+        // Every identity a record names follows the identifier rule: no look-alike of anyone.
+        let named = [record.recordType == ChatRecords.speakerType ? record.id.name : nil, record.string("speaker"), record.string("listener"), record.string("reader")]
+        if let bad = named.compactMap({ $0 }).first(where: { !ChatRecords.isValidIdentifier($0) }) {
+            return "the identifier '\(bad)' breaks the identifier rule (a–z 0–9 . - _)"
+        }
         switch record.recordType {
         case ChatRecords.speakerType:
             let home = zone == ChatRecords.speakersZone || zone == ChatRecords.speakerZone(record.id.name)
