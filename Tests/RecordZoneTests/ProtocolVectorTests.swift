@@ -29,8 +29,26 @@ import Testing
             var signedText: String
             var authorization: String
         }
+        /// An introduction (§4.6): who vouches for whose key, and its text.
+        struct IntroductionVector: Codable, Equatable {
+            var description: String
+            var introducerSeedHex: String
+            var introducer: String
+            var introduced: String
+            var keyHex: String
+            var signedHex: String
+            var text: String
+        }
+        /// Bytes every reader refuses, and why (the decoder's words).
+        struct RefusedVector: Codable, Equatable {
+            var description: String
+            var hex: String
+            var reason: String
+        }
         var records: [RecordVector]
         var requests: [RequestVector]
+        var introductions: [IntroductionVector]
+        var refused: [RefusedVector]
     }
 
     static func key(_ byte: UInt8) throws -> SigningKey { try SigningKey(seed: Data(repeating: byte, count: 32)) }
@@ -65,6 +83,22 @@ import Testing
                          signedText: String(decoding: text, as: UTF8.self),
                          authorization: RequestSignature.authorization(method: method, path: path, query: query, body: body, identity: "alice", key: alice, now: now, nonce: nonce))
         }
+        let bob = try key(2)
+        let introduction = Introduction.issue(of: "bob", key: bob.publicKey, by: "alice", signingKey: alice)
+        // Canonical bytes written by hand: an unsigned record z/n of type T with these fields.
+        func handmade(_ fields: [([UInt8], String)]) -> Data {
+            var out: [UInt8] = Array("CKR".utf8) + [1, 0, 1] + Array("z".utf8) + [0, 1] + Array("n".utf8) + [0, 1] + Array("T".utf8)
+            out += [0] + Array(repeating: 0, count: 8) + [0, 0, 0, 0, UInt8(fields.count)]
+            for (key, value) in fields {
+                out += [0, UInt8(key.count)] + key + [1, 0, 0, 0, UInt8(value.utf8.count)] + Array(value.utf8)
+            }
+            return Data(out + [0])
+        }
+        func refused(_ description: String, _ bytes: Data) -> Vectors.RefusedVector {
+            let reason: String
+            do { _ = try Record(canonical: bytes); reason = "accepted" } catch { reason = error.description }
+            return .init(description: description, hex: bytes.hexString, reason: reason)
+        }
         return Vectors(records: [
             try vector("a chat message (m.<h(alice)>.<id> in a conversation zone)", message, seed: 1),
             try vector("every field type, sorted by key", everyType, seed: 1),
@@ -73,6 +107,15 @@ import Testing
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),
             request("a JSON modify", method: "POST", path: "/v1/records/modify", query: [], body: Data(#"{"policy":"merge","records":[]}"#.utf8)),
+        ], introductions: [
+            .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
+                  introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,
+                  signedHex: Introduction.signed(introduced: "bob", key: bob.publicKey, introducer: "alice").hexString, text: introduction.text),
+        ], refused: [
+            refused("a field key not in NFC: e + U+0301 (65 CC 81)", handmade([([0x65, 0xCC, 0x81], "a")])),
+            refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
+            refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
+            refused("a field key repeated", handmade([(Array("a".utf8), "1"), (Array("a".utf8), "2")])),
         ])
     }
 
@@ -91,6 +134,13 @@ import Testing
         for vector in stored.records {
             let record = try Record(canonical: try #require(Data(hexString: vector.canonicalHex)))
             #expect(record.hasValidSignature() && record.signature.hexString == vector.signatureHex)
+        }
+        for vector in stored.introductions {
+            let introduction = try Introduction(text: vector.text)
+            #expect(introduction.introduced == vector.introduced && introduction.key.hexString == vector.keyHex)
+        }
+        for vector in stored.refused {
+            #expect(throws: RecordDecodingError.self, "\(vector.description)") { try Record(canonical: try #require(Data(hexString: vector.hex))) }
         }
     }
 }

@@ -21,7 +21,7 @@ import TestSupport
     }
 
     static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "read", "edit", "delete", "speakers", "find", "sync", "retry",
-                           "fingerprint", "trust", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
+                           "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo"]
 
     @Test func everySubcommandHasGeneratedHelpAndRefusesUnknownOptions() async throws {
@@ -54,7 +54,7 @@ import TestSupport
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["read", "bob"] + none,
             ["edit", "c-x/m.y", "text"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
-            ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
+            ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
             ["zones", "--zone-dir", dir.path + "/missing"], ["records", "list", "--zone", "z"] + none, ["records", "show", "z/n"] + none,

@@ -38,9 +38,13 @@ enum ChatCommands {
         ToolCommand(Command("convkit retry", "Put failed messages back into the outbox.", options: [Targets.store]), run: retry),
         ToolCommand(Command("convkit fingerprint", "Show a speaker's key fingerprint, to compare out of band.",
                             positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: fingerprint),
-        ToolCommand(Command("convkit trust", "Pin a speaker's key after comparing its fingerprint out of band.",
-                            positionals: [Positional("id", "The speaker."), Positional("fingerprint", "The fingerprint you compared (12 groups of 5 digits).")],
-                            options: [Targets.store]), run: trust),
+        ToolCommand(Command("convkit trust", "Pin a speaker's key: after comparing its fingerprint, or from an introduction by someone you trust.",
+                            discussion: "With <fingerprint>: the key you compared out of band. With --introduction: the key someone whose key this store holds vouched for ('convkit introduce' on their side).",
+                            positionals: [Positional("id", "The speaker."), Positional("fingerprint", "The fingerprint you compared (12 groups of 5 digits).", optional: true)],
+                            options: [Targets.store, .valued("introduction", "text", "An introduction (convkit-intro-1:…) instead of a fingerprint.")]), run: trust),
+        ToolCommand(Command("convkit introduce", "Print an introduction of a speaker, signed by you, for someone who trusts you.",
+                            discussion: "The text carries the key this store holds for <id>; whoever holds your key settles who <id> is with 'convkit trust <id> --introduction <text>'.",
+                            positionals: [Positional("id", "The speaker to introduce.")], options: [Targets.store]), run: introduce),
         ToolCommand(Command("convkit avatar set", "Set your avatar from a PNG or JPEG file (capped to 100×100).",
                             positionals: [Positional("file", "The image file.")], options: [Targets.store, Targets.json]), run: avatarSet),
         ToolCommand(Command("convkit avatar get", "Get a speaker's avatar (downloading it when needed).",
@@ -69,6 +73,9 @@ enum ChatCommands {
         if try store.existingConversation(with: identifier) != nil { return }
         let exists: Bool
         do { exists = try await store.speakerExists(identifier) } catch {
+            if error.code == .keyConflict {
+                throw ToolFailure("\(error.message) ('convkit fingerprint \(identifier)' lists them, 'convkit trust' settles it); give --new to send anyway")
+            }
             throw ToolFailure("cannot check whether '\(identifier)' exists (\(error.message)); give --new to send anyway")
         }
         guard exists else {
@@ -295,7 +302,15 @@ enum ChatCommands {
     static func fingerprint(_ context: Context) async throws {
         let store = try context.store(readOnly: true)
         guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
-        guard let speaker = try store.speaker(fromRef: SpeakerRef(identifier: identifier)) else { throw ToolFailure("no speaker '\(identifier)' in the store") }
+        guard let speaker = try store.speaker(fromRef: SpeakerRef(identifier: identifier)) else {
+            // Held back for a conflict: the keys that claim it, to compare.
+            let candidates = try store.candidateFingerprints(for: identifier)
+            guard !candidates.isEmpty else { throw ToolFailure("no speaker '\(identifier)' in the store") }
+            if context.json { return try Output.json(["identifier": identifier, "fingerprint": "", "trust": "conflict", "candidates": candidates]) }
+            Output.line("no key pinned: '\(identifier)' is claimed by \(candidates.count) unrelated keys; compare with them and 'convkit trust \(identifier) <fingerprint>':")
+            for candidate in candidates { Output.line("  \(candidate)") }
+            return
+        }
         if context.json {
             try Output.json(["identifier": identifier, "fingerprint": speaker.fingerprint ?? "", "trust": speaker.trust.rawValue,
                              "candidates": try store.candidateFingerprints(for: identifier)])
@@ -308,9 +323,23 @@ enum ChatCommands {
 
     static func trust(_ context: Context) async throws {
         let store = try context.store()
-        guard let identifier = context.arguments.positional(0), let fingerprint = context.arguments.positional(1) else { throw UsageError("missing <id> <fingerprint>") }
+        guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        if let text = context.arguments.value("introduction") {
+            if let introduction = try? Introduction(text: text), introduction.introduced != identifier {
+                throw ToolFailure("the introduction is of '\(introduction.introduced)', not '\(identifier)'")
+            }
+            let (_, introducer) = try await store.trust(introduction: text)
+            Output.line("\(identifier) verified (introduced by \(introducer))")
+            return
+        }
+        guard let fingerprint = context.arguments.positional(1) else { throw UsageError("missing <fingerprint> (or --introduction)") }
         try await store.trust(identifier, fingerprint: fingerprint)
         Output.line("\(identifier) verified")
+    }
+
+    static func introduce(_ context: Context) async throws {
+        guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        Output.line(try context.store(readOnly: true).introduction(of: identifier))
     }
 
     static func avatarSet(_ context: Context) async throws {

@@ -134,11 +134,17 @@ enum InspectCommands {
     static func verify(_ context: Context) async throws {
         let only = try context.arguments.value("zone").map { try zoneName($0) }
         var bad = [(what: String, why: String)]()
+        var conflicts = [String: [Record]]()  // records held back per identity claimed with unrelated keys
         var checked = 0
+        let policy = ConversationStore.recordPolicy()
+        func note(_ rejection: RejectedRecord) {
+            if case .identityConflict(let identity) = rejection.reason, let data = rejection.data, let record = try? Record(canonical: data) {
+                conflicts[identity, default: []].append(record)
+            }
+        }
         switch try context.inspectionSource() {
         case .store(let store):
             // Signatures and owners checked again as a new reader would: speakers' own zones first.
-            let policy = ConversationStore.recordPolicy()
             let held = try store.heldZones().compactMap { try? ZoneName($0.zone) }.filter { only == nil || only == $0 }
             let zones = ConversationStore.readingOrder(held).map(\.rawValue)
             for zone in zones {
@@ -146,7 +152,10 @@ enum InspectCommands {
                 let bytes = try records.map { try $0.encoded() }
                 for outcome in policy.admit(batch: bytes, source: { "\(zone)/\(records[$0].id.name)" }) {
                     checked += 1
-                    if case .failure(let rejection) = outcome { bad.append((rejection.source, "\(rejection.reason)")) }
+                    if case .failure(let rejection) = outcome {
+                        bad.append((rejection.source, "\(rejection.reason)"))
+                        note(rejection)
+                    }
                 }
             }
         case .backend(let backend, _):
@@ -157,18 +166,38 @@ enum InspectCommands {
             for (index, zone) in zones.enumerated() {
                 let (records, rejected) = try await readAll(backend, zone)
                 checked += records.count + rejected.count
-                for rejection in rejected { bad.append((rejection.recordID.map { "\($0)" } ?? rejection.source, "\(rejection.reason)")) }
+                for rejection in rejected {
+                    bad.append((rejection.recordID.map { "\($0)" } ?? rejection.source, "\(rejection.reason)"))
+                    note(rejection)
+                }
                 progress.update(index + 1)
             }
             progress.finish()
         }
-        if context.json {
-            try Output.json(["checked": checked, "bad": bad.map { ["what": $0.what, "why": $0.why] }])
-        } else {
-            for item in bad { Output.line("BAD \(item.what): \(item.why)") }
-            Output.line("\(checked) checked, \(bad.count) bad")
+        // Each bad record once (a folder holds a version in every copy that has it), in order.
+        var counts = [String: Int](), unique = [(what: String, why: String)]()
+        for item in bad {
+            let key = item.what + "\n" + item.why
+            if counts[key] == nil { unique.append(item) }
+            counts[key, default: 0] += 1
         }
-        if !bad.isEmpty { throw ToolFailure("\(bad.count) bad record\(bad.count == 1 ? "" : "s") or file\(bad.count == 1 ? "" : "s")") }
+        let conflictLines = conflicts.keys.sorted().map { identity in
+            (identity, policy.claimedIdentityKeys(of: identity, in: conflicts[identity] ?? []).map { KeyChain.fingerprint(identity: identity, key: $0) }.sorted())
+        }
+        if context.json {
+            try Output.json(["checked": checked, "bad": unique.map { ["what": $0.what, "why": $0.why, "count": counts[$0.what + "\n" + $0.why] ?? 1] as [String: Any] },
+                             "conflicts": conflictLines.map { ["identity": $0.0, "candidates": $0.1] as [String: Any] }])
+        } else {
+            for item in unique {
+                let count = counts[item.what + "\n" + item.why] ?? 1
+                Output.line("BAD \(item.what): \(item.why)\(count > 1 ? " (\(count) copies)" : "")")
+            }
+            for (identity, fingerprints) in conflictLines {
+                Output.line("CONFLICT \(identity): claimed by \(fingerprints.count) unrelated keys: \(fingerprints.joined(separator: " | "))")
+            }
+            Output.line("\(checked) checked, \(unique.count) bad")
+        }
+        if !unique.isEmpty { throw ToolFailure("\(unique.count) bad record\(unique.count == 1 ? "" : "s") or file\(unique.count == 1 ? "" : "s")") }
     }
 
     static func changes(_ context: Context) async throws {

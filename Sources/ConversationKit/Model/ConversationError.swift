@@ -20,6 +20,8 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case invalidLinkCode
         /// A link code past its expiry.
         case linkCodeExpired
+        /// Text that is not an introduction, or was altered (its signature does not verify).
+        case invalidIntroduction
         /// Linking and revoking devices needs the identity key, which only the first device holds.
         case notIdentityDevice
         /// No certified device of the local speaker has this key.

@@ -12,33 +12,29 @@ extension ConversationStore {
         return try read { db in try Self.conversations(db, where: "c.zone = ?", [zone], local: local.identifier).first }
     }
 
-    /// Whether `identifier` has published a profile: one this store holds, or one the backend's
-    /// directory (`speakers`) or the speaker's own zone holds. Check it before starting a
+    /// Whether `identifier` has published a profile: one this store holds, or one in the
+    /// speaker's own zone on the backend (pulled and verified, so it is cached after). Check it before starting a
     /// conversation with a name a person typed: a typo otherwise makes a conversation with
     /// nobody, whose messages still end `synced`.
     /// - Throws: a backend error when the store does not know the speaker and the backend
-    ///   cannot be asked (offline): whether it exists is then unknown.
+    ///   cannot be asked (offline): whether it exists is then unknown;
+    ///   ``ConversationError/Code/keyConflict`` when the backend holds profiles of it signed by
+    ///   unrelated keys (held back until the person compares fingerprints or trusts an introduction).
     public func speakerExists(_ identifier: String) async throws(ConversationError) -> Bool {
         try ChatRecords.validate(identifier: identifier)
-        let held = try read { db in
-            try db.first("SELECT 1 FROM ck_records WHERE type = ? AND name = ? AND is_deleted = 0", [ChatRecords.speakerType, identifier]) { _ in true }
+        func held() throws(ConversationError) -> Bool {
+            try read { db in
+                try db.first("SELECT 1 FROM ck_records WHERE type = ? AND name = ? AND is_deleted = 0", [ChatRecords.speakerType, identifier]) { _ in true }
+            } ?? false
         }
-        if held == true { return true }
-        let ids: [RecordID]
-        do { ids = [try RecordID(zone: ChatRecords.speakersZone, name: identifier), try RecordID(zone: ChatRecords.speakerZone(identifier), name: identifier)] } catch {
-            throw ConversationError(.invalidIdentifier, error.message)
-        }
-        let backend = try backend()
-        let results: [Result<Record, RecordZoneError>]
-        do { results = try await backend.fetch(ids) } catch {
-            throw ConversationError.backend(error, "cannot ask the backend whether '\(identifier)' exists")
-        }
-        for result in results {
-            switch result {
-            case .success(let record): if !record.isDeleted { return true }
-            case .failure(let error) where error.code == .unknownItem || error.code == .zoneNotFound || error.code == .notAuthorized: continue
-            case .failure(let error): throw ConversationError.backend(error, "cannot ask the backend whether '\(identifier)' exists")
-            }
+        if try held() { return true }
+        // The speaker's own zone, pulled and verified as any other: a profile lands in the
+        // cache, or its records are held back for a conflict.
+        _ = try await engine.pull(zones: [ChatRecords.speakerZone(identifier)], backend: try backend())
+        if try held() { return true }
+        if !(try candidateFingerprints(for: identifier)).isEmpty {
+            throw ConversationError(.keyConflict, "'\(identifier)' exists but is claimed with unrelated keys (an impostor?): "
+                                    + "compare fingerprints with them, or trust an introduction from someone you trust")
         }
         return false
     }

@@ -13,7 +13,7 @@ extension ConversationStore {
     /// The fingerprints of the keys that claim a conflicted identity, for the app to compare
     /// with the person out of band before calling ``trust(_:fingerprint:)``.
     public func candidateFingerprints(for identifier: String) throws(ConversationError) -> [String] {
-        Set(try heldBack(identifier).map(\.record.authorKey)).map { KeyChain.fingerprint(identity: identifier, key: $0) }.sorted()
+        policy.claimedIdentityKeys(of: identifier, in: try heldBack(identifier).map(\.record)).map { KeyChain.fingerprint(identity: identifier, key: $0) }.sorted()
     }
 
     /// The conversation with the speaker a ref names, started if there is none. A ref that
@@ -37,6 +37,43 @@ extension ConversationStore {
             throw ConversationError(.keyConflict, "no key seen for '\(identifier)' has the fingerprint \(fingerprint)")
         }
         try await settle(identifier, key: key)
+    }
+
+    /// An introduction of `identifier` by this store's speaker: the key this store holds for
+    /// them, signed with this store's key, as text (`convkit-intro-1:…`). Someone who already
+    /// holds your key passes it to ``trust(introduction:)`` to settle who `identifier` is.
+    /// - Throws: ``ConversationError/Code/unknownSpeaker`` when no key is pinned for `identifier`.
+    public func introduction(of identifier: String) throws(ConversationError) -> String {
+        let local = try requireIdentity()
+        guard let key = policy.pins.chain(for: identifier)?.current, identifier != local.identifier else {
+            throw ConversationError(.unknownSpeaker, "this store holds no key for '\(identifier)' to introduce")
+        }
+        return Introduction.issue(of: identifier, key: key, by: local.identifier, signingKey: local.key).text
+    }
+
+    /// Trusts the key an introduction carries, when the introducer is someone this store holds a
+    /// key for (pinned, not in conflict) and signed it with that key or one of its devices: pins
+    /// it (verified) and admits what was held back for it — a conflict settled without comparing
+    /// fingerprints. - Returns: who was introduced, and by whom.
+    /// - Throws: ``ConversationError/Code/invalidIntroduction`` for text that is not an intact
+    ///   introduction; ``ConversationError/Code/keyConflict`` when the introducer is not someone
+    ///   this store trusts with that key, or the store holds another key for the introduced.
+    @discardableResult
+    public func trust(introduction text: String) async throws(ConversationError) -> (introduced: String, introducer: String) {
+        let introduction: Introduction
+        do { introduction = try Introduction(text: text) } catch {
+            guard case .invalid(let why) = error else { throw ConversationError(.invalidIntroduction, "not an introduction") }
+            throw ConversationError(.invalidIntroduction, why)
+        }
+        try ChatRecords.validate(identifier: introduction.introduced)
+        guard !policy.pins.conflictedIdentities.contains(introduction.introducer),
+            policy.pins.chain(for: introduction.introducer)?.allowsNow(introduction.signer) == true
+        else {
+            throw ConversationError(.keyConflict, "the introduction is signed by a key this store does not hold for '\(introduction.introducer)': "
+                                    + "only someone whose key you already hold can introduce")
+        }
+        try await settle(introduction.introduced, key: introduction.key)
+        return (introduction.introduced, introduction.introducer)
     }
 
     /// Pins `key` for `identifier` as verified and admits what was held back for it.

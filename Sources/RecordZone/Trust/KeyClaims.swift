@@ -41,8 +41,11 @@ struct KeyClaims {
         if rotated { rotatedTo[identity, default: []].insert(key) } else { keys[identity, default: []].insert(key) }
     }
 
-    /// Whether `identity` is claimed by more than one key that no rotation leads to.
-    func isConflicted(_ identity: String) -> Bool {
-        (keys[identity] ?? []).subtracting(rotatedTo[identity] ?? []).count > 1
+    /// The keys that claim `identity` and that no rotation or certificate leads to.
+    func rootKeys(of identity: String) -> Set<Data> {
+        (keys[identity] ?? []).subtracting(rotatedTo[identity] ?? [])
     }
+
+    /// Whether `identity` is claimed by more than one key that no rotation leads to.
+    func isConflicted(_ identity: String) -> Bool { rootKeys(of: identity).count > 1 }
 }

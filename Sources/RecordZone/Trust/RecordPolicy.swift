@@ -207,6 +207,18 @@ public final class RecordPolicy: Sendable {
         return nil
     }
 
+    /// The identity keys that claim `identity` in these records (verified ones): each key no
+    /// rotation or device certificate among them leads to — what a person compares fingerprints
+    /// of when an identity is held back for a conflict (a linked device's key, certified by one
+    /// of them, is not a candidate of its own).
+    public func claimedIdentityKeys(of identity: String, in records: [Record]) -> Set<Data> {
+        var claims = KeyClaims()
+        for record in records where Self.checkSignature(record) == nil {
+            if case .success(let owner)? = rules.owner(of: record), owner == identity { claims.add(record, owner: identity) }
+        }
+        return claims.rootKeys(of: identity)
+    }
+
     /// Maps in parallel over all cores when the batch is large enough to pay for it.
     static func parallelMap<T: Sendable, R: Sendable>(_ items: [T], _ transform: @Sendable (T) -> R) -> [R] {
         let cores = ProcessInfo.processInfo.activeProcessorCount
