@@ -61,10 +61,14 @@ import Testing
             return .init(description: description, seedHex: Data(repeating: seed, count: 32).hexString, publicKeyHex: record.authorKey.hexString,
                          json: String(decoding: try record.json(), as: UTF8.self), canonicalHex: encoded.hexString, signatureHex: record.signature.hexString)
         }
-        var message = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).0000018b0c2a0000-00"), type: "Message", fields: [
+        // Named as chat writers name messages: m.<h(speaker)>.<16 hex of the clock>-<16 hex random>.
+        let messageClock = RecordClock(milliseconds: 1_700_000_000_000, counter: 1)
+        let clockHex = String(messageClock.rawValue, radix: 16)
+        let messageName = "m.\(OwnershipRule.identityHash("alice")).\(String(repeating: "0", count: 16 - clockHex.count) + clockHex)-0123456789abcdef"
+        var message = Record(id: try RecordID(zone: zone, name: messageName), type: "Message", fields: [
             "speaker": .string("alice"), "listener": .string("bob"), "content": .string("Hi Bob! ☕"), "spokenAt": .date(milliseconds: 1_700_000_000_000),
         ])
-        try message.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 1))
+        try message.sign(with: alice, clock: messageClock)
         var everyType = Record(id: try RecordID(zone: zone, name: "every-type"), type: "Sample", fields: [
             "string": .string("text"), "int": .int(-42), "double": .double(1.5), "bool": .bool(true), "date": .date(milliseconds: 1_700_000_000_123),
             "bytes": .bytes(Data([0, 1, 2, 255])), "reference": .reference(try RecordID(zone: zone, name: "other")),
