@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 @testable import RecordZone
+import Synchronization
 import Testing
 import TestSupport
 @testable import ZoneServer
@@ -168,14 +169,20 @@ extension HardeningTests {
         #expect { try second.start(host: "no-such-host.invalid", port: 0) } throws: { ($0 as? RecordZoneError)?.message.contains("cannot resolve") == true }
     }
 
-    /// IPv6 addresses and host names are listened on too.
+    /// IPv6 addresses and host names are listened on too; the log names an IPv6 address in
+    /// brackets, as a URL would.
     @Test func theServerListensOnIPv6AndOnHostNames() async throws {
         let fixture = try ServerFixture()
         for (host, url) in [("::1", "http://[::1]"), ("localhost", "http://localhost")] {
-            let server = ZoneServer(storage: fixture.server.storage, access: ChatZoneAccess())
+            let lines = Mutex([String]())
+            var configuration = ZoneServerConfiguration()
+            configuration.logger = Logger(label: "t", level: .info) { line in lines.withLock { $0.append(line) } }
+            let server = ZoneServer(storage: fixture.server.storage, access: ChatZoneAccess(), configuration: configuration)
             let port = try server.start(host: host, port: 0)
             let client = HTTPBackend(url: try #require(URL(string: "\(url):\(port)")), identity: "alice", key: Keys.alice)
             #expect(await client.isHealthy(), "\(host)")
+            let listening = lines.withLock { $0 }.first { $0.contains("listening on") } ?? ""
+            #expect(listening.contains(host == "::1" ? "listening on [::1]:\(port)" : "listening on localhost:\(port)"), "\(listening)")
             await server.stop()
         }
     }
