@@ -127,6 +127,25 @@ import TestSupport
         withExtendedLifetime(idle) {}
     }
 
+    /// A literal `+` in a query is a space to the server (form encoding, as PROTOCOL.md §2.3
+    /// says): a request signed over "a b" and sent as `a+b` verifies; signed over "a+b", it
+    /// must travel as `a%2Bb`.
+    @Test func aPlusInAQueryIsASpace() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        try await fixture.client("alice", key: Keys.alice).createZone(zone)
+        let path = "/v1/zones/\(zone.rawValue)/wait"
+        func send(signed value: String, raw: String) async throws -> RawResponse {
+            let query = [("timeout", "0"), ("x", value)]
+            let authorization = RequestSignature.authorization(method: "GET", path: path, query: query, body: Data(), identity: "alice", key: Keys.alice,
+                                                               now: Date(), nonce: Sodium.randomBytes(16))
+            return try await RawConnection.exchange(port: fixture.port, method: "GET", path: "\(path)?timeout=0&x=\(raw)", headers: ["Authorization": authorization])
+        }
+        #expect(try await send(signed: "a b", raw: "a+b").status == 200)
+        #expect(try await send(signed: "a+b", raw: "a%2Bb").status == 200)
+        #expect(try await send(signed: "a+b", raw: "a+b").status == 401)
+    }
+
     /// A page `limit` outside the declared 1…1000 is refused, not silently clamped; a version
     /// saved again byte for byte is answered `stored` with its change tag and when it was received.
     @Test func pageLimitsOutOfRangeAreRefusedAndAResaveSaysWhenItWasReceived() async throws {

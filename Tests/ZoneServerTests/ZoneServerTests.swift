@@ -379,6 +379,8 @@ extension Result where Failure == RecordZoneError {
             .appendingPathComponent("Sources/ZoneServer/openapi.json")
         let document = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
         #expect((document["openapi"] as? String)?.hasPrefix("3.") == true)
+        let description = try #require((document["info"] as? [String: Any])?["description"] as? String)
+        #expect(description.contains("canonical binary encoding") && !description.contains("Records are in their JSON form"))
         let paths = try #require(document["paths"] as? [String: [String: Any]])
         let methods: Set<String> = ["get", "put", "post", "delete", "patch", "head", "options"]
         let documented = Set(paths.flatMap { path, operations in operations.keys.filter(methods.contains).map { "\($0.uppercased()) \(path)" } })
