@@ -226,13 +226,8 @@ actor SyncEngine {
                     }
                 }
             }
-            do {
-                try await ensureZonesExist(Set(records.map(\.id.zone)))
-            } catch {
-                if error.code == .notAuthenticated {
-                    throw try await refusedAuthentication(error, sending: sent, signedBy: Set(records.map(\.authorKey)))
-                }
-                throw ConversationError.backend(error, "cannot create a zone")
+            if let refusal = try await ensureZonesExist(Set(records.map(\.id.zone))) {
+                throw try await refusedAuthentication(refusal, sending: sent, signedBy: Set(records.map(\.authorKey)))
             }
             let results: [Result<Record, RecordZoneError>]
             do {
@@ -325,25 +320,25 @@ actor SyncEngine {
         }
     }
 
-    private func ensureZonesExist(_ zones: Set<ZoneName>) async throws(RecordZoneError) {
-        let created: Set<String>
-        do { created = Set(try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } }) } catch {
-            throw RecordZoneError(.ioError, "cannot read the store: \(error)")
-        }
+    /// Creates the zones the store has not created yet. - Returns: the server's refusal of who
+    /// signs (401), for the push to handle; nil otherwise.
+    private func ensureZonesExist(_ zones: Set<ZoneName>) async throws(ConversationError) -> RecordZoneError? {
+        let created = Set(try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } })
         for zone in zones.sorted() where !created.contains(zone.rawValue) {
             do {
                 try await backend.createZone(zone)
             } catch where error.code == .notAuthorized {
-                return  // a backend that takes no writes: the save says so
-            }
-            do {
-                try await write { applier in
-                    try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
-                }
+                return nil  // a backend that takes no writes: the save says so
+            } catch where error.code == .notAuthenticated {
+                return error
             } catch {
-                throw RecordZoneError(.ioError, "cannot write the store: \(error)")
+                throw ConversationError.backend(error, "cannot create zone \(zone)")
+            }
+            try await write { applier in
+                try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
             }
         }
+        return nil
     }
 
     // MARK: Pull
