@@ -309,7 +309,12 @@ public actor FileSystemBackend: RecordZoneBackend {
         deviceLoop: for device in try layout.devices(zone, generation: generation) {
             var progress = start[device] ?? DeviceProgress()
             defer { page.position[device] = progress }
-            for file in try layout.segments(zone, generation: generation, device: device) where !progress.hasRead(file.sequence) {
+            let segments = try layout.segments(zone, generation: generation, device: device)
+            let duplicated = FolderLayout.duplicatedSequences(segments)
+            for file in segments where progress.needsReading(file, duplicated: duplicated.contains(file.sequence)) {
+                // Two files under one sequence (a copied store wrote as this device): each is
+                // read whole, by its digest, and its records admitted as any others.
+                let isDuplicate = duplicated.contains(file.sequence)
                 let source = "\(zone)/\(generation)/\(device)/\(file.name)"
                 let data = try FileIO.read(layout.segmentFile(zone, generation, device: device, name: file.name))
                 let hash = Sodium.sha256(data)
@@ -322,8 +327,8 @@ public actor FileSystemBackend: RecordZoneBackend {
                 }
                 // Only records count against the page: damaged files are reported whatever their
                 // number, so a page always moves on.
-                let first = min(progress.offset(in: file.sequence), encoded.count)
-                let room = max(0, limit - gathered.count)
+                let first = isDuplicate ? 0 : min(progress.offset(in: file.sequence), encoded.count)
+                let room = isDuplicate ? encoded.count : max(0, limit - gathered.count)
                 let end = first + min(room, encoded.count - first)
                 files.append((source, hash, index.wasVerified(source, hash: hash), first == 0 && end == encoded.count))
                 for offset in first..<end {
@@ -334,6 +339,7 @@ public actor FileSystemBackend: RecordZoneBackend {
                     progress.partial = DeviceProgress.Partial(sequence: file.sequence, offset: UInt32(end))
                     break deviceLoop
                 }
+                if isDuplicate { progress.duplicatesRead.insert(file.digest) }
                 progress.markRead(file.sequence)
             }
         }
@@ -570,6 +576,15 @@ struct DeviceProgress: Hashable, Sendable {
     /// Sorted, disjoint, non-adjacent ranges of sequences read in full.
     var ranges: [ClosedRange<UInt64>] = []
     var partial: Partial?
+    /// The digests of the files read under a sequence that more than one file holds (a copied
+    /// store that wrote as this device): each such file is read, whatever was read before.
+    var duplicatesRead: Set<UInt64> = []
+
+    /// Whether `file` is still to be read: its sequence is not, or other files share its
+    /// sequence (`duplicated`) and this one was not read by its digest.
+    func needsReading(_ file: SegmentFile, duplicated: Bool) -> Bool {
+        !hasRead(file.sequence) || (duplicated && !duplicatesRead.contains(file.digest))
+    }
 
     struct Partial: Hashable, Sendable {
         var sequence: UInt64
@@ -617,7 +632,9 @@ struct VersionVector: Hashable, Sendable {
     }
 
     /// `u16 count`, then per device sorted by name: `u16 len, name, u16 ranges, (u64 first,
-    /// u64 last) per range, u8 has partial, [u64 sequence, u32 offset]`.
+    /// u64 last) per range, u8 has partial, [u64 sequence, u32 offset]`; then, only when some
+    /// device has them, `u16 count` and per such device `u16 len, name, u16 n, n × u64 digest`:
+    /// the files read under a duplicated sequence.
     var encoded: Data {
         var w = ByteWriter()
         w.u16(UInt16(devices.count))
@@ -634,6 +651,15 @@ struct VersionVector: Hashable, Sendable {
                 w.u32(partial.offset)
             } else {
                 w.u8(0)
+            }
+        }
+        let duplicates = devices.filter { !$0.value.duplicatesRead.isEmpty }.sorted { $0.key < $1.key }
+        if !duplicates.isEmpty {
+            w.u16(UInt16(duplicates.count))
+            for (device, progress) in duplicates {
+                w.string16(device)
+                w.u16(UInt16(progress.duplicatesRead.count))
+                for digest in progress.duplicatesRead.sorted() { w.u64(digest) }
             }
         }
         return Data(w.bytes)
@@ -661,6 +687,16 @@ struct VersionVector: Hashable, Sendable {
                     return nil
                 }
                 devices[name] = progress
+            }
+            if r.remaining > 0 {
+                guard let count = try? r.u16() else { return nil }
+                for _ in 0..<count {
+                    guard let name = try? r.string16(what: "device"), let n = try? r.u16() else { return nil }
+                    for _ in 0..<n {
+                        guard let digest = try? r.u64() else { return nil }
+                        devices[name, default: DeviceProgress()].duplicatesRead.insert(digest)
+                    }
+                }
             }
             return r.remaining == 0 ? devices : nil
         }) else { return nil }

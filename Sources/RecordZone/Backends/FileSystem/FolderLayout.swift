@@ -118,13 +118,23 @@ public struct FolderLayout: Sendable {
         }
     }
 
+    /// The sequences more than one of these files holds (two writers as one device: a copied store).
+    static func duplicatedSequences(_ files: [SegmentFile]) -> Set<UInt64> {
+        var seen = Set<UInt64>(), duplicated = Set<UInt64>()
+        for file in files where !seen.insert(file.sequence).inserted { duplicated.insert(file.sequence) }
+        return duplicated
+    }
+
     /// Whether some device has a segment not yet read at `position` that reads back whole.
     func hasReadableSegment(_ zone: ZoneName, generation: UInt64, after position: VersionVector) throws(RecordZoneError) -> Bool {
         for device in try devices(zone, generation: generation) {
             let progress = position[device] ?? DeviceProgress()
-            for file in try segments(zone, generation: generation, device: device) where !progress.hasRead(file.sequence) {
+            let files = try segments(zone, generation: generation, device: device)
+            let duplicated = Self.duplicatedSequences(files)
+            for file in files where progress.needsReading(file, duplicated: duplicated.contains(file.sequence)) {
                 guard let data = try? FileIO.read(segmentFile(zone, generation, device: device, name: file.name)) else { continue }
-                if case .success(let records) = Segment.decode(data, named: file.digest), records.count > progress.offset(in: file.sequence) { return true }
+                let offset = duplicated.contains(file.sequence) ? 0 : progress.offset(in: file.sequence)
+                if case .success(let records) = Segment.decode(data, named: file.digest), records.count > offset { return true }
             }
         }
         return false

@@ -54,15 +54,38 @@ final class FolderState: Sendable {
     }
 
     /// The device's folder name (generated on first use) and its sequence counters.
+    ///
+    /// A device ID is never used by two writers: the state directory records the instance that
+    /// writes with it (the directory's file-system device and inode numbers, which a copy — `cp
+    /// -a`, a restored backup, a home directory moved to a new laptop — cannot carry). State found
+    /// in another instance is a copy: it takes a new device ID (its own segments' local copies
+    /// are set aside, its sequences start afresh), so the original and the copy never write two
+    /// files under one sequence.
     private static func load(_ directory: String, label: String) throws(RecordZoneError) -> (device: String, counters: Counters) {
-        let deviceFile = directory + "/device"
-        let device: String
+        let deviceFile = directory + "/device", instanceFile = directory + "/instance"
+        let here = try instance(of: directory)
+        let recorded = FileIO.exists(instanceFile)
+            ? String(decoding: try FileIO.read(instanceFile), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) : nil
+        var device: String
         if FileIO.exists(deviceFile) {
             device = String(decoding: try FileIO.read(deviceFile), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            // State from before instances were recorded is taken as this instance's.
+            if let recorded, recorded != here {
+                let copied = device
+                device = "\(label)-\(Sodium.randomBytes(8).hexString)"
+                if FileIO.exists(directory + "/own") {
+                    guard rename(directory + "/own", directory + "/own-\(copied)") == 0 else { throw FileIO.error("cannot set aside", directory + "/own") }
+                }
+                if FileIO.exists(directory + "/sequences") {
+                    guard unlink(directory + "/sequences") == 0 else { throw FileIO.error("cannot reset", directory + "/sequences") }
+                }
+                try FileIO.writeAtomically(Data((device + "\n").utf8), to: deviceFile)
+            }
         } else {
             device = "\(label)-\(Sodium.randomBytes(8).hexString)"
             try FileIO.writeAtomically(Data((device + "\n").utf8), to: deviceFile)
         }
+        if recorded != here { try FileIO.writeAtomically(Data((here + "\n").utf8), to: instanceFile) }
         var loaded = Counters()
         let sequencesFile = directory + "/sequences"
         if FileIO.exists(sequencesFile) {
@@ -74,6 +97,13 @@ final class FolderState: Sendable {
             }
         }
         return (device, loaded)
+    }
+
+    /// This state directory's instance: `<st_dev>:<st_ino>` (a copy gets another inode).
+    static func instance(of directory: String) throws(RecordZoneError) -> String {
+        var info = stat()
+        guard stat(directory, &info) == 0 else { throw FileIO.error("cannot stat", directory) }
+        return "\(info.st_dev):\(info.st_ino)"
     }
 
     var indexPath: String { directory + "/" + FolderIndex.fileName }
