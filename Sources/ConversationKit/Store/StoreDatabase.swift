@@ -35,7 +35,9 @@ final class StoreDatabase: Sendable {
                 let local = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
                 var applier = RecordApplier(db: db, localSpeaker: local)
                 let result = try body(&applier)
-                try applier.readmitKeyConflicts(of: policy.pins.changedIdentities, policy: policy)
+                let changed = policy.pins.changedIdentities
+                try applier.readmitKeyConflicts(of: changed, policy: policy)
+                try applier.invalidateAccepted(of: changed, policy: policy)
                 try applier.finish()
                 try PinTable.saveChanges(of: policy.pins, in: db)
                 return (result, applier.events, applier.queuedLocalChange)

@@ -78,6 +78,34 @@ struct RecordApplier {
         quarantinedCount += 1
     }
 
+    /// Decides again what was accepted before a chain changed: for each identity whose chain
+    /// just changed, the zones holding versions its chain no longer allows — signed by a device
+    /// after its revocation's clock, or by a retired key after its rotation — are dropped from
+    /// the cache and fetched again from the start by the next pull, where the same rule refuses
+    /// them (quarantined, with their reason) and brings back the versions they had replaced. So
+    /// a revocation read after what it revokes ends in the view a reader that read it first has.
+    /// - Returns: the zones to fetch again.
+    @discardableResult
+    mutating func invalidateAccepted(of identities: Set<String>, policy: RecordPolicy) throws -> Set<String> {
+        guard !identities.isEmpty else { return [] }
+        // What this store signed itself stays, as its own (a revoked device marks its late
+        // messages failed instead): on a linked device, the key its certificate names.
+        let ownDevice = try db.first("SELECT value FROM ck_meta WHERE key = 'device_certificate'") { row in
+            (try? Record(canonical: row.blob(0)))?[DeviceCertificate.keyField]?.bytesValue
+        } ?? nil
+        var zones = Set<String>()
+        for identity in identities {
+            guard let chain = policy.pins.chain(for: identity) else { continue }
+            let limits = chain.devices.compactMap { device in device.revokedAfter.map { (device.key, $0) } } + chain.retired.map { ($0.key, $0.until) }
+            for (key, until) in limits where key != ownDevice {
+                zones.formUnion(try db.rows("SELECT DISTINCT zone FROM ck_records WHERE author = ? AND clock > ?",
+                                            [key, Int64(bitPattern: until.rawValue)]) { $0.text(0) })
+            }
+        }
+        for zone in zones { try CacheReset.drop(zone: zone, keeping: localSpeaker ?? "", in: db) }
+        return zones
+    }
+
     /// Admits again the records quarantined as key conflicts of identities whose chains just
     /// changed: a device's records read before its certificate, or a new key's before its rotation.
     mutating func readmitKeyConflicts(of identities: Set<String>, policy: RecordPolicy) throws {

@@ -369,16 +369,24 @@ actor SyncEngine {
             return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
         }
         let speakerZones = followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } }
-        // Conversations to read again from the start (refetched), whether or not the feed names them.
+        let total = speakerZones.count + Set(conversations).count
+        for (index, zone) in speakerZones.enumerated() {
+            progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: total, pulled: report.pulled))
+            try await pullZone(zone, report: &report)
+        }
+        // Conversations to read again from the start (refetched), whether or not the feed names
+        // them — looked for after the speakers' zones, whose revocations and rotations may have
+        // just sent some back to be decided again.
         let refetched = try read { db in
             try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
         }.compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        let zones = speakerZones + Set(conversations + refetched).sorted()
+        let zones = Set(conversations + refetched).sorted()
         for (index, zone) in zones.enumerated() {
-            progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: zones.count, pulled: report.pulled))
+            progress?(SyncProgress(zone: zone.rawValue, zonesDone: speakerZones.count + index, zones: max(total, speakerZones.count + zones.count), pulled: report.pulled))
             try await pullZone(zone, report: &report)
         }
-        progress?(SyncProgress(zone: nil, zonesDone: zones.count, zones: zones.count, pulled: report.pulled))
+        let done = speakerZones.count + zones.count
+        progress?(SyncProgress(zone: nil, zonesDone: done, zones: done, pulled: report.pulled))
         if !changes.deletedZones.isEmpty {
             try await write { applier in
                 for zone in changes.deletedZones {

@@ -1,0 +1,46 @@
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+@testable import ConversationKit
+
+/// A revocation read after what it revokes: bob reads the revoked laptop's later message before
+/// the revocation reaches him; once it does, he decides that message again by the same rule —
+/// it leaves his view (quarantined, with why) — and ends where a reader that read the
+/// revocation first ends (his own cache cleared and read again, and alice).
+@Suite struct LateRevocationTests {
+    @Test(arguments: ChatBackend.allCases)
+    func aRevocationReadLateIsAppliedToWhatWasAlreadyAccepted(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
+        let laptop = try await DeviceTests().linkLaptop(fixture, from: alice)
+        let before = try await laptop.send("before", to: "bob")
+        try await syncAll([laptop, alice, bob])
+
+        // Alice revokes the laptop on her phone, which does not sync yet; the laptop (a thief's
+        // now) sends, and bob reads it before the revocation exists anywhere he can see.
+        let device = try #require(try alice.devices().first { $0.label == "laptop" })
+        try await alice.revokeDevice(device)
+        try await Task.sleep(for: .milliseconds(5))
+        _ = try await laptop.send("after the revocation", to: "bob")
+        try await laptop.sync()
+        try await bob.sync()
+        let conversation = before.id.conversation
+        #expect(try history(bob, conversation).map(\.content) == ["before", "after the revocation"], "bob read it first")
+
+        // The revocation reaches the backend, then bob.
+        try await alice.sync()
+        try await bob.sync()
+        let shown = try history(bob, conversation).map(\.content)
+        #expect(shown == ["before"], "\(kind): \(shown)")
+        let quarantine = try bob.quarantine()
+        #expect(quarantine.contains { $0.code == .deviceRevoked }, "\(quarantine)")
+        // The same view as a reader that reads everything with the revocation already known.
+        try await alice.sync()
+        #expect(try history(alice, conversation).map(\.content) == shown)
+        try await bob.clearAllCachedData()
+        try await bob.sync()
+        #expect(try history(bob, conversation).map(\.content) == shown)
+    }
+}
