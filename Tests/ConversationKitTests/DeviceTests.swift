@@ -156,8 +156,9 @@ import TestSupport
             }
         }
 
+        // Past its expiry by more than the skew tolerance (5 min) of the joining machine's clock.
         let code = try alice.linkDevice(lifetime: 60)
-        let late = try newStore("late", now: Date().addingTimeInterval(120))
+        let late = try newStore("late", now: Date().addingTimeInterval(60 + StoreConfiguration().clockSkewTolerance + 60))
         #expect(await refusal(code, on: late) == .linkCodeExpired)
         #expect(late.localSpeakerIdentifier == nil)
 
@@ -185,5 +186,13 @@ import TestSupport
         #expect(second.localSpeakerIdentifier == nil)
         try await alice.sync()
         #expect(try alice.devices().count == 2)
+
+        // A machine whose clock is 4 minutes ahead of the one that made a 1-minute code (3 min
+        // past its expiry by its own clock): within the tolerance, it links, on every backend.
+        let ahead = try newStore("ahead", now: Date().addingTimeInterval(240))
+        try await ahead.setupLocalSpeaker(linking: try alice.linkDevice(lifetime: 60), label: "ahead")
+        #expect(ahead.localSpeakerIdentifier == "alice")
+        try await alice.sync()
+        #expect(try alice.devices().contains { $0.label == "ahead" })
     }
 }

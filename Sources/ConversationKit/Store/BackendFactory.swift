@@ -82,6 +82,10 @@ public enum AvatarDownload: Sendable, Hashable {
 public struct StoreConfiguration: Sendable {
     /// Records per pulled page.
     public var pageSize = 200
+    /// How far ahead of this machine's wall clock another's clock may be before it is flagged
+    /// (seconds): a received clock is observed only up to it, and a link code is accepted up to
+    /// this long past its expiry (the skew a zone server allows requests, too).
+    public var clockSkewTolerance = 300.0
     /// Records per pushed batch (at most ``Record/maximumBatchSize``).
     public var pushBatchSize = Record.maximumBatchSize
     /// First retry delay after a transient push failure; doubles per attempt, with jitter.

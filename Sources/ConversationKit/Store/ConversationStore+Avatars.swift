@@ -68,9 +68,7 @@ extension ConversationStore {
             }
             let tags = try db.rows("SELECT tag FROM speaker_tags WHERE identifier = ? ORDER BY tag", [local.identifier]) { $0.text(0) }
             if let avatar, let png { try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: db) }
-            for record in try ChatRecords.speaker(identifier: local.identifier, name: current, tags: tags, avatar: avatar) {
-                try self.commitLocal(record, as: local, in: &applier)
-            }
+            try self.commitProfile(local.identifier, name: current, tags: tags, avatar: avatar, as: local, in: &applier)
         }
         guard let speaker = try speaker(fromRef: SpeakerRef(identifier: local.identifier)) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")

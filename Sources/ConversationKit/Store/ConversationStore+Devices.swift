@@ -57,9 +57,14 @@ extension ConversationStore {
         if let existing = localSpeakerIdentifier {
             throw ConversationError(.storeBelongsToAnotherSpeaker, "this store is set up already, as '\(existing)'")
         }
-        let now = clock.now()
-        guard now <= link.expires else {
-            throw ConversationError(.linkCodeExpired, "the link code expired at \(Date(timeIntervalSince1970: Double(link.expires.milliseconds) / 1000))")
+        // A code made on a machine whose clock is behind this one's is taken up to the skew
+        // tolerance past its expiry; the certificate is then signed at the expiry (readers check
+        // its clock against it).
+        let now = min(clock.now(), link.expires)
+        let late = configuration.now().timeIntervalSince1970 - Double(link.expires.milliseconds) / 1000
+        guard late <= configuration.clockSkewTolerance else {
+            throw ConversationError(.linkCodeExpired, "the link code expired \(Int(late / 60)) min ago by this machine's clock (at \(Date(timeIntervalSince1970: Double(link.expires.milliseconds) / 1000))); "
+                                    + "make a new one — or, if the two machines' clocks differ by more than \(Int(configuration.clockSkewTolerance / 60)) min, set them right")
         }
         if let pinned = policy.pins.chain(for: link.identity), pinned.current != link.certifier {
             throw ConversationError(.keyConflict, "this store holds another key for '\(link.identity)' than the one that signed the link code")

@@ -112,13 +112,15 @@ extension ConversationStore {
         try ChatRecords.validate(identifier: listener)
         guard listener != local.identifier else { throw ConversationError(.invalidIdentifier, "cannot send a message to yourself") }
         let name = ChatRecords.messageName(speaker: local.identifier, clock: clock.now())
-        let spokenAt = Self.milliseconds(configuration.now())
-        let record: Record
-        do {
-            record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil)
-        } catch { throw ConversationError(.invalidIdentifier, error.message) }
-        let id = MessageID(conversation: record.id.zone.rawValue, name: name)
+        let now = Self.milliseconds(configuration.now())
+        let zone = ChatRecords.conversationZone(local.identifier, listener)
+        let id = MessageID(conversation: zone.rawValue, name: name)
         return try await write { applier in
+            // Causal order: a message is spoken after every message of the conversation its
+            // sender holds, whatever the clocks say (an answer never shows above its question).
+            let latest = try applier.db.first("SELECT max(spoken_at) FROM messages WHERE zone = ?", [zone.rawValue]) { $0.optionalInt(0) } ?? nil
+            let spokenAt = max(now, (latest ?? Int64.min) &+ 1)
+            let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil)
             try self.joinIfNeeded(listener, as: local, in: &applier)
             try self.commitLocal(record, as: local, in: &applier)
             return try Self.message(applier.db, id)

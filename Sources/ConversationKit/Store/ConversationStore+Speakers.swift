@@ -34,15 +34,22 @@ extension ConversationStore {
             applier.localSpeaker = identifier
             // A new name or tags keep the avatar.
             let avatar = try Self.avatar(of: identifier, in: applier.db)
-            for record in try ChatRecords.speaker(identifier: identifier, name: name, tags: tags, avatar: avatar) {
-                try self.commitLocal(record, as: local, in: &applier)
-            }
+            try self.commitProfile(identifier, name: name, tags: tags, avatar: avatar, as: local, in: &applier)
         }
         identity.withLock { $0 = local }
         guard let speaker = try speaker(fromRef: SpeakerRef(identifier: identifier)) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")
         }
         return speaker
+    }
+
+    /// Publishes a version of the local speaker's profile: both copies (its zone, the
+    /// directory) with one clock, past the version shown now, whichever copy that came from —
+    /// so it wins over a profile from a clock hours ahead too.
+    func commitProfile(_ identifier: String, name: String, tags: [String], avatar: AvatarReference?, as local: LocalIdentity,
+                       in applier: inout RecordApplier) throws {
+        let shown = try applier.db.first("SELECT clock FROM speakers WHERE identifier = ?", [identifier]) { RecordClock(rawValue: UInt64(bitPattern: $0.int(0))) }
+        try commitLocal(try ChatRecords.speaker(identifier: identifier, name: name, tags: tags, avatar: avatar), as: local, after: shown, in: &applier)
     }
 
     /// The avatar a speaker's profile names, from the cache.

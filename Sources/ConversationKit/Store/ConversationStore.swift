@@ -120,7 +120,7 @@ public final class ConversationStore: Sendable {
         }
         database = StoreDatabase(queue: queue, policy: policy, hub: EventHub())
         backendFactory = backend
-        engine = SyncEngine(database: database, configuration: configuration, images: AssetFolder(root: directory + "/Images"))
+        engine = SyncEngine(database: database, configuration: configuration, images: AssetFolder(root: directory + "/Images"), clock: clock)
     }
 
     deinit { database.hub.finish() }
@@ -213,10 +213,29 @@ public final class ConversationStore: Sendable {
     }
 
     /// Signs a local version, applies it and queues it in the outbox, in the caller's transaction.
+    /// A new version always wins over the one it replaces: it is signed past the version held,
+    /// even one from a clock hours ahead (a rename after a fast tablet's profile).
     func commitLocal(_ record: Record, as local: LocalIdentity, in applier: inout RecordApplier) throws {
-        var record = record
-        try record.sign(with: local.key, clock: clock.now())
-        try applyLocal(record, in: &applier)
+        try commitLocal([record], as: local, in: &applier)
+    }
+
+    /// Versions of one thing (a profile's two copies: its zone and the directory), signed with
+    /// one clock past every version held of any of them and past `after` (the clock the shown
+    /// profile came from): together they win over whatever they replace.
+    func commitLocal(_ records: [Record], as local: LocalIdentity, after: RecordClock? = nil, in applier: inout RecordApplier) throws {
+        var signingClock = clock.now()
+        var past = after
+        for record in records {
+            let held = try applier.db.first("SELECT clock FROM ck_records WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name]) {
+                RecordClock(rawValue: UInt64(bitPattern: $0.int(0)))
+            }
+            past = [past, held].compactMap { $0 }.max()
+        }
+        if let past, past >= signingClock, past.rawValue < UInt64.max { signingClock = RecordClock(rawValue: past.rawValue + 1) }
+        for var record in records {
+            try record.sign(with: local.key, clock: signingClock)
+            try applyLocal(record, in: &applier)
+        }
     }
 
     /// Applies an already signed local version and queues it in the outbox.

@@ -172,7 +172,12 @@ struct RecordApplier {
     private mutating func projectSpeaker(_ record: Record) throws {
         let identifier = record.id.name
         let name = record.isDeleted ? "" : record.string("name") ?? ""
-        let newer = try db.first("SELECT clock FROM speakers WHERE identifier = ?", [identifier]) { UInt64(bitPattern: $0.int(0)) <= record.clock.rawValue } ?? true
+        // The newer of the profile's two copies (its zone, the directory) by the merge rule's
+        // order: clock, then author key — the same on every reader, whatever came first.
+        let newer = try db.first("SELECT clock, public_key FROM speakers WHERE identifier = ?", [identifier]) { row in
+            let clock = UInt64(bitPattern: row.int(0)), author = row.optionalBlob(1) ?? Data()
+            return clock < record.clock.rawValue || (clock == record.clock.rawValue && !record.authorKey.lexicographicallyPrecedes(author))
+        } ?? true
         guard newer else { return }
         let avatar = AvatarReference(record)
         // A new avatar clears the reason the old one could not be had.

@@ -27,6 +27,9 @@ public struct SyncReport: Sendable, Hashable {
     public var refetchedZones = 0
     /// Other speakers' avatars downloaded into the image cache.
     public var avatarsDownloaded = 0
+    /// Versions received with a clock more than ``StoreConfiguration/clockSkewTolerance`` ahead of
+    /// this machine's wall clock (a writer whose clock is fast): applied, flagged, not followed.
+    public var clocksAhead = 0
     /// Whose records this sync held back, and why: an identity claimed with unrelated keys, a
     /// key that does not speak for its identity, a revoked or uncertified device, a damaged file
     /// in a folder (by its path). One entry each.
@@ -82,10 +85,25 @@ actor SyncEngine {
         return connected
     }
 
-    init(database: StoreDatabase, configuration: StoreConfiguration, images: AssetFolder) {
+    /// The store's clock, which observes every clock the pulls bring (up to the skew tolerance).
+    let clock: HybridLogicalClock
+
+    init(database: StoreDatabase, configuration: StoreConfiguration, images: AssetFolder, clock: HybridLogicalClock) {
         self.database = database
         self.configuration = configuration
         self.images = images
+        self.clock = clock
+    }
+
+    /// The hybrid logical clock's rule: the store's clock moves past every clock it receives,
+    /// so what it writes next wins over what it has seen — but only up to the skew tolerance
+    /// past its wall clock: a writer hours fast does not drag everyone's clocks hours ahead.
+    /// - Returns: how many of `records` came from more than the tolerance in the future.
+    nonisolated func observe(_ records: [Record]) -> Int {
+        guard let newest = records.map(\.clock).max() else { return 0 }
+        let bound = RecordClock(milliseconds: UInt64(max(0, (configuration.now().timeIntervalSince1970 + configuration.clockSkewTolerance) * 1000)), counter: UInt16.max)
+        clock.observe(min(newest, bound))
+        return newest > bound ? records.filter { $0.clock > bound }.count : 0
     }
 
     func sync(localSpeaker: String, deviceKey: Data, backend: any RecordZoneBackend,
@@ -106,6 +124,7 @@ actor SyncEngine {
         }
         logger.info("synced: pushed \(report.pushed), pulled \(report.pulled), failed \(report.failed), deferred \(report.deferred), quarantined \(report.quarantined)")
         for line in report.blocked { logger.notice("held back: \(line)") }
+        if report.clocksAhead > 0 { logger.notice("\(report.clocksAhead) versions came from a clock more than \(Int(configuration.clockSkewTolerance)) s ahead of this machine's") }
         return report
     }
 
@@ -456,6 +475,7 @@ actor SyncEngine {
             }
             report.pulled += counts.0
             report.quarantined += counts.1
+            report.clocksAhead += observe(page.records)
             for rejection in page.rejected {
                 let line = Self.blockedLine(rejection)
                 if let line, !report.blocked.contains(line) { report.blocked.append(line) }

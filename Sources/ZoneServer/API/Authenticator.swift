@@ -107,7 +107,7 @@ final class Authenticator: Sendable {
             record.recordType == DeviceCertificate.recordType, record[DeviceCertificate.keyField]?.bytesValue == credentials.publicKey,
             record[DeviceCertificate.identityField]?.stringValue == credentials.identity, let expires = DeviceCertificate.expiry(of: record)
         else { throw .unauthenticated(.deviceCertificate, "the \(RequestSignature.deviceHeader) header is not this device's certificate") }
-        guard Double(expires.milliseconds) >= clock.timeIntervalSince1970 * 1000 else {
+        guard Double(expires.milliseconds) >= (clock.timeIntervalSince1970 - maximumSkew) * 1000 else {
             throw .unauthenticated(.deviceCertificate, "the device certificate's link code expired")
         }
         if case .failure(let rejected) = policy.admit(encoded: bytes, source: "request") {

@@ -158,7 +158,9 @@ extension ZoneAPI {
     /// What only a server can refuse, by its own clock rather than the record's: a device
     /// certificate whose link code has expired (signed with a backdated clock).
     private func refusalByServerTime(_ record: Record) -> RecordZoneError? {
-        if let expires = DeviceCertificate.expiry(of: record), Double(expires.milliseconds) < configuration.now().timeIntervalSince1970 * 1000 {
+        // The skew allowed to requests applies: a code made on a machine a little behind the server is not yet expired.
+        if let expires = DeviceCertificate.expiry(of: record),
+            Double(expires.milliseconds) < (configuration.now().timeIntervalSince1970 - configuration.maximumClockSkew) * 1000 {
             return RecordZoneError(.notAuthorized, "the device certificate's link code expired", recordID: record.id)
         }
         return nil
