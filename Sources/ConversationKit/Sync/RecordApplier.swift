@@ -113,7 +113,16 @@ struct RecordApplier {
             let held = try db.rows("SELECT id, record FROM ck_quarantine WHERE identity = ? AND code = 'keyConflict' AND record IS NOT NULL ORDER BY id",
                                    [identity]) { ($0.int(0), $0.blob(1)) }
             for (id, bytes) in held {
-                guard let record = try? Record(canonical: bytes), policy.check(record) == nil else { continue }
+                guard let record = try? Record(canonical: bytes) else { continue }
+                if let reason = policy.check(record) {
+                    // Still refused, maybe now for another reason (a device known since, and
+                    // revoked): the entry says what a reader that read in order would.
+                    if reason.code != .keyConflict {
+                        try db.execute("UPDATE ck_quarantine SET code = ?, reason = ?, identity = ? WHERE id = ?",
+                                       [reason.code.rawValue, reason.description, reason.identity, id])
+                    }
+                    continue
+                }
                 try db.execute("DELETE FROM ck_quarantine WHERE id = ?", [id])
                 try apply(record, origin: .remote)
             }
