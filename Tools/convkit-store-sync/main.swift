@@ -25,6 +25,7 @@ let command = Command(
         .valued("avatar-of", "id", "Instead of syncing, read this speaker's avatar --reads times and print \"avatar <width>x<height> <sha256 hex>\" or \"error <code>\" for each."),
         .valued("reads", "n", "How many times. (default: 1)"),
         .valued("pause-ms", "ms", "Wait this long between reads. (default: 0)"),
+        .valued("clock-offset", "seconds", "Run with the wall clock this far off (a clock jump, ahead or back). (default: 0)"),
     ])
 let usage = command.help
 
@@ -39,6 +40,10 @@ guard let storePath = options.value("store"), let folder = options.value("folder
 }
 var configuration = StoreConfiguration()
 let killAfter = options.value("kill-self-after").flatMap(Int.init)
+if let text = options.value("clock-offset") {
+    guard let offset = Double(text) else { fail("--clock-offset takes seconds", code: 64) }
+    configuration.now = { Date().addingTimeInterval(offset) }
+}
 if let pageSize = options.value("page-size") {
     guard let value = Int(pageSize), value > 0 else { fail("--page-size must be a positive number", code: 64) }
     configuration.pageSize = value
