@@ -5,8 +5,8 @@ import TestSupport
 @testable import ConversationKit
 
 /// Strong eventual consistency, as a property: a history from alice's phone and laptop (a device
-/// certificate, messages, edits, deletions, a revocation of the laptop that its later versions
-/// break) and from a hostile mallory (forged messages and a forged profile of alice's), delivered
+/// certificate, messages, edits, deletions, sometimes a rotation of her identity key that an
+/// old-key message after it breaks, a revocation of the laptop that its later versions break) and from a hostile mallory (forged messages and a forged profile of alice's), delivered
 /// to a reader in a random order and random batches — the reader syncing at random points,
 /// restarting, clearing its cache — ends with exactly the view of a reader that received it all
 /// at once: the same messages in the same order with the same edits, the same profile, the same
@@ -26,7 +26,7 @@ import TestSupport
     }
 
     static func key(_ byte: UInt8) -> SigningKey { (try? SigningKey(seed: Data(repeating: byte, count: 32))) ?? SigningKey.generate() }
-    static let alice = key(1), laptop = key(11), mallory = key(66)
+    static let alice = key(1), laptop = key(11), mallory = key(66), aliceNext = key(2)
 
     /// A history: every record, in the order it was written, with its zone.
     static func records(seed: UInt64) throws -> [(zone: ZoneName, bytes: Data)] {
@@ -52,8 +52,20 @@ import TestSupport
         try add(try DeviceCertificate.record(code: code, device: laptop, label: "laptop", zone: aliceZone, clock: tick()))
         var revokedAfter: RecordClock? = nil
         var sent = [(record: Record, key: SigningKey)]()
+        // Midway, alice may rotate her identity key: later phone messages are signed with the
+        // new key, and one more with the old key after the rotation (which breaks) is written too.
+        var phone = alice
+        let rotateAt = random.next() % 2 == 0 ? Int(2 + random.next() % 3) : -1
         for index in 0..<Int(4 + random.next() % 6) {
-            let key = random.next() % 2 == 0 ? alice : laptop
+            if index == rotateAt {
+                try add(try KeyRotation.record(identity: "alice", zone: aliceZone, from: alice, to: aliceNext, clock: tick()))
+                phone = aliceNext
+                let late = tick()
+                let stale = try ChatRecords.message(name: "m.\(ChatRecords.identityHash("alice")).\(String(late.rawValue, radix: 16))-stale", speaker: "alice",
+                                                    listener: "bob", content: "old key after the rotation", spokenAt: Int64(late.milliseconds), editedAt: nil)
+                try add(try signed(stale, alice, late))
+            }
+            let key = random.next() % 2 == 0 ? phone : laptop
             let clock = tick()
             let name = ChatRecords.identityHash("alice")
             let message = try ChatRecords.message(name: "m.\(name).\(String(clock.rawValue, radix: 16))-\(index)", speaker: "alice", listener: "bob",
@@ -76,7 +88,7 @@ import TestSupport
         }
         // The revocation of the laptop (its versions after `revokedAfter` break), written last.
         try add(try DeviceRevocation.record(identity: "alice", device: laptop.publicKey, revokedAfter: revokedAfter ?? tick(), zone: aliceZone,
-                                            identityKey: alice, clock: tick()))
+                                            identityKey: phone, clock: tick()))
         // Mallory: a message and a profile of alice's, with her own key.
         let forgedClock = tick()
         let forged = try ChatRecords.message(name: "m.\(ChatRecords.identityHash("alice")).\(String(forgedClock.rawValue, radix: 16))-forged", speaker: "alice",
