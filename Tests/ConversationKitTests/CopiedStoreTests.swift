@@ -83,5 +83,7 @@ import TestSupport
         // Read once, both stay read.
         let again = try await reader.fetchChanges(in: zone, since: after.token, limit: 100)
         #expect(again.records.isEmpty)
+        // And it is said.
+        #expect(try await fresh.duplicatedSequences() == ["notes/\(generation)/twin sequence 7: 2 files"])
     }
 }

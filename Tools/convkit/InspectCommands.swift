@@ -159,6 +159,11 @@ enum InspectCommands {
                 }
             }
         case .backend(let backend, _):
+            // Two writers as one device on a folder: nothing is lost (every file is read), but it is said.
+            let duplicates = try await (backend as? FileSystemBackend)?.duplicatedSequences() ?? []
+            for duplicate in duplicates {
+                bad.append((duplicate, "two writers wrote as one device (a copied store?); every file is read"))
+            }
             var zones = try await backend.zones()
             if let only { zones = zones.filter { $0 == only } }
             zones = try await readSpeakers(backend, before: zones)

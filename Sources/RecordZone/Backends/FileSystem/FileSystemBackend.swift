@@ -129,6 +129,24 @@ public actor FileSystemBackend: RecordZoneBackend {
         try FileIO.makeDirectory(layout.generationFolder(zone, state.generation + 1))
     }
 
+    /// The places where one device wrote two files under one sequence (two writers as one
+    /// device: a store copied before copies were detected, or a tool's mistake), as
+    /// `<zone>/<generation>/<device> sequence <n>: <k> files`. Readers read all of them; this
+    /// says it happened.
+    public func duplicatedSequences() throws(RecordZoneError) -> [String] {
+        var found = [String]()
+        for zone in try zones() {
+            let generation = try currentGeneration(zone)
+            for device in try layout.devices(zone, generation: generation) {
+                let files = try layout.segments(zone, generation: generation, device: device)
+                for sequence in FolderLayout.duplicatedSequences(files).sorted() {
+                    found.append("\(zone)/\(generation)/\(device) sequence \(sequence): \(files.filter { $0.sequence == sequence }.count) files")
+                }
+            }
+        }
+        return found
+    }
+
     public func zones() throws(RecordZoneError) -> [ZoneName] {
         try checkFolder()
         return try layout.zoneNames().filter { (try? layout.zoneState($0).exists) == true }
