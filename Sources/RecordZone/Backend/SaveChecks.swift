@@ -11,7 +11,7 @@ package enum SaveChecks {
     /// - Returns: per record, its canonical encoding ready to store, or why it was refused; and
     ///   the chains the admitted records would change. A backend that then refuses some of them
     ///   (a missing zone, a changed server record) decides again over what it stores
-    ///   (``settle(_:storing:policy:)``) and stores exactly those chains with them.
+    ///   (``settle(_:storing:admission:policy:)``) and stores exactly those chains with them.
     package static func admit(_ records: [Record], policy: RecordPolicy) -> (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges) {
         decideOwnership(records, verified: verify(records, policy: policy), policy: policy)
     }
@@ -52,8 +52,13 @@ package enum SaveChecks {
     /// The chains a save stores with the versions it keeps (`storing`, indices into `records`),
     /// decided again over exactly those: a version refused after admission leaves no pin. A kept
     /// version that only another, refused, version made valid (its device certificate) is
-    /// refused now. - Returns: why such versions are refused, by index, and the chains to store.
-    package static func settle(_ records: [Record], storing: [Int], policy: RecordPolicy) -> (refused: [Int: RecordZoneError], pins: PinChanges) {
+    /// refused now. When the backend keeps every admitted version (the common case), the
+    /// admission's own chains are the answer and nothing is decided twice.
+    /// - Returns: why such versions are refused, by index, and the chains to store.
+    package static func settle(_ records: [Record], storing: [Int], admission: (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges),
+                               policy: RecordPolicy) -> (refused: [Int: RecordZoneError], pins: PinChanges) {
+        let admitted = admission.outcomes.indices.filter { if case .success = admission.outcomes[$0] { true } else { false } }
+        if storing.sorted() == admitted { return ([:], admission.pins) }
         let kept = Set(storing)
         let (reasons, pins) = policy.decideOwnership(records.indices.map { kept.contains($0) ? records[$0] : nil })
         var refused = [Int: RecordZoneError]()
@@ -105,10 +110,11 @@ package enum SaveChecks {
     /// `verified` when the signatures were checked before the caller's transaction), the save
     /// policy against the version held (`held`: the stored winner, or why the record cannot be
     /// stored there, e.g. its zone is missing; a version earlier in the batch counts as held),
-    /// then ``settle(_:storing:policy:)`` over what is left to store.
+    /// then ``settle(_:storing:admission:policy:)`` over what is left to store.
     package static func plan<E: Error>(_ records: [Record], verified: [Result<Data, RecordZoneError>]? = nil, savePolicy: SavePolicy, policy: RecordPolicy,
                                        held: (Record) throws(E) -> Result<Record?, RecordZoneError>) throws(E) -> Plan {
-        let (admitted, _) = decideOwnership(records, verified: verified ?? verify(records, policy: policy), policy: policy)
+        let admission = decideOwnership(records, verified: verified ?? verify(records, policy: policy), policy: policy)
+        let admitted = admission.outcomes
         var decisions = [Decision](), pending = [RecordID: Record]()
         for (record, outcome) in zip(records, admitted) {
             switch try held(record) {
@@ -121,7 +127,7 @@ package enum SaveChecks {
             }
         }
         let storing = decisions.indices.filter { if case .store = decisions[$0] { true } else { false } }
-        let (refused, pins) = settle(records, storing: storing, policy: policy)
+        let (refused, pins) = settle(records, storing: storing, admission: admission, policy: policy)
         for (index, error) in refused { decisions[index] = .refused(error) }
         return Plan(decisions: decisions, pins: pins)
     }

@@ -50,8 +50,7 @@ public struct LinkCode: Sendable, Hashable {
         w.string16(identity)
         for part in [certifier, enrollment.seed, signature] { w.append(part) }
         w.u64(expires.rawValue)
-        return Self.prefix + Data(w.bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        return Self.prefix + Base64URL.encode(Data(w.bytes))
     }
 
     /// Reads a code and checks the identity key's signature over it.
@@ -59,9 +58,7 @@ public struct LinkCode: Sendable, Hashable {
     public init(text: String) throws(Failure) {
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard trimmed.hasPrefix(Self.prefix) else { throw .invalid("a link code starts with \(Self.prefix)") }
-        var base64 = trimmed.dropFirst(Self.prefix.count).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        guard let bytes = Data(base64Encoded: base64) else { throw .invalid("the link code is not base64url") }
+        guard let bytes = Base64URL.decode(trimmed.dropFirst(Self.prefix.count)) else { throw .invalid("the link code is not base64url") }
         let parts = bytes.withUnsafeBytes { raw -> (String, Data, Data, Data, RecordClock)? in
             var r = ByteReader(raw)
             guard let identity = try? r.string16(what: "identity"), let certifier = try? r.data(Sodium.publicKeyLength),

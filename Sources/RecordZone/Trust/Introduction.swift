@@ -54,8 +54,7 @@ public struct Introduction: Sendable, Hashable {
         w.string16(introduced)
         w.string16(introducer)
         for part in [key, signer, signature] { w.append(part) }
-        return Self.prefix + Data(w.bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
+        return Self.prefix + Base64URL.encode(Data(w.bytes))
     }
 
     /// Reads an introduction and checks its signature (not yet who signed it: the reader's pins
@@ -63,9 +62,7 @@ public struct Introduction: Sendable, Hashable {
     public init(text: String) throws(Failure) {
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard trimmed.hasPrefix(Self.prefix) else { throw .invalid("an introduction starts with \(Self.prefix)") }
-        var base64 = trimmed.dropFirst(Self.prefix.count).replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        guard let bytes = Data(base64Encoded: base64) else { throw .invalid("the introduction is not base64url") }
+        guard let bytes = Base64URL.decode(trimmed.dropFirst(Self.prefix.count)) else { throw .invalid("the introduction is not base64url") }
         let parts = bytes.withUnsafeBytes { raw -> (String, String, Data, Data, Data)? in
             var r = ByteReader(raw)
             guard let introduced = try? r.string16(what: "introduced"), let introducer = try? r.string16(what: "introducer"),

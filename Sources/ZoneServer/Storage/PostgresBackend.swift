@@ -440,7 +440,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             let known = knownVersions(changed.subtracting(owners)).merging(knownOwners) { $1 }
             do {
                 let (results, written, stored) = try await pool.withConnection { db in
-                    try self.store(records, admitted, savePolicy, pins: owners.union(changed), known: known, in: db)
+                    try self.store(records, (admitted, admission), savePolicy, pins: owners.union(changed), known: known, in: db)
                 }
                 recordWritten(written)
                 policy.pins.publish(stored)
@@ -461,12 +461,12 @@ public final class PostgresBackend: ZoneStorage, Sendable {
     /// rows of `pins`, locks the batch's zones (in name order) and reads the versions held —
     /// each statement after the lock before it, so it sees what the last holder committed. Each
     /// version is then decided against the one held and given its zone's next sequence; the
-    /// chains of exactly the versions stored (``SaveChecks/settle(_:storing:policy:)``) are
+    /// chains of exactly the versions stored (``SaveChecks/settle(_:storing:admission:policy:)``) are
     /// checked against `known` and written (``agreePins``); the second round trip writes
     /// records, index rows and the zones' positions, notifies the other servers, and commits.
     /// - Returns: per record the outcome, the pin versions written, and the chains to publish.
-    private func store(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, pins: Set<String>, known: [String: Int64],
-                       in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64], PinChanges) {
+    private func store(_ records: [Record], _ admission: (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges), _ savePolicy: SavePolicy,
+                       pins: Set<String>, known: [String: Int64], in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64], PinChanges) {
         var reads: [(sql: String, parameters: [PostgresValue])] = [("BEGIN", [])]
         if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
         reads.append(("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
@@ -475,9 +475,9 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
         do {
             let read = try db.pipeline(reads)
-            var outcomes = admitted
+            var outcomes = admission.outcomes
             var (results, writes, storing) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
-            let (refused, settled) = SaveChecks.settle(records, storing: storing, policy: policy)
+            let (refused, settled) = SaveChecks.settle(records, storing: storing, admission: admission, policy: policy)
             if !refused.isEmpty {
                 for (index, error) in refused { outcomes[index] = .failure(error) }
                 (results, writes, _) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])

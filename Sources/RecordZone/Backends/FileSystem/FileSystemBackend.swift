@@ -651,8 +651,8 @@ struct VersionVector: Hashable, Sendable {
 
     /// `u16 count`, then per device sorted by name: `u16 len, name, u16 ranges, (u64 first,
     /// u64 last) per range, u8 has partial, [u64 sequence, u32 offset]`; then, only when some
-    /// device has them, `u16 count` and per such device `u16 len, name, u16 n, n × u64 digest`:
-    /// the files read under a duplicated sequence.
+    /// device has them, `u32 count` and per such device `u16 len, name, u32 n, n × u64 digest`:
+    /// the files read under a duplicated sequence (a hostile folder may hold any number).
     var encoded: Data {
         var w = ByteWriter()
         w.u16(UInt16(devices.count))
@@ -673,10 +673,10 @@ struct VersionVector: Hashable, Sendable {
         }
         let duplicates = devices.filter { !$0.value.duplicatesRead.isEmpty }.sorted { $0.key < $1.key }
         if !duplicates.isEmpty {
-            w.u16(UInt16(duplicates.count))
+            w.u32(UInt32(truncatingIfNeeded: duplicates.count))
             for (device, progress) in duplicates {
                 w.string16(device)
-                w.u16(UInt16(progress.duplicatesRead.count))
+                w.u32(UInt32(truncatingIfNeeded: progress.duplicatesRead.count))
                 for digest in progress.duplicatesRead.sorted() { w.u64(digest) }
             }
         }
@@ -707,9 +707,9 @@ struct VersionVector: Hashable, Sendable {
                 devices[name] = progress
             }
             if r.remaining > 0 {
-                guard let count = try? r.u16() else { return nil }
+                guard let count = try? r.u32(), Int(count) <= r.remaining / 6 else { return nil }
                 for _ in 0..<count {
-                    guard let name = try? r.string16(what: "device"), let n = try? r.u16() else { return nil }
+                    guard let name = try? r.string16(what: "device"), let n = try? r.u32(), Int(n) <= r.remaining / 8 else { return nil }
                     for _ in 0..<n {
                         guard let digest = try? r.u64() else { return nil }
                         devices[name, default: DeviceProgress()].duplicatesRead.insert(digest)
