@@ -55,6 +55,36 @@ import TestSupport
         #expect(devices.filter { $0.hasPrefix("alice-") }.count == 2, "\(devices)")
     }
 
+    /// A hostile folder writer puts a second file under a sequence of alice's own device folder
+    /// (which readers now read): a forged message and a rewrite of her real one, with another
+    /// key. Both are refused by the normal rules; alice's message stays as she wrote it.
+    @Test func aForgedFileUnderAnotherDevicesSequenceForgesNothing() async throws {
+        let fixture = try await ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
+        let real = try await alice.send("genuine", to: "bob")
+        try await syncAll([alice, bob])
+        let zone = try ZoneName(real.id.conversation)
+        let layout = FolderLayout(root: fixture.folder)
+        let generation = try layout.zoneState(zone).generation
+        let device = try #require(try layout.devices(zone, generation: generation).first { $0.hasPrefix("alice-") })
+        let sequence = try #require(try layout.segments(zone, generation: generation, device: device).first?.sequence)
+        let mallory = SigningKey.generate(), clock = RecordClock(milliseconds: UInt64(Date().timeIntervalSince1970 * 1000) + 60_000, counter: 0)
+        var rewrite = try #require(try alice.records(in: zone.rawValue).first { $0.id.name == real.id.name })
+        rewrite.fields["content"] = .string("rewritten")
+        try rewrite.sign(with: mallory, clock: clock)
+        var forged = try ChatRecords.message(name: ChatRecords.messageName(speaker: "alice", clock: clock), speaker: "alice", listener: "bob",
+                                             content: "forged", spokenAt: Int64(clock.milliseconds), editedAt: nil)
+        try forged.sign(with: mallory, clock: clock)
+        try layout.writeSegment(Segment.encode([try rewrite.encoded(), try forged.encoded()]), zone: zone, generation: generation, device: device, sequence: sequence)
+        try await bob.sync()
+        #expect(try history(bob, zone.rawValue).map(\.content) == ["genuine"])
+        #expect(try bob.quarantine().filter { $0.code == .keyConflict }.count == 2)
+        // And the folder check says a device's sequence holds two files.
+        let reader = try FileSystemBackend(root: fixture.folder, device: nil, policy: ConversationStore.recordPolicy())
+        #expect(try await reader.duplicatedSequences().contains { $0.contains(device) })
+    }
+
     /// Two files under one sequence of one device (what two writers as one device left): a
     /// reader reads both — also one that had read the first before the second appeared.
     @Test func aReaderReadsBothFilesOfADuplicatedSequence() async throws {
