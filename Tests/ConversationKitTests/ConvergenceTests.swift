@@ -5,13 +5,16 @@ import TestSupport
 @testable import ConversationKit
 
 /// Strong eventual consistency, as a property: a history from alice's phone and laptop (a device
-/// certificate, messages, edits, deletions, sometimes a rotation of her identity key that an
-/// old-key message after it breaks, a revocation of the laptop that its later versions break) and from a hostile mallory (forged messages and a forged profile of alice's), delivered
-/// to a reader in a random order and random batches — the reader syncing at random points,
-/// restarting, clearing its cache — ends with exactly the view of a reader that received it all
-/// at once: the same messages in the same order with the same edits, the same profile, the same
-/// quarantine. Fixed seeds: `CONVKIT_CONVERGENCE_SCHEDULES` sets how many (the suite runs
-/// 1,000; `scripts/convergence.sh` the long form).
+/// certificate, messages, edits, deletions, read receipts of bob's messages, sometimes a rotation
+/// of her identity key that an old-key message after it breaks, a revocation of the laptop that
+/// its later versions break), from bob (messages, edits, deletions, his receipts of hers: his own
+/// records coming back, as after a restore) and from a hostile mallory (a forged message, receipt
+/// and profile of alice's), delivered to a reader in a random order and random batches — the
+/// reader syncing at random points, restarting, clearing its cache — ends with exactly the view of
+/// a reader that received it all at once: the same messages in the same order with the same edits
+/// and read states, the same profile, the same quarantine. Fixed seeds:
+/// `CONVKIT_CONVERGENCE_SCHEDULES` sets how many (the suite runs 1,000; `scripts/convergence.sh`
+/// the long form).
 @Suite struct ConvergenceTests {
     /// SplitMix64: a seeded generator, the same schedule for the same seed on every machine.
     struct SeededRandom: RandomNumberGenerator {
@@ -26,7 +29,7 @@ import TestSupport
     }
 
     static func key(_ byte: UInt8) -> SigningKey { (try? SigningKey(seed: Data(repeating: byte, count: 32))) ?? SigningKey.generate() }
-    static let alice = key(1), laptop = key(11), mallory = key(66), aliceNext = key(2)
+    static let alice = key(1), laptop = key(11), mallory = key(66), aliceNext = key(2), bob = key(7)
 
     /// A history: every record, in the order it was written, with its zone.
     static func records(seed: UInt64) throws -> [(zone: ZoneName, bytes: Data)] {
@@ -51,10 +54,10 @@ import TestSupport
         let code = LinkCode.issue(identity: "alice", identityKey: alice, expires: RecordClock(milliseconds: milliseconds + 86_400_000, counter: 0))
         try add(try DeviceCertificate.record(code: code, device: laptop, label: "laptop", zone: aliceZone, clock: tick()))
         var revokedAfter: RecordClock? = nil
-        var sent = [(record: Record, key: SigningKey)]()
         // Midway, alice may rotate her identity key: later phone messages are signed with the
         // new key, and one more with the old key after the rotation (which breaks) is written too.
         var phone = alice
+        var bobsMessages = [String]()
         let rotateAt = random.next() % 2 == 0 ? Int(2 + random.next() % 3) : -1
         for index in 0..<Int(4 + random.next() % 6) {
             if index == rotateAt {
@@ -65,14 +68,16 @@ import TestSupport
                                                     listener: "bob", content: "old key after the rotation", spokenAt: Int64(late.milliseconds), editedAt: nil)
                 try add(try signed(stale, alice, late))
             }
-            let key = random.next() % 2 == 0 ? phone : laptop
+            // Alice's message, or bob's (every third on average).
+            let fromBob = random.next() % 3 == 0
+            let (speaker, listener) = fromBob ? ("bob", "alice") : ("alice", "bob")
+            let key = fromBob ? bob : random.next() % 2 == 0 ? phone : laptop
             let clock = tick()
-            let name = ChatRecords.identityHash("alice")
-            let message = try ChatRecords.message(name: "m.\(name).\(String(clock.rawValue, radix: 16))-\(index)", speaker: "alice", listener: "bob",
-                                                  content: "message \(index)", spokenAt: Int64(clock.milliseconds), editedAt: nil)
+            let message = try ChatRecords.message(name: "m.\(ChatRecords.identityHash(speaker)).\(String(clock.rawValue, radix: 16))-\(index)", speaker: speaker,
+                                                  listener: listener, content: "message \(index)", spokenAt: Int64(clock.milliseconds), editedAt: nil)
             let version = try signed(message, key, clock)
             try add(version)
-            sent.append((version, key))
+            if fromBob { bobsMessages.append(message.id.name) }
             switch random.next() % 5 {
             case 0:  // an edit, by the same device
                 var edited = version
@@ -82,6 +87,10 @@ import TestSupport
                 try add(try signed(edited, key, at))
             case 1:  // deleted
                 try add(try policy.tombstone(for: version, signedWith: key, clock: tick()))
+            case 2:  // read: alice's receipt (from her phone or laptop) of bob's, bob's of hers
+                let at = tick()
+                let reader = fromBob ? (random.next() % 2 == 0 ? phone : laptop) : bob
+                try add(try signed(try ChatRecords.receipt(zone: message.id.zone, message: message.id.name, reader: listener, readAt: Int64(at.milliseconds)), reader, at))
             default: break
             }
             if revokedAfter == nil, index >= 2, random.next() % 3 == 0 { revokedAfter = tick() }
@@ -94,6 +103,10 @@ import TestSupport
         let forged = try ChatRecords.message(name: "m.\(ChatRecords.identityHash("alice")).\(String(forgedClock.rawValue, radix: 16))-forged", speaker: "alice",
                                              listener: "bob", content: "forged", spokenAt: Int64(forgedClock.milliseconds), editedAt: nil)
         try add(try signed(forged, mallory, forgedClock))
+        if let read = bobsMessages.last {
+            let at = tick()
+            try add(try signed(try ChatRecords.receipt(zone: ChatRecords.conversationZone("alice", "bob"), message: read, reader: "alice", readAt: Int64(at.milliseconds)), mallory, at))
+        }
         try add(try signed(try ChatRecords.speaker(identifier: "alice", name: "Mallory", tags: [])[0], mallory, tick()))
         return out
     }
@@ -108,17 +121,19 @@ import TestSupport
 
     static func view(_ store: ConversationStore) throws -> View {
         let conversation = ChatRecords.conversationZone("alice", "bob").rawValue
-        let messages = try history(store, conversation).map { "\($0.id.name) \($0.content)\($0.editedAt == nil ? "" : " (edited)")" }
+        let messages = try history(store, conversation).map { "\($0.id.name) \($0.content)\($0.editedAt == nil ? "" : " (edited)")\($0.readAt.map { " read \(Int64($0.timeIntervalSince1970 * 1000))" } ?? "")" }
         return View(messages: messages, name: try store.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name ?? "-",
                     quarantine: Set(try store.quarantine().map { "\($0.zone ?? "-")/\($0.name ?? "-") \($0.code?.rawValue ?? "-")" }))
     }
 
-    /// Bob, who holds alice's key (from a ref), reading `records` through a fresh backend.
+    /// Bob, restoring his store with his key (his own records come back from the backend), who
+    /// holds alice's key (from a ref), reading `records` through a fresh backend.
     static func reader(_ directory: String, _ backend: InMemoryBackend) async throws -> ConversationStore {
-        let bob = try ConversationStore(directory: directory, backend: .memory(backend))
-        try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
-        _ = try await bob.conversation(with: SpeakerRef(identifier: "alice", publicKey: alice.publicKey))
-        return bob
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try KeyFile.write(bob, to: directory + "/speaker.key")
+        let reader = try await ConversationStore.rebuild(directory: directory, identifier: "bob", backend: .memory(backend))
+        _ = try await reader.conversation(with: SpeakerRef(identifier: "alice", publicKey: alice.publicKey))
+        return reader
     }
 
     static func backend(for records: [(zone: ZoneName, bytes: Data)]) async throws -> InMemoryBackend {
