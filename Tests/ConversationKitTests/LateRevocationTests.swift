@@ -44,3 +44,44 @@ import TestSupport
         #expect(try history(bob, conversation).map(\.content) == shown)
     }
 }
+
+extension LateRevocationTests {
+    /// A thief's laptop deletes alice's messages (one written on her phone, one on the laptop
+    /// before it was stolen) before the revocation reaches the backend. A server keeps one version
+    /// per record, so its tombstones replace the messages there: a reader that never held them
+    /// would find nothing, while bob, who did, keeps showing them. Alice's phone, reading the
+    /// refused tombstones of her own messages, states her messages again; the server does not let
+    /// a version its pins no longer allow win a merge. Every reader ends showing both, as a reader
+    /// that read the revocation first does.
+    @Test(arguments: ChatBackend.allCases)
+    func aRevokedDevicesOverwritesOfOlderVersionsAreUndone(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
+        let laptop = try await DeviceTests().linkLaptop(fixture, from: alice)
+        let fromPhone = try await alice.send("from the phone", to: "bob")
+        let fromLaptop = try await laptop.send("from the laptop", to: "bob")
+        try await syncAll([laptop, alice, bob])
+        let conversation = fromPhone.id.conversation
+        #expect(try history(bob, conversation).map(\.content) == ["from the phone", "from the laptop"])
+
+        let device = try #require(try alice.devices().first { $0.label == "laptop" })
+        try await alice.revokeDevice(device)
+        try await Task.sleep(for: .milliseconds(5))
+        try await laptop.delete(fromPhone.id)
+        try await laptop.delete(fromLaptop.id)
+        try await laptop.sync()
+        try await bob.sync()
+        #expect(try history(bob, conversation).isEmpty, "bob read the deletions before the revocation")
+
+        try await alice.sync()
+        try await alice.sync()
+        try await bob.sync()
+        let expected = ["from the phone", "from the laptop"]
+        #expect(try history(alice, conversation).map(\.content) == expected, "\(kind): alice")
+        #expect(try history(bob, conversation).map(\.content) == expected, "\(kind): bob")
+        try await bob.clearAllCachedData()
+        try await bob.sync()
+        #expect(try history(bob, conversation).map(\.content) == expected, "\(kind): bob read again")
+    }
+}

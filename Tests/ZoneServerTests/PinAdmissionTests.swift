@@ -94,4 +94,43 @@ import TestSupport
         #expect(reopened.policy.pins.chain(for: "erin") == nil, "the failed save's pin is on disk")
         #expect(try await reopened.fetchChanges(in: zone, since: nil, limit: 10).records.isEmpty)
     }
+
+    /// A version a revoked device saved before the revocation reached the server (a far-future
+    /// clock, over its owner's message) wins no merge once the revocation is stored: readers
+    /// refuse it, so the owner's own version, saved again with an ordinary clock, replaces it.
+    @Test(arguments: QueryIndexTests.storages)
+    func aVersionARevocationInvalidatedWinsNoMerge(_ kind: String) async throws {
+        let (opened, directory) = try await Self.open(kind)
+        _ = directory
+        let storage = opened.storage
+        let zone = try conversationZone("erin", "frank")
+        let own = try ZoneName("s-" + OwnershipRule.identityHash("erin"))
+        try await storage.createZone(zone)
+        try await storage.createZone(own)
+        let laptop = Keys.key(0x44)
+        let clock = HybridLogicalClock()
+        let expires = RecordClock(milliseconds: UInt64((Date().timeIntervalSince1970 + 600) * 1000), counter: 0)
+        let certificate = try DeviceCertificate.record(code: LinkCode.issue(identity: "erin", identityKey: Self.erin, expires: expires), device: laptop,
+                                                       label: "laptop", zone: own, clock: clock.now())
+        func version(_ text: String, _ key: SigningKey, _ at: RecordClock) throws -> Record {
+            var record = try message(zone, "x", from: "erin", to: "frank", key: key, text: text)
+            try record.sign(with: key, clock: at)
+            return record
+        }
+        let original = try version("original", Self.erin, clock.now())
+        for result in try await storage.save([original, certificate], policy: .merge) { _ = try result.get() }
+        let revokedAfter = clock.now()
+        let stolen = try version("the thief's", laptop, RecordClock(milliseconds: revokedAfter.milliseconds + 3_600_000, counter: 0))
+        #expect(try await storage.save([stolen], policy: .merge)[0].get().signature == stolen.signature, "stored before the revocation")
+        let revocation = try DeviceRevocation.record(identity: "erin", device: laptop.publicKey, revokedAfter: revokedAfter, zone: own,
+                                                     identityKey: Self.erin, clock: clock.now())
+        _ = try await storage.save([revocation], policy: .merge)[0].get()
+
+        let restated = try version("original", Self.erin, clock.now())
+        #expect(restated.clock < stolen.clock)
+        let saved = try await storage.save([restated], policy: .merge)[0].get()
+        #expect(saved.signature == restated.signature, "\(kind): the revoked device's version won the merge")
+        let held = try await storage.fetch([restated.id])[0].get()
+        #expect(held.signature == restated.signature)
+    }
 }

@@ -76,6 +76,9 @@ enum StoreSchema {
             """),
         // Version 5: a failed message keeps why as a code (``SyncFailure``), beside the text.
         Migration(version: 5, sql: "ALTER TABLE messages ADD COLUMN sync_error_code TEXT;"),
+        // Version 6: a quarantined version of one of the local speaker's records, signed by its
+        // revoked device or retired key, whose valid version this store stated again (once).
+        Migration(version: 6, sql: "ALTER TABLE ck_quarantine ADD COLUMN restated INTEGER NOT NULL DEFAULT 0;"),
     ]
 }
 

@@ -238,6 +238,38 @@ public final class ConversationStore: Sendable {
         }
     }
 
+    /// States again the local speaker's versions that a refused one would replace where a
+    /// backend keeps one version per record (a zone server): when a version of one of its records
+    /// signed by its own revoked device or retired key (saved before the revocation or rotation
+    /// reached the backend) is quarantined, and it would have beaten the valid version this store
+    /// holds, the held version is signed again by this device (same fields, a clock past it) and
+    /// pushed. The server lets no version its pins no longer allow win a merge, so every reader —
+    /// one that held the old version, one that read the refused one first, one that reads from
+    /// scratch — ends with it. Each quarantined version is answered once (`restated`).
+    /// - Returns: how many records were stated again.
+    func restateShadowed(as local: LocalIdentity) async throws(ConversationError) -> Int {
+        guard let chain = policy.pins.chain(for: local.identifier), chain.allowsNow(local.key.publicKey) else { return 0 }
+        return try await write { applier in
+            let rows = try applier.db.rows("""
+                SELECT q.id, q.record, r.record FROM ck_quarantine q JOIN ck_records r ON r.zone = q.zone AND r.name = q.name
+                WHERE q.identity = ? AND q.code IN ('deviceRevoked', 'keyConflict') AND q.restated = 0 AND q.record IS NOT NULL
+                ORDER BY q.id
+                """, [local.identifier]) { ($0.int(0), $0.blob(1), $0.blob(2)) }
+            var restated = Set<RecordID>()
+            for (id, refusedBytes, heldBytes) in rows {
+                try applier.db.execute("UPDATE ck_quarantine SET restated = 1 WHERE id = ?", [id])
+                // Only a key of the local speaker's own chain (not a stranger's forgery), and
+                // only where the refused version would have replaced the held one.
+                guard let refused = try? Record(canonical: refusedBytes), let held = try? Record(canonical: heldBytes),
+                      chain.device(refused.authorKey) != nil || chain.retired.contains(where: { $0.key == refused.authorKey }),
+                      MergeRule.wins(refused, over: held), restated.insert(held.id).inserted
+                else { continue }
+                try self.commitLocal(held, as: local, in: &applier)
+            }
+            return restated.count
+        }
+    }
+
     /// Applies an already signed local version and queues it in the outbox.
     func applyLocal(_ record: Record, in applier: inout RecordApplier) throws {
         guard try applier.apply(record, origin: .local) else {
@@ -291,6 +323,12 @@ public final class ConversationStore: Sendable {
             throw error
         }
         reachability.withLock { $0 = true }
+        if try await restateShadowed(as: local) > 0 {
+            let pushed = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend)
+            report.pushed += pushed.pushed
+            report.failed += pushed.failed
+            report.deferred += pushed.deferred
+        }
         if configuration.avatarDownload == .duringSync {
             report.avatarsDownloaded = await downloadMissingAvatars(from: backend)
         }

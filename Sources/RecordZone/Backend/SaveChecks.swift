@@ -88,13 +88,17 @@ package enum SaveChecks {
     }
 
     /// Decides one version's fate from its admission (``admit(_:policy:)``), the version held
-    /// now, and the save policy: the one rule every backend applies.
-    package static func decide(_ record: Record, admitted: Result<Data, RecordZoneError>, current: Record?, policy: SavePolicy) -> Decision {
+    /// now, and the save policy: the one rule every backend applies. The held version is decided
+    /// again by the pins as they stand (``RecordPolicy/stillAllows(_:)``): one a revocation or a
+    /// rotation admitted since has made invalid wins no merge — readers refuse it, so a valid
+    /// version its owner saves (an older one stated again) replaces it, whatever the clocks.
+    package static func decide(_ record: Record, admitted: Result<Data, RecordZoneError>, current: Record?, policy: SavePolicy,
+                               pins: RecordPolicy) -> Decision {
         switch admitted {
         case .failure(let error): return .refused(error)
         case .success(let encoded):
             if let error = checkUnchanged(record, current: current, policy: policy) { return .refused(error) }
-            if let current, !MergeRule.wins(record, over: current) { return .superseded(by: current) }
+            if let current, pins.stillAllows(current), !MergeRule.wins(record, over: current) { return .superseded(by: current) }
             return .store(encoded)
         }
     }
@@ -121,7 +125,7 @@ package enum SaveChecks {
             case .failure(let error):
                 decisions.append(.refused(error))
             case .success(let stored):
-                let decision = decide(record, admitted: outcome, current: pending[record.id] ?? stored, policy: savePolicy)
+                let decision = decide(record, admitted: outcome, current: pending[record.id] ?? stored, policy: savePolicy, pins: policy)
                 if case .store = decision { pending[record.id] = record }
                 decisions.append(decision)
             }

@@ -37,6 +37,15 @@ public final class RecordPolicy: Sendable {
         check([record])[0]
     }
 
+    /// Whether the pins as they stand still allow a version that was admitted earlier: its
+    /// author may sign for its owner at its clock. False once a revocation or a rotation admitted
+    /// since has made it invalid (a device's version after `revokedAfter`, a retired key's after
+    /// its rotation). A version with no owner, or whose owner has no chain, is allowed.
+    public func stillAllows(_ record: Record) -> Bool {
+        guard case .success(let owner)? = rules.owner(of: record), let chain = pins.chain(for: owner) else { return true }
+        return chain.allows(record.authorKey, at: record.clock)
+    }
+
     /// Decodes and checks encoded bytes.
     public func admit(encoded data: Data, source: String) -> Result<Record, RejectedRecord> {
         admit(batch: [data]) { _ in source }[0]

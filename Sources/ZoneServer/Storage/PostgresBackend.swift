@@ -518,7 +518,7 @@ public final class PostgresBackend: ZoneStorage, Sendable {
             // PostgreSQL's text cannot hold NUL: such a type is refused alone, not the batch.
             let outcome = record.recordType.utf8.contains(0)
                 ? .failure(RecordZoneError(.malformed, "the record type holds a NUL character", recordID: record.id)) : outcome
-            switch SaveChecks.decide(record, admitted: outcome, current: current[record.id], policy: savePolicy) {
+            switch SaveChecks.decide(record, admitted: outcome, current: current[record.id], policy: savePolicy, pins: policy) {
             case .refused(let error): results.append(.failure(error))
             case .superseded(let winner): results.append(.success(winner))
             case .store(let bytes):
