@@ -7,14 +7,14 @@ import TestSupport
 /// Strong eventual consistency, as a property: a history from alice's phone and laptop (a device
 /// certificate, messages, edits, deletions, read receipts of bob's messages, sometimes a rotation
 /// of her identity key that an old-key message after it breaks, a revocation of the laptop that
-/// its later versions break), from bob (messages, edits, deletions, his receipts of hers: his own
-/// records coming back, as after a restore) and from a hostile mallory (a forged message, receipt
-/// and profile of alice's), delivered to a reader in a random order and random batches — the
-/// reader syncing at random points, restarting, clearing its cache — ends with exactly the view of
-/// a reader that received it all at once: the same messages in the same order with the same edits
-/// and read states, the same profile, the same quarantine. Fixed seeds:
-/// `CONVKIT_CONVERGENCE_SCHEDULES` sets how many (the suite runs 1,000; `scripts/convergence.sh`
-/// the long form).
+/// its later versions break — among them rewrites and deletions of her earlier messages), from
+/// bob (messages, edits, deletions, his receipts of hers: his own records coming back, as after a
+/// restore) and from a hostile mallory (a forged message, receipt and profile of alice's),
+/// delivered to a reader in a random order and random batches — the reader syncing at random
+/// points, restarting, clearing its cache — ends with exactly the view of a reader that received
+/// it all at once: the same messages in the same order with the same edits and read states, the
+/// same profile, the same quarantine. Fixed seeds: `CONVKIT_CONVERGENCE_SCHEDULES` sets how many
+/// (the suite runs 1,000; `scripts/convergence.sh` the long form).
 @Suite struct ConvergenceTests {
     /// SplitMix64: a seeded generator, the same schedule for the same seed on every machine.
     struct SeededRandom: RandomNumberGenerator {
@@ -57,7 +57,7 @@ import TestSupport
         // Midway, alice may rotate her identity key: later phone messages are signed with the
         // new key, and one more with the old key after the rotation (which breaks) is written too.
         var phone = alice
-        var bobsMessages = [String]()
+        var bobsMessages = [String](), alicesMessages = [Record]()
         let rotateAt = random.next() % 2 == 0 ? Int(2 + random.next() % 3) : -1
         for index in 0..<Int(4 + random.next() % 6) {
             if index == rotateAt {
@@ -77,7 +77,7 @@ import TestSupport
                                                   listener: listener, content: "message \(index)", spokenAt: Int64(clock.milliseconds), editedAt: nil)
             let version = try signed(message, key, clock)
             try add(version)
-            if fromBob { bobsMessages.append(message.id.name) }
+            if fromBob { bobsMessages.append(message.id.name) } else { alicesMessages.append(message) }
             switch random.next() % 5 {
             case 0:  // an edit, by the same device
                 var edited = version
@@ -94,6 +94,18 @@ import TestSupport
             default: break
             }
             if revokedAfter == nil, index >= 2, random.next() % 3 == 0 { revokedAfter = tick() }
+            // After the revocation's clock, the laptop (a thief's now) sometimes rewrites or
+            // deletes one of alice's earlier messages: readers keep the version it replaced.
+            if revokedAfter != nil, let target = alicesMessages.randomElement(using: &random), random.next() % 3 == 0 {
+                let at = tick()
+                if random.next() % 2 == 0 {
+                    var rewritten = target
+                    rewritten.fields["content"] = .string("rewritten by the thief")
+                    try add(try signed(rewritten, laptop, at))
+                } else {
+                    try add(try policy.tombstone(for: target, signedWith: laptop, clock: at))
+                }
+            }
         }
         // The revocation of the laptop (its versions after `revokedAfter` break), written last.
         try add(try DeviceRevocation.record(identity: "alice", device: laptop.publicKey, revokedAfter: revokedAfter ?? tick(), zone: aliceZone,
