@@ -161,6 +161,26 @@ import TestSupport
         #expect { try FileSystemBackend(root: dir.path, device: nil) } throws: { ($0 as? RecordZoneError)?.code == .malformed }
         #expect { try FileSystemBackend(root: dir.path + "/nothing", device: nil) } throws: { ($0 as? RecordZoneError)?.code == .folderUnavailable }
     }
+
+    /// A folder may hold any number of devices, and any number of gaps in one device's
+    /// sequences (a hostile writer's): a reader's position encodes past 65,535 of either —
+    /// where a u16 count trapped — and reads back the same.
+    @Test func aPositionWithMoreThan65535DevicesOrRangesRoundTrips() throws {
+        var vector = VersionVector()
+        for index in 0..<70_000 { vector["device-\(index)", default: DeviceProgress()].markRead(UInt64(index)) }
+        var gaps = DeviceProgress()
+        gaps.ranges = stride(from: UInt64(1), to: 140_002, by: 2).map { $0...$0 }  // every other sequence read
+        #expect(gaps.ranges.count == 70_001)
+        gaps.duplicatesRead = [7, 9]
+        vector["gaps"] = gaps
+        let decoded = try #require(VersionVector(encoded: vector.encoded))
+        #expect(decoded == vector)
+        // A short position still encodes in the compact form, and a cut one is refused.
+        var small = VersionVector()
+        small["a", default: DeviceProgress()].markRead(1)
+        #expect(small.encoded.prefix(2) == Data([0, 1]))
+        #expect(VersionVector(encoded: vector.encoded.dropLast(3)) == nil)
+    }
 }
 
 /// The accidents of shared folders that used to lose messages silently (issue 10).

@@ -649,16 +649,18 @@ struct VersionVector: Hashable, Sendable {
         set { devices[device] = newValue }
     }
 
-    /// `u16 count`, then per device sorted by name: `u16 len, name, u16 ranges, (u64 first,
-    /// u64 last) per range, u8 has partial, [u64 sequence, u32 offset]`; then, only when some
-    /// device has them, `u32 count` and per such device `u16 len, name, u32 n, n × u64 digest`:
-    /// the files read under a duplicated sequence (a hostile folder may hold any number).
+    /// `count` devices, then per device sorted by name: `u16 len, name, count ranges, (u64
+    /// first, u64 last) per range, u8 has partial, [u64 sequence, u32 offset]`; then, only when
+    /// some device has them, `u32 count` and per such device `u16 len, name, u32 n, n × u64
+    /// digest`: the files read under a duplicated sequence. A `count` is a u16, or 0xFFFF and a
+    /// u32 from 65,535 on: a hostile folder may hold any number of devices, or of gaps in one
+    /// device's sequences.
     var encoded: Data {
         var w = ByteWriter()
-        w.u16(UInt16(devices.count))
+        Self.writeCount(devices.count, to: &w)
         for (device, progress) in devices.sorted(by: { $0.key < $1.key }) {
             w.string16(device)
-            w.u16(UInt16(progress.ranges.count))
+            Self.writeCount(progress.ranges.count, to: &w)
             for range in progress.ranges {
                 w.u64(range.lowerBound)
                 w.u64(range.upperBound)
@@ -685,13 +687,28 @@ struct VersionVector: Hashable, Sendable {
 
     init() {}
 
+    private static func writeCount(_ count: Int, to w: inout ByteWriter) {
+        if count < 0xFFFF {
+            w.u16(UInt16(count))
+        } else {
+            w.u16(0xFFFF)
+            w.u32(UInt32(truncatingIfNeeded: count))
+        }
+    }
+
+    private static func readCount(_ r: inout ByteReader) -> Int? {
+        guard let short = try? r.u16() else { return nil }
+        guard short == 0xFFFF else { return Int(short) }
+        return (try? r.u32()).map { Int($0) }
+    }
+
     init?(encoded data: Data) {
         guard let parsed: [String: DeviceProgress] = data.withUnsafeBytes({ raw in
             var r = ByteReader(raw)
-            guard let count = try? r.u16() else { return nil }
+            guard let count = Self.readCount(&r), count <= r.remaining / 5 else { return nil }
             var devices = [String: DeviceProgress]()
             for _ in 0..<count {
-                guard let name = try? r.string16(what: "device"), let rangeCount = try? r.u16(), Int(rangeCount) <= r.remaining / 16 else { return nil }
+                guard let name = try? r.string16(what: "device"), let rangeCount = Self.readCount(&r), rangeCount <= r.remaining / 16 else { return nil }
                 var progress = DeviceProgress()
                 for _ in 0..<rangeCount {
                     guard let first = try? r.u64(), let last = try? r.u64(), first <= last else { return nil }
