@@ -37,7 +37,7 @@ import TestSupport
             #expect(error.message.contains("600 s ahead of the server's"), "\(error.message)")
         }
         #expect(try alice.message(message.id)?.syncState == .pending)
-        #expect(try alice.outbox().contains { $0.lastError?.contains("ahead of the server's clock") == true })
+        #expect(try alice.outbox().contains { $0.lastError?.contains("ahead of the server's clock") == true && $0.lastErrorCode == .notAuthenticated })
 
         skew.withLock { $0 = 0 }
         try await alice.sync()

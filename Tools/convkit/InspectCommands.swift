@@ -240,7 +240,8 @@ enum InspectCommands {
         let entries = try context.store(readOnly: true).outbox()
         if context.json {
             return try Output.json(entries.map { ["zone": $0.zone, "name": $0.name, "type": $0.recordType, "attempts": $0.attempts,
-                                                  "nextAttemptAt": Output.time($0.nextAttemptAt), "lastError": $0.lastError ?? ""] as [String: Any] })
+                                                  "nextAttemptAt": Output.time($0.nextAttemptAt), "lastError": $0.lastError ?? "",
+                                                  "lastErrorCode": $0.lastErrorCode?.rawValue ?? ""] as [String: Any] })
         }
         for entry in entries {
             Output.line("\(entry.zone)/\(entry.name)  \(entry.recordType)  attempts \(entry.attempts)\(entry.attempts > 0 ? ", next \(Output.time(entry.nextAttemptAt))" : "")\(entry.lastError.map { ": \($0)" } ?? "")")

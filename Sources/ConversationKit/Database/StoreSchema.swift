@@ -79,6 +79,8 @@ enum StoreSchema {
         // Version 6: a quarantined version of one of the local speaker's records, signed by its
         // revoked device or retired key, whose valid version this store stated again (once).
         Migration(version: 6, sql: "ALTER TABLE ck_quarantine ADD COLUMN restated INTEGER NOT NULL DEFAULT 0;"),
+        // Version 7: an outbox entry's last failure keeps its code (``OutboxEntry/lastErrorCode``).
+        Migration(version: 7, sql: "ALTER TABLE ck_outbox ADD COLUMN last_error_code TEXT;"),
     ]
 }
 

@@ -2,19 +2,6 @@ import Foundation
 import RecordZone
 import SQLiteKit
 
-/// A local change waiting to be pushed, as ``ConversationStore/outbox()`` lists it.
-public struct OutboxEntry: Sendable, Hashable {
-    public let zone: String
-    public let name: String
-    public let recordType: String
-    /// Failed attempts so far.
-    public let attempts: Int
-    /// When the next attempt may run.
-    public let nextAttemptAt: Date
-    /// Why the last attempt failed.
-    public let lastError: String?
-}
-
 /// A zone the store holds records of, as ``ConversationStore/heldZones()`` lists it.
 public struct HeldZone: Sendable, Hashable {
     public let zone: String
@@ -55,10 +42,7 @@ extension ConversationStore {
                 WHERE m.sync_state = ?
                 """, [SyncStateColumn.failed.rawValue]) { ($0.text(0), $0.text(1), $0.blob(2)) }
             for (zone, name, record) in failed {
-                try db.execute("""
-                    INSERT INTO ck_outbox (zone, name, record) VALUES (?, ?, ?)
-                    ON CONFLICT (zone, name) DO UPDATE SET record = excluded.record, attempts = 0, next_attempt_at = 0, last_error = NULL
-                    """, [zone, name, record])
+                try Outbox.enqueue(record, zone: zone, name: name, in: db)
                 try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.pending.rawValue, zone, name])
                 applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
             }
@@ -99,15 +83,7 @@ extension ConversationStore {
 
     /// The local changes waiting to be pushed, oldest first.
     public func outbox() throws(ConversationError) -> [OutboxEntry] {
-        try read { db in
-            try db.rows("""
-                SELECT o.zone, o.name, coalesce(r.type, ''), o.attempts, o.next_attempt_at, o.last_error
-                FROM ck_outbox o LEFT JOIN ck_records r ON r.zone = o.zone AND r.name = o.name ORDER BY o.id
-                """) { row in
-                OutboxEntry(zone: row.text(0), name: row.text(1), recordType: row.text(2), attempts: Int(row.int(3)),
-                            nextAttemptAt: Date(timeIntervalSince1970: Double(row.int(4)) / 1000), lastError: row.optionalText(5))
-            }
-        }
+        try read { db in try Outbox.entries(in: db) }
     }
 
     /// The zones the store holds records of or syncs, with their record counts and tokens.
@@ -149,7 +125,7 @@ extension ConversationStore {
             stats.messages = try count("SELECT count(*) FROM messages WHERE is_deleted = 0")
             stats.pendingMessages = try count("SELECT count(*) FROM messages WHERE sync_state = ?", [SyncStateColumn.pending.rawValue])
             stats.failedMessages = try count("SELECT count(*) FROM messages WHERE sync_state = ?", [SyncStateColumn.failed.rawValue])
-            stats.outbox = try count("SELECT count(*) FROM ck_outbox")
+            stats.outbox = try Outbox.count(in: db)
             stats.quarantined = try count("SELECT count(*) FROM ck_quarantine")
             stats.cachedImages = try count("SELECT count(*) FROM image_cache")
             stats.cachedImageBytes = try count("SELECT coalesce(sum(size), 0) FROM image_cache")

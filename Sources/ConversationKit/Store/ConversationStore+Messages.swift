@@ -51,9 +51,10 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_outbox", "ck_zone_state", "ck_quarantine", "messages", "receipts", "conversation_members", "conversations"] {
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "receipts", "conversation_members", "conversations"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }
+            try Outbox.remove(zone: zone, in: applier.db)
             applier.note(.conversationChanged(zone))
         }
     }

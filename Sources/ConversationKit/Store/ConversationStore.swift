@@ -275,10 +275,7 @@ public final class ConversationStore: Sendable {
         guard try applier.apply(record, origin: .local) else {
             throw ConversationError(.database, "a local change to \(record.id) lost the merge or was refused")
         }
-        try applier.db.execute("""
-            INSERT INTO ck_outbox (zone, name, record) VALUES (?, ?, ?)
-            ON CONFLICT (zone, name) DO UPDATE SET record = excluded.record, attempts = 0, next_attempt_at = 0, last_error = NULL
-            """, [record.id.zone.rawValue, record.id.name, try record.encoded()])
+        try Outbox.enqueue(try record.encoded(), zone: record.id.zone.rawValue, name: record.id.name, in: applier.db)
         applier.queuedLocalChange = true
     }
 
@@ -349,7 +346,7 @@ public final class ConversationStore: Sendable {
 
     /// How many local changes wait in the outbox.
     public func pendingChangeCount() throws(ConversationError) -> Int {
-        try read { db in Int(try db.first("SELECT count(*) FROM ck_outbox") { $0.int(0) } ?? 0) }
+        try read { db in try Outbox.count(in: db) }
     }
 
     /// Records refused on the way in, with their reasons: never applied, never shown.
@@ -386,7 +383,7 @@ enum CacheReset {
         let values: [any DatabaseValueConvertible] = zone.map { [$0] } ?? []
         try db.execute("""
             DELETE FROM ck_records WHERE \(filter)
-                AND NOT EXISTS (SELECT 1 FROM ck_outbox o WHERE o.zone = ck_records.zone AND o.name = ck_records.name)
+                AND NOT \(Outbox.isQueued("ck_records"))
                 AND NOT (zone = ? AND name = ?) AND zone != ?
             """, values + [ChatRecords.speakersZone.rawValue, local, ChatRecords.speakerZone(local).rawValue])
         try db.execute("DELETE FROM messages WHERE \(filter) AND sync_state = ?", values + [SyncStateColumn.synced.rawValue])

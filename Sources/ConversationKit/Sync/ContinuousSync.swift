@@ -130,8 +130,8 @@ extension ConversationStore {
             guard now != version else { continue }
             version = now
             let due = SyncEngine.milliseconds(configuration.now())
-            let pending = (try? read { db in try db.first("SELECT count(*) FROM ck_outbox WHERE next_attempt_at <= ?", [due]) { $0.int(0) } }) ?? nil
-            if (pending ?? 0) > 0 { kicks.kick(.localChange) }
+            let pending = (try? read { db in try Outbox.count(dueAt: due, in: db) }) ?? 0
+            if pending > 0 { kicks.kick(.localChange) }
         }
     }
 

@@ -148,7 +148,7 @@ actor SyncEngine {
     /// Whether an outbox entry is due for a push (a new change, or a retry whose time came).
     nonisolated func outboxDue() throws(ConversationError) -> Bool {
         let now = Self.milliseconds(configuration.now())
-        return try database.read { db in try db.first("SELECT 1 FROM ck_outbox WHERE next_attempt_at <= ? LIMIT 1", [now]) { _ in true } } ?? false
+        return try database.read { db in try !Outbox.due(at: now, limit: 1, in: db).isEmpty }
     }
 
     /// Pushes the outbox only (a local change to send at once).
@@ -191,10 +191,7 @@ actor SyncEngine {
                 for (zone, name) in late {
                     try applier.fail(MessageID(conversation: zone, name: name), failure)
                 }
-                try applier.db.execute("""
-                    DELETE FROM ck_outbox WHERE id IN
-                        (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name WHERE r.author = ? AND r.clock > ?)
-                    """, [key, clock])
+                try Outbox.removeSigned(by: key, after: clock, in: applier.db)
             }
         }
     }
@@ -213,23 +210,12 @@ actor SyncEngine {
 
     // MARK: Push
 
-    private struct OutboxEntry: Sendable {
-        var id: Int64
-        var zone: String
-        var record: Data
-        var attempts: Int
-    }
-
     private func push(_ report: inout SyncReport, localSpeaker: String) async throws(ConversationError) {
         var attempted = Set<Int64>()
         while true {
             let now = Self.milliseconds(configuration.now())
             let batchSize = min(configuration.pushBatchSize, Record.maximumBatchSize)
-            let entries = try read { db in
-                try db.rows("SELECT id, zone, record, attempts FROM ck_outbox WHERE next_attempt_at <= ? ORDER BY id LIMIT ?", [now, batchSize * 4]) { row in
-                    OutboxEntry(id: row.int(0), zone: row.text(1), record: row.blob(2), attempts: Int(row.int(3)))
-                }
-            }.filter { !attempted.contains($0.id) }.prefix(batchSize)
+            let entries = try read { db in try Outbox.due(at: now, limit: batchSize * 4, in: db) }.filter { !attempted.contains($0.id) }.prefix(batchSize)
             guard !entries.isEmpty else { return }
             for entry in entries { attempted.insert(entry.id) }
 
@@ -240,7 +226,7 @@ actor SyncEngine {
                     sent.append(entry)
                 } else {
                     try await write { applier in
-                        try applier.db.execute("DELETE FROM ck_outbox WHERE id = ?", [entry.id])
+                        try Outbox.remove(entry, in: applier.db)
                         try applier.quarantine(RejectedRecord(recordID: nil, reason: .malformed("unreadable outbox entry"), source: "outbox", data: entry.record))
                     }
                 }
@@ -291,8 +277,7 @@ actor SyncEngine {
         let zone = record.id.zone.rawValue, name = record.id.name
         switch result {
         case .success(let winner):
-            try db.execute("DELETE FROM ck_outbox WHERE id = ? AND record = ?", [entry.id, entry.record])
-            let unchanged = db.changes > 0
+            let unchanged = try Outbox.remove(entry, in: db)
             if winner.signature != record.signature {
                 try applier.apply(winner, origin: .remote)  // another version won the merge
             }
@@ -305,7 +290,7 @@ actor SyncEngine {
             try reschedule([entry], error: error, in: db)
             report.deferred += 1
         case .failure(let error):
-            try db.execute("DELETE FROM ck_outbox WHERE id = ? AND record = ?", [entry.id, entry.record])
+            try Outbox.remove(entry, in: db)
             if isMessage { try applier.fail(MessageID(conversation: zone, name: name), SyncFailure(refusal: error)) }
             report.failed += 1
         }
@@ -334,8 +319,7 @@ actor SyncEngine {
             var delay = min(configuration.retryMaximumDelay, configuration.retryBaseDelay * pow(2, Double(attempts - 1)))
             if let serverDelay = error.retryAfter { delay = max(delay, serverDelay) }
             delay *= 0.5 + configuration.random()  // jitter: 50%…150%
-            try db.execute("UPDATE ck_outbox SET attempts = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
-                           [attempts, Self.milliseconds(Date(timeIntervalSince1970: now + delay)), error.description, entry.id])
+            try Outbox.reschedule(entry, next: Self.milliseconds(Date(timeIntervalSince1970: now + delay)), error: error, in: db)
         }
     }
 
