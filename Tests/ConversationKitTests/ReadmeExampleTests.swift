@@ -47,4 +47,25 @@ import TestSupport
         let example = lines[(begin + 1)..<end].map { $0.hasPrefix("        ") ? String($0.dropFirst(8)) : $0 }.joined(separator: "\n")
         #expect(readme.contains(example), "README.md's embedded-store example differs from ReadmeExampleTests.swift")
     }
+
+    /// The README is a front door: short, and every relative link in it and in `docs/` names a
+    /// file that exists.
+    @Test func theReadmeIsShortAndEveryDocumentLinkResolves() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
+        #expect(readme.components(separatedBy: "\n").count <= 250)
+        let docs = try FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("docs").path).filter { $0.hasSuffix(".md") }
+        #expect(docs.count >= 8, "\(docs)")
+        let link = /\]\(([^)\s]+)\)/
+        for document in ["README.md"] + docs.map({ "docs/" + $0 }) {
+            let text = try String(contentsOf: root.appendingPathComponent(document), encoding: .utf8)
+            let folder = root.appendingPathComponent(document).deletingLastPathComponent()
+            for match in text.matches(of: link) {
+                let target = String(match.1)
+                guard !target.hasPrefix("http"), !target.hasPrefix("#") else { continue }
+                let path = folder.appendingPathComponent(String(target.split(separator: "#", maxSplits: 1)[0])).standardized.path
+                #expect(FileManager.default.fileExists(atPath: path), "\(document) links to \(target), which does not exist")
+            }
+        }
+    }
 }

@@ -5,7 +5,7 @@ import TestSupport
 
 /// Two machines, each with its own copy of the shared folder and its own stores, kept in step
 /// continuously by two Syncthing instances (from Debian, installed by the setup script) on
-/// loopback, configured as the README says: the folder's `.stignore` holds `(?d).*.tmp`, the
+/// loopback, configured as docs/RECORDS.md says: the folder's `.stignore` holds `(?d).*.tmp`, the
 /// file-system watcher on with a short delay; no discovery, relays or NAT.
 final class SyncthingPair: @unchecked Sendable {
     let directory: TemporaryDirectory

@@ -86,7 +86,7 @@ public final class SQLiteBackend: ZoneStorage, Sendable {
     }
 
     /// Nonces live in memory: one server uses the file. A request captured before a restart
-    /// could be replayed after it while still fresh (within the clock skew; see the README).
+    /// could be replayed after it while still fresh (within the clock skew; see docs/LIMITS.md).
     public func claimNonce(_ nonce: Data, at time: Date, horizon: TimeInterval) async throws(RecordZoneError) -> Bool {
         nonces.claim(nonce, at: time, horizon: horizon)
     }
