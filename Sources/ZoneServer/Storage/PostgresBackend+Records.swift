@@ -1,0 +1,221 @@
+import Foundation
+import PostgresKit
+import RecordZone
+import Synchronization
+
+/// Saves (one transaction per batch, under the zones' row locks), fetches and queries.
+extension PostgresBackend {
+    // MARK: Records
+
+    public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try BackendLimits.checkBatch(records.count)
+        for _ in 0..<4 {
+            let owners = Set(records.compactMap { try? policy.rules.owner(of: $0)?.get() })
+            let knownOwners = knownVersions(owners)
+            // Decided into a value: nothing shared changes until the batch commits.
+            let (admitted, admission) = SaveChecks.admit(records, policy: policy)
+            let changed = Set(admission.chains.keys)
+            // The owners' versions as they were before admission (a chain installed during it
+            // sends the save round again); the others' as they are.
+            let known = knownVersions(changed.subtracting(owners)).merging(knownOwners) { $1 }
+            do {
+                let (results, written, stored) = try await pool.withConnection { db in
+                    try self.store(records, (admitted, admission), savePolicy, pins: owners.union(changed), known: known, in: db)
+                }
+                recordWritten(written)
+                policy.pins.publish(stored)
+                return results
+            } catch let moved as PinsChanged {
+                // Another server moved a chain this batch relied on: read it, decide again.
+                install(moved.rows)
+            } catch let error as PostgresError where [.deadlockDetected, .serializationFailure].contains(error.code) {
+                // A deadlock or serialization failure between servers: go round again.
+            } catch {
+                throw Self.storageError(error)
+            }
+        }
+        throw Self.busy("the batch kept meeting concurrent changes to its keys")
+    }
+
+    /// Stores a batch in one transaction of two round trips. The first begins, locks the pin
+    /// rows of `pins`, locks the batch's zones (in name order) and reads the versions held —
+    /// each statement after the lock before it, so it sees what the last holder committed. Each
+    /// version is then decided against the one held and given its zone's next sequence; the
+    /// chains of exactly the versions stored (``SaveChecks/settle(_:storing:admission:policy:)``) are
+    /// checked against `known` and written (``agreePins``); the second round trip writes
+    /// records, index rows and the zones' positions, notifies the other servers, and commits.
+    /// - Returns: per record the outcome, the pin versions written, and the chains to publish.
+    func store(_ records: [Record], _ admission: (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges), _ savePolicy: SavePolicy,
+                       pins: Set<String>, known: [String: Int64], in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64], PinChanges) {
+        var reads: [(sql: String, parameters: [PostgresValue])] = [("BEGIN", [])]
+        if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
+        reads.append(("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
+        reads.append(("""
+            SELECT r.zone, r.name, r.record, r.sequence, r.received_at FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
+            """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
+        do {
+            let read = try db.pipeline(reads)
+            var outcomes = admission.outcomes
+            var (results, writes, storing) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            let (refused, settled) = SaveChecks.settle(records, storing: storing, admission: admission, policy: policy)
+            if !refused.isEmpty {
+                for (index, error) in refused { outcomes[index] = .failure(error) }
+                (results, writes, _) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            }
+            let written = pins.isEmpty ? [:] : try agreePins(pins, known: known, changed: settled.chains, locked: read[1], in: db)
+            try db.pipeline(writes + [("COMMIT", [])])
+            return (results, written, settled)
+        } catch {
+            _ = try? db.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// Decides each version of a batch against the zones' positions and the versions held
+    /// (rows locked and read by ``store``). - Returns: per record the outcome, and the
+    /// statements that write what was decided.
+    func decide(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, zones zoneRows: PostgresRows,
+                        current currentRows: PostgresRows) -> ([Result<Record, RecordZoneError>], [(sql: String, parameters: [PostgresValue])], [Int]) {
+        var sequences = [String: Int64]()
+        for row in 0..<zoneRows.count { if let name = zoneRows.text(row, 0), let sequence = zoneRows.int(row, 1) { sequences[name] = sequence } }
+        var current = [RecordID: Record]()
+        for row in 0..<currentRows.count {
+            guard let bytes = currentRows.bytes(row, 2), var record = try? Record(canonical: bytes), let sequence = currentRows.int(row, 3) else { continue }
+            record.serverMetadata = ServerMetadata(changeTag: String(sequence), receivedAt: currentRows.int(row, 4).map { Date(timeIntervalSince1970: Double($0) / 1000) })
+            current[record.id] = record
+        }
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        var results = [Result<Record, RecordZoneError>]()
+        // What to write, by record: a later version of one record in the batch replaces an earlier.
+        var winners = [RecordID: (record: Record, bytes: Data, sequence: Int64)](), order = [RecordID]()
+        var previouslyIndexed = Set<RecordID>(), storing = [Int]()
+        for (index, (record, outcome)) in zip(records, admitted).enumerated() {
+            let zone = record.id.zone.rawValue
+            guard let sequence = sequences[zone] else {
+                results.append(.failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)))
+                continue
+            }
+            // PostgreSQL's text cannot hold NUL: such a type is refused alone, not the batch.
+            let outcome = record.recordType.utf8.contains(0)
+                ? .failure(RecordZoneError(.malformed, "the record type holds a NUL character", recordID: record.id)) : outcome
+            switch SaveChecks.decide(record, admitted: outcome, current: current[record.id], policy: savePolicy, pins: policy) {
+            case .refused(let error): results.append(.failure(error))
+            case .superseded(let winner): results.append(.success(winner))
+            case .store(let bytes):
+                let next = sequence + 1
+                sequences[zone] = next
+                if let held = current[record.id], queryIndex.fields[held.recordType] != nil { previouslyIndexed.insert(record.id) }
+                var saved = record
+                saved.serverMetadata = ServerMetadata(changeTag: String(next), receivedAt: Date(timeIntervalSince1970: Double(now) / 1000))
+                current[record.id] = saved
+                if winners[record.id] == nil { order.append(record.id) }
+                winners[record.id] = (record, bytes, next)
+                storing.append(index)
+                results.append(.success(saved))
+            }
+        }
+        let rows = order.compactMap { winners[$0] }
+        guard !rows.isEmpty else { return (results, [], storing) }
+        var writes: [(sql: String, parameters: [PostgresValue])] = [("""
+            INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at)
+            SELECT zone, name, type, sequence, clock, author, signature, record, $9
+            FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bytea[], $7::bytea[], $8::bytea[])
+                AS t(zone, name, type, sequence, clock, author, signature, record)
+            ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, sequence = excluded.sequence, clock = excluded.clock,
+                author = excluded.author, signature = excluded.signature, record = excluded.record, received_at = excluded.received_at
+            """, [.textArray(rows.map(\.record.id.zone.rawValue)), .textArray(rows.map(\.record.id.name)), .textArray(rows.map(\.record.recordType)),
+                  .intArray(rows.map(\.sequence)), .intArray(rows.map { Int64(bitPattern: $0.record.clock.rawValue) }), .bytesArray(rows.map(\.record.authorKey)),
+                  .bytesArray(rows.map(\.record.signature)), .bytesArray(rows.map(\.bytes)), .int(now)])]
+        writes += Self.indexStatements(queryIndex, of: rows.map(\.record), previouslyIndexed: previouslyIndexed)
+        // The zones' new positions, and a notification to every server on commit.
+        let touched = Set(rows.map(\.record.id.zone.rawValue)).sorted()
+        writes.append(("""
+            WITH moved AS (
+                UPDATE ck_zones SET sequence = t.sequence, changed_xid = pg_current_xact_id()::text::bigint
+                FROM unnest($1::text[], $2::bigint[]) AS t(name, sequence) WHERE ck_zones.name = t.name RETURNING ck_zones.name)
+            SELECT pg_notify('ck_changes', name) FROM moved
+            """, [.textArray(touched), .intArray(touched.map { sequences[$0] ?? 0 })]))
+        return (results, writes, storing)
+    }
+
+    /// Replaces the index rows of these versions (none for a tombstone).
+    static func writeIndex(_ index: QueryIndex, of versions: [Record], in db: PostgresConnection) throws {
+        for statement in indexStatements(index, of: versions) { try db.execute(statement.sql, statement.parameters) }
+    }
+
+    /// The statements that replace the index rows of these versions.
+    /// - Parameter previouslyIndexed: records whose version held before was of an indexed type.
+    static func indexStatements(_ index: QueryIndex, of versions: [Record], previouslyIndexed: Set<RecordID> = []) -> [(sql: String, parameters: [PostgresValue])] {
+        // Only records of an indexed type, now or before, have rows to replace.
+        let records = versions.filter { index.fields[$0.recordType] != nil || previouslyIndexed.contains($0.id) }
+        guard !records.isEmpty else { return [] }
+        var statements: [(sql: String, parameters: [PostgresValue])] = [(
+            "DELETE FROM ck_record_index i USING unnest($1::text[], $2::text[]) AS k(zone, name) WHERE i.zone = k.zone AND i.name = k.name",
+            [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))])]
+        var zone = [String](), type = [String](), field = [String](), value = [Data](), name = [String]()
+        for record in records {
+            for entry in index.entries(of: record) {
+                zone.append(record.id.zone.rawValue)
+                type.append(record.recordType)
+                field.append(entry.field)
+                value.append(entry.value)
+                name.append(record.id.name)
+            }
+        }
+        if !zone.isEmpty {
+            statements.append(("""
+                INSERT INTO ck_record_index (zone, type, field, value, name)
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) ON CONFLICT DO NOTHING
+                """, [.textArray(zone), .textArray(type), .textArray(field), .bytesArray(value), .textArray(name)]))
+        }
+        return statements
+    }
+
+    public func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
+        try BackendLimits.checkBatch(ids.count)
+        // One statement: each ID with its zone's existence and its record, if any.
+        let rows = try await run { db in
+            try db.execute("""
+                SELECT k.zone, k.name, z.name IS NOT NULL, r.record, r.sequence, r.received_at
+                FROM unnest($1::text[], $2::text[]) AS k(zone, name)
+                LEFT JOIN ck_zones z ON z.name = k.zone LEFT JOIN ck_records r ON r.zone = k.zone AND r.name = k.name
+                """, [.textArray(ids.map(\.zone.rawValue)), .textArray(ids.map(\.name))])
+        }
+        var existing = Set<String>(), found = [String: Wire.SignedRecord]()
+        for row in 0..<rows.count {
+            guard let zone = rows.text(row, 0), let name = rows.text(row, 1) else { continue }
+            if rows.bool(row, 2) == true { existing.insert(zone) }
+            guard let bytes = rows.bytes(row, 3), let sequence = rows.int(row, 4) else { continue }
+            found[zone + "\u{0}" + name] = Wire.SignedRecord(bytes: bytes, changeTag: String(sequence), receivedAt: rows.int(row, 5))
+        }
+        return ids.map { id in
+            guard existing.contains(id.zone.rawValue) else { return .failure(RecordZoneError(.zoneNotFound, "zone '\(id.zone)' does not exist", recordID: id)) }
+            guard let signed = found[id.zone.rawValue + "\u{0}" + id.name] else { return .failure(RecordZoneError(.unknownItem, "no record \(id)", recordID: id)) }
+            return .success(signed)
+        }
+    }
+
+    public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
+        let lookup = queryIndex.lookup(for: query)
+        let (exists, rows) = try await run { db in
+            try db.transaction { () throws(PostgresError) in
+                let exists = try db.execute("SELECT 1 FROM ck_zones WHERE name = $1", [.text(query.zone.rawValue)]).count == 1
+                guard exists else { return (false, PostgresRows?.none) }
+                if let lookup {
+                    // The index narrows to candidates; the query's own predicates decide below.
+                    return (true, try db.execute("""
+                        SELECT r.record, r.sequence FROM ck_record_index i JOIN ck_records r ON r.zone = i.zone AND r.name = i.name
+                        WHERE i.zone = $1 AND i.type = $2 AND i.field = $3 AND i.value = $4 AND r.type = $2
+                        """, [.text(query.zone.rawValue), .text(query.recordType), .text(lookup.field), .bytes(lookup.value)]))
+                }
+                return (true, try db.execute("SELECT record, sequence FROM ck_records WHERE zone = $1 AND type = $2", [.text(query.zone.rawValue), .text(query.recordType)]))
+            }
+        }
+        guard exists, let rows else { throw RecordZoneError(.zoneNotFound, "zone '\(query.zone)' does not exist") }
+        let records = (0..<rows.count).compactMap { row -> Record? in
+            guard let bytes = rows.bytes(row, 0), let sequence = rows.int(row, 1) else { return nil }
+            return try? Wire.SignedRecord(bytes: bytes, changeTag: String(sequence)).decoded()
+        }
+        return try query.run(over: records, cursor: cursor, limit: limit)
+    }
+}
