@@ -80,7 +80,7 @@ import TestSupport
     /// message arrives with no help.
     @Test func anUnreachableServerIsCaughtUpWith() async throws {
         let directory = try TemporaryDirectory("continuous")
-        let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        let storage = try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
         var server: ZoneServer? = ZoneServer(storage: storage, access: ChatZoneAccess())
         let port = try #require(server).start(host: "127.0.0.1", port: 0)
         let url = try #require(URL(string: "http://127.0.0.1:\(port)"))
@@ -99,7 +99,7 @@ import TestSupport
         #expect(await Self.time(aliceEvents) { if case .syncActivity(.unreachable) = $0 { true } else { false } } != nil)
         #expect(try alice.message(sent.id)?.syncState == .pending)
         let bobEvents = bob.events()
-        let again = ZoneServer(storage: try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(),
+        let again = ZoneServer(storage: try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(),
                                                           indexedFields: ConversationStore.queryIndexes), access: ChatZoneAccess())
         _ = try again.start(host: "127.0.0.1", port: port)
         #expect(await Self.time(bobEvents, seconds: 40) { $0 == .messageAdded(sent.id) } != nil, "caught up once the server answers")

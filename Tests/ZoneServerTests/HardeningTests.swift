@@ -214,7 +214,7 @@ extension HardeningTests {
         let alice = HTTPBackend(url: fixture.url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy(), maximumRetries: 0)
         try await alice.createZone(zone)
         // The database may not grow past its current size: the next big save fills the "disk".
-        try #require(fixture.server.storage as? SQLiteBackend).queue.writeNow { db in
+        try #require(fixture.server.storage as? SQLiteZoneStorage).queue.writeNow { db in
             let pages = try db.first("PRAGMA page_count") { $0.int(0) } ?? 0
             _ = try db.first("PRAGMA max_page_count = \(pages)") { $0.int(0) }
         }
@@ -308,7 +308,7 @@ extension HardeningTests {
     @Test func anUntrustedCertificateIsRefused() async throws {
         let directory = try TemporaryDirectory("tls")
         let certificate = try TestCertificate(in: directory.path)
-        let storage = try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy())
+        let storage = try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy())
         let server = ZoneServer(storage: storage, access: ChatZoneAccess())
         let port = try server.start(host: "127.0.0.1", port: 0, tls: try TLSIdentity(certificateFile: certificate.certificateFile, keyFile: certificate.keyFile))
         let url = try #require(URL(string: "https://127.0.0.1:\(port)"))
@@ -360,7 +360,7 @@ extension HardeningTests {
     /// closes, with nothing resumed after the daemon is gone.
     @Test func aServerDroppedWithoutStopStopsCleanly() async throws {
         let directory = try TemporaryDirectory("dropped")
-        var server: ZoneServer? = ZoneServer(storage: try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy()),
+        var server: ZoneServer? = ZoneServer(storage: try SQLiteZoneStorage(directory: directory.path, policy: ConversationStore.recordPolicy()),
                                              access: ChatZoneAccess())
         let port = try #require(server).start(host: "127.0.0.1", port: 0)
         let alice = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "alice", key: Keys.alice, maximumRetries: 0)

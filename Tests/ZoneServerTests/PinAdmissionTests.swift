@@ -23,7 +23,7 @@ import TestSupport
         if kind == "postgres" {
             let database = try await SharedPostgres.freshDatabase()
             let open: @Sendable () async throws -> any ZoneStorage = {
-                try await PostgresBackend(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())
+                try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())
             }
             return (Opened(storage: try await open(), reopen: open, failInserts: { name in
                 let db = try PostgresConnection(database)
@@ -34,7 +34,7 @@ import TestSupport
             }), directory)
         }
         let path = directory.path
-        let open: @Sendable () async throws -> any ZoneStorage = { try SQLiteBackend(directory: path, policy: ConversationStore.recordPolicy()) }
+        let open: @Sendable () async throws -> any ZoneStorage = { try SQLiteZoneStorage(directory: path, policy: ConversationStore.recordPolicy()) }
         return (Opened(storage: try await open(), reopen: open, failInserts: { name in
             let db = try Database(path: path + "/zones.sqlite")
             try db.execute("CREATE TRIGGER ck_test_fail BEFORE INSERT ON records WHEN NEW.name LIKE '%\(name)' BEGIN SELECT RAISE(ABORT, 'injected failure'); END;")

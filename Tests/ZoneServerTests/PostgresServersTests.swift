@@ -203,7 +203,7 @@ struct PostgresServersTests {
         oldServer.kill(SIGTERM)
         _ = await oldServer.wait()
         // A record planted in the file past every check (a broken disk, a hostile admin).
-        let planted = try SQLiteBackend(directory: data.path, policy: ConversationStore.recordPolicy())
+        let planted = try SQLiteZoneStorage(directory: data.path, policy: ConversationStore.recordPolicy())
         var forged = try message(zone, "planted", from: "alice", to: "bob", key: Keys.mallory)
         forged.signature = Data(repeating: 7, count: 64)
         try await planted.injectUnchecked(try forged.encoded(), into: zone, name: forged.id.name)
@@ -234,8 +234,8 @@ struct PostgresServersTests {
     /// and both storages refuse the other key afterwards.
     @Test func racingFirstBindingsThroughTwoServersEndWithOneKeyForAll() async throws {
         let database = try await SharedPostgres.freshDatabase()
-        let storages = [try await PostgresBackend(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy()),
-                        try await PostgresBackend(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy())]
+        let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy()),
+                        try await PostgresZoneStorage(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy())]
         defer { storages.forEach { $0.close() } }
         var configuration = ZoneServerConfiguration()
         configuration.requestsPerSecond = 100_000
@@ -282,7 +282,7 @@ struct PostgresServersTests {
     /// PostgreSQL's text cannot hold NUL: a record type holding one is refused alone, typed,
     /// and the rest of its batch is stored.
     @Test func aNULInARecordTypeIsRefusedAloneNotTheBatch() async throws {
-        let storage = try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: RecordPolicy())
+        let storage = try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: RecordPolicy())
         defer { storage.close() }
         let zone = try ZoneName("nul")
         try await storage.createZone(zone)
@@ -307,7 +307,7 @@ struct PostgresServersTests {
         let name = try #require(try admin.execute("SELECT current_database()").text(0, 0))
         try admin.execute("ALTER DATABASE \(name) SET synchronous_commit = off")
         #expect(try PostgresConnection(database).execute("SHOW synchronous_commit").text(0, 0) == "off")
-        let storage = try await PostgresBackend(conninfo: database, poolSize: 1, policy: RecordPolicy())
+        let storage = try await PostgresZoneStorage(conninfo: database, poolSize: 1, policy: RecordPolicy())
         defer { storage.close() }
         #expect(try await storage.run { db in try db.execute("SHOW synchronous_commit").text(0, 0) } == "on")
     }

@@ -19,7 +19,7 @@ final class ServerFixture: @unchecked Sendable {
         configuration.requestsPerSecond = 100_000
         configuration.burst = 100_000
         configure(&configuration)
-        let storage = try SQLiteBackend(directory: self.directory.path, policy: policy, indexedFields: ConversationStore.queryIndexes)
+        let storage = try SQLiteZoneStorage(directory: self.directory.path, policy: policy, indexedFields: ConversationStore.queryIndexes)
         server = ZoneServer(storage: storage, access: access, configuration: configuration)
         try server.start(host: "127.0.0.1", port: 0)
     }

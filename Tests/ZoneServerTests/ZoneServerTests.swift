@@ -426,8 +426,8 @@ extension Result where Failure == RecordZoneError {
         let database = kind == "postgres" ? try await SharedPostgres.freshDatabase() : ""
         func open(indexed: Bool) async throws -> any ZoneStorage {
             let fields = indexed ? ConversationStore.queryIndexes : [:]
-            if kind == "postgres" { return try await PostgresBackend(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy(), indexedFields: fields) }
-            return try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy(), indexedFields: fields)
+            if kind == "postgres" { return try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy(), indexedFields: fields) }
+            return try SQLiteZoneStorage(directory: directory.path, policy: ConversationStore.recordPolicy(), indexedFields: fields)
         }
         let zone = try ZoneName("speakers")
         let clock = HybridLogicalClock()
@@ -492,8 +492,8 @@ extension Result where Failure == RecordZoneError {
     func aTokenAheadOfARestoredZoneExpiresAndNothingNewIsSkipped(_ kind: String) async throws {
         let directory = try TemporaryDirectory("restored")
         let storage: any ZoneStorage = kind == "postgres"
-            ? try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: ConversationStore.recordPolicy())
-            : try SQLiteBackend(directory: directory.path, policy: ConversationStore.recordPolicy())
+            ? try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: ConversationStore.recordPolicy())
+            : try SQLiteZoneStorage(directory: directory.path, policy: ConversationStore.recordPolicy())
         let zone = try conversationZone("alice", "bob")
         try await storage.createZone(zone)
         func item(_ name: String) throws -> Record { try message(zone, name, from: "alice", to: "bob", key: Keys.alice, text: name) }
@@ -514,6 +514,6 @@ extension Result where Failure == RecordZoneError {
         let ahead = TokenContents.databaseToken(backend: "server", instance: contents.incarnation, position: Int64(SequencePosition.decode(contents.position)) + 1_000_000)
         await #expect { try await storage.fetchDatabaseChanges(since: ahead) } throws: { ($0 as? RecordZoneError)?.code == .changeTokenExpired }
         _ = try await storage.fetchDatabaseChanges(since: feed.token)
-        (storage as? PostgresBackend)?.close()
+        (storage as? PostgresZoneStorage)?.close()
     }
 }

@@ -14,9 +14,9 @@ import ZoneServer
     let root = FileManager.default.temporaryDirectory.path + "/convkit-pg-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
     let database = try await freshBenchDatabase(conninfo)
-    let sqlite = try startBenchServer(try SQLiteBackend(directory: root, policy: RecordPolicy()), access: OpenZoneAccess())
-    let postgres = try startBenchServer(try await PostgresBackend(conninfo: database, poolSize: 8, policy: RecordPolicy()), access: OpenZoneAccess())
-    let postgresTwo = try startBenchServer(try await PostgresBackend(conninfo: database, poolSize: 8, policy: RecordPolicy()), access: OpenZoneAccess())
+    let sqlite = try startBenchServer(try SQLiteZoneStorage(directory: root, policy: RecordPolicy()), access: OpenZoneAccess())
+    let postgres = try startBenchServer(try await PostgresZoneStorage(conninfo: database, poolSize: 8, policy: RecordPolicy()), access: OpenZoneAccess())
+    let postgresTwo = try startBenchServer(try await PostgresZoneStorage(conninfo: database, poolSize: 8, policy: RecordPolicy()), access: OpenZoneAccess())
     let clock = HybridLogicalClock()
 
     // One client, one server: SQLite, then PostgreSQL.
@@ -57,7 +57,7 @@ import ZoneServer
         let zone = "size-\(size)"
         let sized = try await BenchLoad(url: postgres.url, zone: zone, clients: 1, clock: clock)
         let start = ContinuousClock.now
-        try await (postgres.server.storage as? PostgresBackend)?.fillForBenchmark(try ZoneName("\(zone)-0"), count: size)
+        try await (postgres.server.storage as? PostgresZoneStorage)?.fillForBenchmark(try ZoneName("\(zone)-0"), count: size)
         reporter.note(String(format: "filled a zone with %d records in %.1f s", size, secondsIn(ContinuousClock.now - start)))
         bySize[size] = (try await sized.saveRate(seconds: seconds, urls: [postgres.url]), try await sized.fetchRate(seconds: seconds, urls: [postgres.url]),
                         try await sized.changesRate(seconds: seconds, url: postgres.url))
@@ -68,7 +68,7 @@ import ZoneServer
     reporter.report(Row(name: "PG changes page (50 new), zone of \(largeZone)", perSecond: large?.pages ?? 0, rawName: "the same, zone of 10000", rawPerSecond: small?.pages ?? 1))
 
     for server in [sqlite.server, postgres.server, postgresTwo.server] { await server.stop() }
-    for server in [postgres.server, postgresTwo.server] { (server.storage as? PostgresBackend)?.close() }
+    for server in [postgres.server, postgresTwo.server] { (server.storage as? PostgresZoneStorage)?.close() }
 }
 
 /// CPU seconds (user and system) this process has used.

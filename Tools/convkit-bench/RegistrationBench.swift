@@ -14,7 +14,7 @@ import ZoneServer
     for existing in counts {
         let root = FileManager.default.temporaryDirectory.path + "/convkit-registration-bench-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: root) }
-        let storage = try SQLiteBackend(directory: root, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        let storage = try SQLiteZoneStorage(directory: root, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
         let speakers = try ZoneName("speakers")
         try await storage.createZone(speakers)
         let clock = HybridLogicalClock()

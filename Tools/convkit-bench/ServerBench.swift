@@ -24,7 +24,7 @@ import Glibc
 
     let root = FileManager.default.temporaryDirectory.path + "/convkit-server-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
-    let (server, url, port) = try startBenchServer(try SQLiteBackend(directory: root, policy: RecordPolicy()), access: OpenZoneAccess())
+    let (server, url, port) = try startBenchServer(try SQLiteZoneStorage(directory: root, policy: RecordPolicy()), access: OpenZoneAccess())
     let key = SigningKey.generate()
     let client = HTTPBackend(url: url, identity: "bench", key: key, policy: RecordPolicy())
     let zone = try ZoneName("bench")

@@ -142,7 +142,7 @@ import ZoneServer
 /// A zone server holding `count` messages from dave to erin (saved in-process, 400 per
 /// transaction); erin's new store syncs over HTTP. - Returns: messages pulled per second.
 @MainActor private func httpPullRate(root: String, count: Int) async throws -> Double {
-    let storage = try SQLiteBackend(directory: root + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+    let storage = try SQLiteZoneStorage(directory: root + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
     let (server, url, _) = try startBenchServer(storage, access: ChatZoneAccess())
     let dave = SigningKey.generate()
     let clock = HybridLogicalClock()

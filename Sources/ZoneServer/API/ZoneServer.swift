@@ -29,7 +29,7 @@ public struct ZoneServerConfiguration: Sendable {
 /// tests start one in-process on 127.0.0.1, port 0.
 ///
 /// ```swift
-/// let storage = try SQLiteBackend(directory: "/var/lib/convkitd", policy: ConversationStore.recordPolicy())
+/// let storage = try SQLiteZoneStorage(directory: "/var/lib/convkitd", policy: ConversationStore.recordPolicy())
 /// let server = ZoneServer(storage: storage, access: ChatZoneAccess())
 /// let port = try server.start(host: "127.0.0.1", port: 8080)   // serves in the background
 /// ...

@@ -3,7 +3,7 @@ import PostgresKit
 import RecordZone
 import SQLiteKit
 
-/// What ``PostgresBackend/importSQLite(from:progress:)`` copied.
+/// What ``PostgresZoneStorage/importSQLite(from:progress:)`` copied.
 public struct ImportReport: Sendable, Codable {
     public var zones = 0
     public var deletedZones = 0
@@ -16,7 +16,7 @@ public struct ImportReport: Sendable, Codable {
     public var corruptAssets = [String]()
 }
 
-extension PostgresBackend {
+extension PostgresZoneStorage {
     /// Copies a stopped SQLite server's data (`convkitd serve --data DIR`) into this database,
     /// which must hold no zone yet: key chains, zones with their incarnations and sequences,
     /// deleted zones, every record with its sequence and time of arrival, and every asset.
@@ -30,7 +30,7 @@ extension PostgresBackend {
         let path = directory + "/zones.sqlite"
         guard FileManager.default.fileExists(atPath: path) else { throw RecordZoneError(.invalidArguments, "no SQLite server data in \(directory) (no zones.sqlite)") }
         let source: DatabaseQueue
-        do { source = try DatabaseQueue(path: path, migrations: SQLiteBackend.migrations) } catch {
+        do { source = try DatabaseQueue(path: path, migrations: SQLiteZoneStorage.migrations) } catch {
             throw RecordZoneError(.ioError, "cannot open \(path): \(error)")
         }
         guard try await zones().isEmpty else { throw RecordZoneError(.invalidArguments, "the PostgreSQL database already holds zones: import into an empty one") }

@@ -8,8 +8,8 @@ import Synchronization
 /// and replay nonces kept where every server sharing the storage sees them, long-poll waiters,
 /// and its health for `/healthz` and `/metrics`.
 ///
-/// Two implementations: ``SQLiteBackend`` (one server, one file: the default) and
-/// ``PostgresBackend`` (any number of servers on one PostgreSQL database).
+/// Two implementations: ``SQLiteZoneStorage`` (one server, one file: the default) and
+/// ``PostgresZoneStorage`` (any number of servers on one PostgreSQL database).
 public protocol ZoneStorage: RecordZoneBackend {
     /// The checks every save passes; its pins are the storage's (kept with the records).
     var policy: RecordPolicy { get }
@@ -43,7 +43,7 @@ public protocol ZoneStorage: RecordZoneBackend {
     func metricsText() -> String
 }
 
-/// The nonces a single server has seen, in memory (``SQLiteBackend``: one server per file).
+/// The nonces a single server has seen, in memory (``SQLiteZoneStorage``: one server per file).
 final class NonceMemory: Sendable {
     private struct State {
         var seen: [Data: Date] = [:]
@@ -146,8 +146,8 @@ extension ZoneStorage {
     /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
     func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
         switch self {
-        case let sqlite as SQLiteBackend: try await sqlite.injectUnchecked(data, into: zone, name: name)
-        case let postgres as PostgresBackend: try await postgres.injectUnchecked(data, into: zone, name: name)
+        case let sqlite as SQLiteZoneStorage: try await sqlite.injectUnchecked(data, into: zone, name: name)
+        case let postgres as PostgresZoneStorage: try await postgres.injectUnchecked(data, into: zone, name: name)
         default: throw RecordZoneError(.invalidArguments, "no way to plant records in \(type(of: self))")
         }
     }
@@ -155,12 +155,12 @@ extension ZoneStorage {
     /// Puts a zone back as it stood at `sequence`, as a restore from an earlier copy would.
     func rewind(_ zone: ZoneName, to sequence: Int64) async throws {
         switch self {
-        case let sqlite as SQLiteBackend:
+        case let sqlite as SQLiteZoneStorage:
             try sqlite.queue.writeNow { db in
                 try db.execute("DELETE FROM records WHERE zone = ? AND sequence > ?", [zone.rawValue, sequence])
                 try db.execute("UPDATE zones SET sequence = ? WHERE name = ?", [sequence, zone.rawValue])
             }
-        case let postgres as PostgresBackend:
+        case let postgres as PostgresZoneStorage:
             try await postgres.run { db in
                 try db.execute("DELETE FROM ck_records WHERE zone = $1 AND sequence > $2", [.text(zone.rawValue), .int(sequence)])
                 try db.execute("UPDATE ck_zones SET sequence = $2 WHERE name = $1", [.text(zone.rawValue), .int(sequence)])
@@ -172,8 +172,8 @@ extension ZoneStorage {
     /// Creates many zones in one transaction (seeding a large server for a test or the bench).
     func createZones(_ zones: [ZoneName]) async throws(RecordZoneError) {
         switch self {
-        case let sqlite as SQLiteBackend: try await sqlite.createZones(zones)
-        case let postgres as PostgresBackend: try await postgres.createZones(zones)
+        case let sqlite as SQLiteZoneStorage: try await sqlite.createZones(zones)
+        case let postgres as PostgresZoneStorage: try await postgres.createZones(zones)
         default: for zone in zones { try await createZone(zone) }
         }
     }

@@ -39,9 +39,9 @@ final class ChatFixture: @unchecked Sendable {
         server = InMemoryBackend(policy: ConversationStore.recordPolicy())
         if kind.isServer {
             let storage: any ZoneStorage = kind == .postgres
-                ? try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 4, policy: ConversationStore.recordPolicy(),
+                ? try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 4, policy: ConversationStore.recordPolicy(),
                                             indexedFields: ConversationStore.queryIndexes)
-                : try SQLiteBackend(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+                : try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
             let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
             try zoneServer.start(host: "127.0.0.1", port: 0)
             self.zoneServer = zoneServer

@@ -57,8 +57,8 @@ final class BackendFixture: @unchecked Sendable {
             configuration.requestsPerSecond = 100_000
             configuration.burst = 100_000
             let storage: any ZoneStorage = kind == .postgres
-                ? try await PostgresBackend(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 4, policy: makePolicy())
-                : try SQLiteBackend(directory: directory.path, policy: makePolicy())
+                ? try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 4, policy: makePolicy())
+                : try SQLiteZoneStorage(directory: directory.path, policy: makePolicy())
             let server = ZoneServer(storage: storage, configuration: configuration)
             let certificate = kind == .https ? try TestCertificate(in: directory.path) : nil
             try server.start(host: "127.0.0.1", port: 0,

@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// The chains and nonces every server of one database agrees on.
-extension PostgresBackend {
+extension PostgresZoneStorage {
     // MARK: Pins
 
     /// Reads the chains changed since this server last looked, into its pins.

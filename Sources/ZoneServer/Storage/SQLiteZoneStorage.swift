@@ -11,7 +11,7 @@ import Synchronization
 ///
 /// Every record is verified once, on write (signature, ownership, pins), and stored as its
 /// canonical bytes; reads serve those bytes as they are (readers verify what they receive).
-public final class SQLiteBackend: ZoneStorage, Sendable {
+public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     static let kind = "server"
 
     public let policy: RecordPolicy

@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// Zones, the database feed and each zone's changes, with long polls.
-extension PostgresBackend {
+extension PostgresZoneStorage {
     // MARK: Zones
 
     public func createZone(_ zone: ZoneName) async throws(RecordZoneError) {

@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// Saves (one transaction per batch, under the zones' row locks), fetches and queries.
-extension PostgresBackend {
+extension PostgresZoneStorage {
     // MARK: Records
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {

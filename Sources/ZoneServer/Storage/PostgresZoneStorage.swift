@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// The zone server's storage on PostgreSQL, shared by any number of `convkitd serve` processes
-/// that then behave as one server: the same contract as ``SQLiteBackend`` (one conformance
+/// that then behave as one server: the same contract as ``SQLiteZoneStorage`` (one conformance
 /// suite), with everything a server must agree on kept in the database.
 ///
 /// - **Sequences.** A save locks its zones' rows (`FOR UPDATE`, in name order) and assigns each
@@ -25,7 +25,7 @@ import Synchronization
 ///
 /// Connection failures answer 503 with `Retry-After` (clients keep their changes and retry);
 /// the pool and the listener reconnect by themselves when the database is back.
-public final class PostgresBackend: ZoneStorage, Sendable {
+public final class PostgresZoneStorage: ZoneStorage, Sendable {
     static let kind = "server"
     static let chunkSize = 1 << 20
 

@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// Assets as 1 MiB chunks, health, metrics, and what tests and the bench seed.
-extension PostgresBackend {
+extension PostgresZoneStorage {
     // MARK: Assets
 
     public func putAsset(_ data: Data, expected: AssetReference?) async throws(RecordZoneError) -> AssetReference {
