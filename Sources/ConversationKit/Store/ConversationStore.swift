@@ -249,18 +249,22 @@ public final class ConversationStore: Sendable {
     /// - Returns: how many records were stated again.
     func restateShadowed(as local: LocalIdentity) async throws(ConversationError) -> Int {
         guard let chain = policy.pins.chain(for: local.identifier), chain.allowsNow(local.key.publicKey) else { return 0 }
+        let unanswered = "q.identity = ? AND q.code IN ('deviceRevoked', 'keyConflict') AND q.restated = 0 AND q.record IS NOT NULL"
+        // A look on the reader connection first: a sync with nothing to answer writes nothing.
+        guard try read({ db in try db.first("SELECT 1 FROM ck_quarantine q WHERE \(unanswered) LIMIT 1", [local.identifier]) { _ in true } }) != nil else {
+            return 0
+        }
         return try await write { applier in
             let rows = try applier.db.rows("""
-                SELECT q.id, q.record, r.record FROM ck_quarantine q JOIN ck_records r ON r.zone = q.zone AND r.name = q.name
-                WHERE q.identity = ? AND q.code IN ('deviceRevoked', 'keyConflict') AND q.restated = 0 AND q.record IS NOT NULL
-                ORDER BY q.id
-                """, [local.identifier]) { ($0.int(0), $0.blob(1), $0.blob(2)) }
+                SELECT q.id, q.record, r.record FROM ck_quarantine q LEFT JOIN ck_records r ON r.zone = q.zone AND r.name = q.name
+                WHERE \(unanswered) ORDER BY q.id
+                """, [local.identifier]) { ($0.int(0), $0.blob(1), $0.optionalBlob(2)) }
             var restated = Set<RecordID>()
             for (id, refusedBytes, heldBytes) in rows {
                 try applier.db.execute("UPDATE ck_quarantine SET restated = 1 WHERE id = ?", [id])
                 // Only a key of the local speaker's own chain (not a stranger's forgery), and
-                // only where the refused version would have replaced the held one.
-                guard let refused = try? Record(canonical: refusedBytes), let held = try? Record(canonical: heldBytes),
+                // only where the refused version would have replaced one held.
+                guard let heldBytes, let refused = try? Record(canonical: refusedBytes), let held = try? Record(canonical: heldBytes),
                       chain.device(refused.authorKey) != nil || chain.retired.contains(where: { $0.key == refused.authorKey }),
                       MergeRule.wins(refused, over: held), restated.insert(held.id).inserted
                 else { continue }
