@@ -1,4 +1,6 @@
+import CSQLite
 import Foundation
+import Synchronization
 
 /// The serial owner of a store's SQLite file: one writer connection and one reader
 /// connection, each with its own serial dispatch queue. In WAL mode a read never waits for a
@@ -6,7 +8,8 @@ import Foundation
 ///
 /// The `async` variants run the closure on the connection's queue and resume the caller when it
 /// is done (as GRDB's `SerializedDatabase` does): a slow disk, an fsync or another process's
-/// lock holds that queue's thread, never Swift's cooperative pool. The synchronous variants
+/// lock holds that queue's thread, never Swift's cooperative pool; cancelling the caller's task
+/// interrupts its statement (or drops a job not started yet). The synchronous variants
 /// block the caller until the queue has run the closure, for the few callers that cannot wait
 /// (opening, tests).
 public final class DatabaseQueue: Sendable {
@@ -24,12 +27,40 @@ public final class DatabaseQueue: Sendable {
             try queue.sync { try body(database) }
         }
 
+        /// Runs `body` on the queue. Cancelling the waiting task reaches SQLite, as GRDB's
+        /// does: a job not started yet never runs (`CancellationError`); one running has its
+        /// statement interrupted (`sqlite3_interrupt`: it fails with ``ResultCode/interrupted``
+        /// and its transaction rolls back). The interrupt is made under the job's lock, while
+        /// the job runs, so it never reaches the next job on the connection.
         func async<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-            try await withCheckedThrowingContinuation { continuation in
-                queue.async { continuation.resume(with: Result { try body(self.database) }) }
+            let job = Mutex(JobState.waiting)
+            return try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { continuation in
+                    queue.async {
+                        let start = job.withLock { state -> Bool in
+                            guard state == .waiting else { return false }
+                            state = .running
+                            return true
+                        }
+                        guard start else { return continuation.resume(throwing: CancellationError()) }
+                        let result = Result { try body(self.database) }
+                        job.withLock { $0 = .done }
+                        continuation.resume(with: result)
+                    }
+                }
+            } onCancel: {
+                job.withLock { state in
+                    switch state {
+                    case .waiting: state = .cancelled
+                    case .running: sqlite3_interrupt(self.database.handle)  // thread-safe, by design
+                    case .done, .cancelled: break
+                    }
+                }
             }
         }
     }
+
+    private enum JobState { case waiting, running, done, cancelled }
 
     private let writer: Serialized
     private let reader: Serialized

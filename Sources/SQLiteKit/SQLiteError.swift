@@ -43,6 +43,8 @@ public struct ResultCode: RawRepresentable, Sendable, Hashable {
     public static let error = ResultCode(rawValue: SQLITE_ERROR)
     public static let permission = ResultCode(rawValue: SQLITE_PERM)
     public static let busy = ResultCode(rawValue: SQLITE_BUSY)
+    /// A statement stopped by `sqlite3_interrupt`: its task was cancelled (``DatabaseQueue``).
+    public static let interrupted = ResultCode(rawValue: SQLITE_INTERRUPT)
     public static let locked = ResultCode(rawValue: SQLITE_LOCKED)
     public static let readOnly = ResultCode(rawValue: SQLITE_READONLY)
     public static let ioError = ResultCode(rawValue: SQLITE_IOERR)

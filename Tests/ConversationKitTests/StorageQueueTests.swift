@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 @testable import RecordZone
+import SQLiteKit
 import Synchronization
 import Testing
 import TestSupport
@@ -8,6 +9,42 @@ import TestSupport
 /// SQLite work runs on each connection's own queue, never on Swift's cooperative pool: writes
 /// that wait for another process's lock hold no task thread.
 @Suite struct StorageQueueTests {
+    /// Cancelling a task that waits on the database reaches SQLite: the statement it runs (minutes
+    /// of work) fails as interrupted (its transaction rolls back), a job queued behind it and cancelled
+    /// before it started never runs, and the connection serves the next job as before.
+    @Test func cancellingATaskInterruptsItsStatementAndDropsAJobNotStarted() async throws {
+        let directory = try TemporaryDirectory("interrupt")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")])
+        let long = Task {
+            try await queue.write { db in
+                try db.execute("INSERT INTO t VALUES (1)")
+                // Minutes of work if nothing stops it.
+                return try db.first("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000000000) SELECT count(*) FROM n") { $0.int(0) }
+            }
+        }
+        let ran = Mutex(false)
+        let queued = Task {
+            try await queue.write { db in
+                ran.withLock { $0 = true }
+                try db.execute("INSERT INTO t VALUES (2)")
+            }
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        queued.cancel()
+        long.cancel()
+        do {
+            _ = try await long.value
+            Issue.record("the statement ran to its end")
+        } catch let error as SQLiteError {
+            #expect(error.resultCode == .interrupted, "\(error)")
+        }
+        await #expect(throws: CancellationError.self) { try await queued.value }
+        #expect(!ran.withLock { $0 }, "a job cancelled before it started ran")
+        #expect(try await queue.read { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 0, "the interrupted transaction was kept")
+        try await queue.write { db in try db.execute("INSERT INTO t VALUES (3)") }
+        #expect(try await queue.read { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 1)
+    }
+
     /// Another process holds the write lock of the store's and the server's databases. Writes
     /// to both — more than the pool has threads — wait for it; meanwhile 20 concurrent store
     /// reads and server requests complete, before the lock is let go. Then the writes land.
