@@ -130,8 +130,7 @@ extension ConversationStore {
             guard now != version else { continue }
             version = now
             let due = SyncEngine.milliseconds(configuration.now())
-            let pending = (try? read { db in try Outbox.count(dueAt: due, in: db) }) ?? 0
-            if pending > 0 { kicks.kick(.localChange) }
+            if (try? read({ db in try Outbox.hasDue(at: due, in: db) })) == true { kicks.kick(.localChange) }
         }
     }
 

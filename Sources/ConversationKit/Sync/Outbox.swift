@@ -57,10 +57,14 @@ enum Outbox {
         try db.rows("SELECT \(columns) WHERE o.next_attempt_at <= ? ORDER BY o.id LIMIT ?", [now, limit], entry)
     }
 
-    /// How many entries there are, or how many are due at `now` (unix ms).
-    static func count(dueAt now: Int64? = nil, in db: Database) throws -> Int {
-        if let now { return Int(try db.first("SELECT count(*) FROM ck_outbox WHERE next_attempt_at <= ?", [now]) { $0.int(0) } ?? 0) }
-        return Int(try db.first("SELECT count(*) FROM ck_outbox") { $0.int(0) } ?? 0)
+    /// How many entries there are.
+    static func count(in db: Database) throws -> Int {
+        Int(try db.first("SELECT count(*) FROM ck_outbox") { $0.int(0) } ?? 0)
+    }
+
+    /// Whether any entry is due at `now` (unix ms): one indexed look, what an idle poll costs.
+    static func hasDue(at now: Int64, in db: Database) throws -> Bool {
+        try db.first("SELECT 1 FROM ck_outbox WHERE next_attempt_at <= ? LIMIT 1", [now]) { _ in true } ?? false
     }
 
     /// Takes `entry` out of the queue if the version queued is still the one it holds (not

@@ -148,7 +148,7 @@ actor SyncEngine {
     /// Whether an outbox entry is due for a push (a new change, or a retry whose time came).
     nonisolated func outboxDue() throws(ConversationError) -> Bool {
         let now = Self.milliseconds(configuration.now())
-        return try database.read { db in try !Outbox.due(at: now, limit: 1, in: db).isEmpty }
+        return try database.read { db in try Outbox.hasDue(at: now, in: db) }
     }
 
     /// Pushes the outbox only (a local change to send at once).

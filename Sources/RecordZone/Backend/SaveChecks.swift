@@ -98,7 +98,8 @@ package enum SaveChecks {
         case .failure(let error): return .refused(error)
         case .success(let encoded):
             if let error = checkUnchanged(record, current: current, policy: policy) { return .refused(error) }
-            if let current, pins.stillAllows(current), !MergeRule.wins(record, over: current) { return .superseded(by: current) }
+            // The held version's pins are looked up only when it would win (an edit usually does not).
+            if let current, !MergeRule.wins(record, over: current), pins.stillAllows(current) { return .superseded(by: current) }
             return .store(encoded)
         }
     }
