@@ -84,4 +84,27 @@ extension LateRevocationTests {
         try await bob.sync()
         #expect(try history(bob, conversation).map(\.content) == expected, "\(kind): bob read again")
     }
+
+    /// A stranger's forged version of alice's message (a later clock, mallory's key) is a key
+    /// conflict, not a revoked device's overwrite: alice's store does not sign her message again
+    /// for it (a forger could otherwise make her re-sign at will), and her version stays as it was.
+    @Test(arguments: [ChatBackend.memory, .filesystem])
+    func aStrangersForgeryIsNotAnsweredByStatingAgain(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice")
+        let sent = try await alice.send("mine", to: "bob")
+        try await alice.sync()
+        let held = try #require(try alice.records(in: sent.id.conversation).first { $0.id.name == sent.id.name })
+        var forged = held
+        forged.fields["content"] = .string("forged")
+        try forged.sign(with: try SigningKey(seed: Data(repeating: 66, count: 32)),
+                        clock: RecordClock(milliseconds: held.clock.milliseconds + 60_000, counter: 0))
+        try await fixture.plant(try forged.encoded(), in: held.id.zone)
+        try await alice.sync()
+        try await alice.sync()
+        #expect(try alice.quarantine().contains { $0.name == sent.id.name && $0.code == .keyConflict })
+        let after = try #require(try alice.records(in: sent.id.conversation).first { $0.id.name == sent.id.name })
+        #expect(after.signature == held.signature, "\(kind): alice signed her message again for a forgery")
+        #expect(try alice.pendingChangeCount() == 0)
+    }
 }
