@@ -15,9 +15,11 @@ import TestSupport
     @Test func cancellingATaskInterruptsItsStatementAndDropsAJobNotStarted() async throws {
         let directory = try TemporaryDirectory("interrupt")
         let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")])
+        let running = Mutex(false)
         let long = Task {
             try await queue.write { db in
                 try db.execute("INSERT INTO t VALUES (1)")
+                running.withLock { $0 = true }
                 // Minutes of work if nothing stops it.
                 return try db.first("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000000000) SELECT count(*) FROM n") { $0.int(0) }
             }
@@ -29,7 +31,8 @@ import TestSupport
                 try db.execute("INSERT INTO t VALUES (2)")
             }
         }
-        try await Task.sleep(for: .milliseconds(300))
+        // Cancelled once it runs (a loaded machine may take a while to start it).
+        while !running.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(20)) }
         queued.cancel()
         long.cancel()
         do {
