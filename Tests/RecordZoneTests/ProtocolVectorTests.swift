@@ -111,6 +111,8 @@ import Testing
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),
             request("a JSON modify", method: "POST", path: "/v1/records/modify", query: [], body: Data(#"{"policy":"merge","records":[]}"#.utf8)),
+            request("a JSON modify asking for its catch-up (the client's database token in since)", method: "POST", path: "/v1/records/modify", query: [],
+                    body: Data(#"{"policy":"merge","records":[],"since":"AQID+/=="}"#.utf8)),
         ], introductions: [
             .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
                   introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,

@@ -368,7 +368,7 @@ extension Result where Failure == RecordZoneError {
         #expect(metrics.status == 200 && metrics.headers["content-type"]?.hasPrefix("text/plain") == true)
         #expect(metrics.text.contains("convkitd_records_stored 1"))
         #expect(metrics.text.contains("convkitd_long_polls_waiting 1"))
-        #expect(metrics.text.contains(#"convkitd_requests_total{method="POST",status="200"} 1"#))
+        #expect(metrics.text.contains(#"convkitd_requests_total{method="POST",route="modify",status="200"} 1"#))
         #expect(metrics.text.contains("convkitd_request_duration_seconds_bucket{le=\"+Inf\"}"))
         #expect(metrics.text.contains("convkitd_errors_total 0"))
         #expect(try await waiting == false)

@@ -115,8 +115,8 @@ actor SyncEngine {
         var report = SyncReport()
         let logger = configuration.logger
         do throws(ConversationError) {
-            try await push(&report, localSpeaker: localSpeaker)
-            try await pull(&report, localSpeaker: localSpeaker)
+            let caughtUp = try await push(&report, localSpeaker: localSpeaker, catchingUp: true)
+            try await pull(&report, localSpeaker: localSpeaker, caughtUp: caughtUp)
             try await failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
         } catch {
             logger.warning("sync stopped: \(error)")
@@ -131,9 +131,7 @@ actor SyncEngine {
     /// Whether the database feed names any zone as changed or deleted since the store's last
     /// pull (a look that writes nothing: an idle poll of the continuous sync costs just this).
     func databaseMoved(backend: any RecordZoneBackend) async throws(ConversationError) -> Bool {
-        let token = try read { db in
-            try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
-        }
+        let token = try storedDatabaseToken()
         guard let token else { return true }
         do {
             let changes = try await backend.fetchDatabaseChanges(since: token)
@@ -156,7 +154,7 @@ actor SyncEngine {
         begin(backend)
         defer { end() }
         var report = SyncReport()
-        try await push(&report, localSpeaker: localSpeaker)
+        _ = try await push(&report, localSpeaker: localSpeaker, catchingUp: false)
         return report
     }
 
@@ -210,14 +208,28 @@ actor SyncEngine {
 
     // MARK: Push
 
-    private func push(_ report: inout SyncReport, localSpeaker: String) async throws(ConversationError) {
+    /// What the last batch of a push learned of the database (``SaveCatchUp``): the feed since
+    /// the store's database token, and the zones whose token the batch moved past its own
+    /// versions (nothing else came between), which the pull need not fetch.
+    struct CaughtUp {
+        var database: DatabaseChanges
+        var advanced: Set<ZoneName>
+    }
+
+    /// Pushes the outbox. - Parameter catchingUp: whether to ask each save for the database
+    /// feed since the store's token (a whole sync, whose pull then uses it).
+    /// - Returns: what the last batch learned, when it told the feed.
+    private func push(_ report: inout SyncReport, localSpeaker: String, catchingUp: Bool) async throws(ConversationError) -> CaughtUp? {
+        let databaseToken = catchingUp ? try storedDatabaseToken() : nil
         var attempted = Set<Int64>()
+        var caughtUp: CaughtUp?
         while true {
             let now = Self.milliseconds(configuration.now())
             let batchSize = min(configuration.pushBatchSize, Record.maximumBatchSize)
             let entries = try read { db in try Outbox.due(at: now, limit: batchSize * 4, in: db) }.filter { !attempted.contains($0.id) }.prefix(batchSize)
-            guard !entries.isEmpty else { return }
+            guard !entries.isEmpty else { return caughtUp }
             for entry in entries { attempted.insert(entry.id) }
+            caughtUp = nil
 
             var records = [Record](), sent = [OutboxEntry]()
             for entry in entries {
@@ -234,12 +246,12 @@ actor SyncEngine {
             if let refusal = try await ensureZonesExist(Set(records.map(\.id.zone))) {
                 throw try await refusedAuthentication(refusal, sending: sent, signedBy: Set(records.map(\.authorKey)))
             }
-            let results: [Result<Record, RecordZoneError>]
+            let answer: SaveAnswer
             do {
                 // The assets they reference first (an avatar), so no reader sees a reference
                 // before its bytes.
                 try await uploadAssets(of: records)
-                results = try await backend.save(records)
+                answer = try await backend.save(records, policy: .merge, catchingUpFrom: databaseToken)
             } catch {
                 if error.code == .notAuthenticated {
                     throw try await refusedAuthentication(error, sending: sent, signedBy: Set(records.map(\.authorKey)))
@@ -249,24 +261,36 @@ actor SyncEngine {
                     // wait in the outbox, and the pull goes on.
                     configuration.logger.notice("the backend takes no writes: \(error)")
                     report.deferred += sent.count
-                    return
+                    return nil
                 }
                 guard error.isTransient else { throw ConversationError.backend(error, "push failed") }
                 try await reschedule(sent, error: error)
                 report.deferred += sent.count
                 throw ConversationError.backend(error, "push failed, will retry")
             }
-            let settled = zip(sent, zip(records, results)).map { ($0, $1.0, $1.1) }
-            let counts = try await write { applier in
+            guard answer.results.count == records.count else {
+                throw ConversationError.backend(RecordZoneError(.malformed, "the backend answered \(answer.results.count) results for \(records.count) records"), "push failed")
+            }
+            let settled = zip(sent, zip(records, answer.results)).map { ($0, $1.0, $1.1) }
+            let advances = answer.catchUp.zones
+            let (counts, advanced) = try await write { applier in
                 var counts = SyncReport()
                 for (entry, record, result) in settled {
                     try self.settle(entry, record, result, applier: &applier, report: &counts)
                 }
-                return counts
+                // A zone whose token stood where the batch began holds, with the batch's
+                // versions (now applied), everything up to where it ended: no fetching back.
+                var advanced = Set<ZoneName>()
+                for advance in advances {
+                    try applier.db.execute("UPDATE ck_zone_state SET token = ? WHERE zone = ? AND token IS ?", [advance.to.data, advance.zone.rawValue, advance.from?.data])
+                    if applier.db.changes > 0 { advanced.insert(advance.zone) }
+                }
+                return (counts, advanced)
             }
             report.pushed += counts.pushed
             report.failed += counts.failed
             report.deferred += counts.deferred
+            caughtUp = answer.catchUp.database.map { CaughtUp(database: $0, advanced: advanced) }
         }
     }
 
@@ -346,33 +370,24 @@ actor SyncEngine {
 
     // MARK: Pull
 
-    private func pull(_ report: inout SyncReport, localSpeaker: String) async throws(ConversationError) {
-        var databaseToken = try read { db in
-            try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
-        }
+    /// - Parameter caughtUp: the feed the push's last batch read, used instead of fetching it
+    ///   (its advanced zones are not fetched either).
+    private func pull(_ report: inout SyncReport, localSpeaker: String, caughtUp: CaughtUp? = nil) async throws(ConversationError) {
         let changes: DatabaseChanges
-        do {
-            changes = try await backend.fetchDatabaseChanges(since: databaseToken)
-        } catch where error.code == .changeTokenExpired {
-            databaseToken = nil
-            do { changes = try await backend.fetchDatabaseChanges(since: nil) } catch {
-                throw ConversationError.backend(error, "cannot fetch the database changes")
-            }
-        } catch {
-            throw ConversationError.backend(error, "cannot fetch the database changes")
-        }
+        if let caughtUp { changes = caughtUp.database } else { changes = try await fetchDatabaseChanges() }
+        let advanced = caughtUp?.advanced ?? []
         // Speakers' own zones first: who holds which keys and devices is decided there, before a
         // conversation's records are read. The store follows only the speakers it knows: its
         // own, the other side of each of its conversations, those found by a query.
         let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        let changed = Set(changes.changedZones)
+        let changed = Set(changes.changedZones).subtracting(advanced)
         let followed = try await write { applier in
             try applier.follow(localSpeaker)
             for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
             return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
         }
         let speakerZones = followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } }
-        let total = speakerZones.count + Set(conversations).count
+        let total = speakerZones.count + changed.intersection(conversations).count
         for (index, zone) in speakerZones.enumerated() {
             progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: total, pulled: report.pulled))
             try await pullZone(zone, report: &report)
@@ -383,7 +398,7 @@ actor SyncEngine {
         let refetched = try read { db in
             try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
         }.compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        let zones = Set(conversations + refetched).sorted()
+        let zones = changed.intersection(conversations).union(refetched).sorted()
         for (index, zone) in zones.enumerated() {
             progress?(SyncProgress(zone: zone.rawValue, zonesDone: speakerZones.count + index, zones: max(total, speakerZones.count + zones.count), pulled: report.pulled))
             try await pullZone(zone, report: &report)
@@ -402,6 +417,27 @@ actor SyncEngine {
                                    [changes.token.data])
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('last_sync_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                                    [Self.milliseconds(self.configuration.now())])
+        }
+    }
+
+    /// The database token of the last whole pull (nil before the first).
+    private nonisolated func storedDatabaseToken() throws(ConversationError) -> ChangeToken? {
+        try database.read { db in
+            try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
+        }
+    }
+
+    /// The database feed since the store's token (from the start when the token expired).
+    private func fetchDatabaseChanges() async throws(ConversationError) -> DatabaseChanges {
+        let token = try storedDatabaseToken()
+        do {
+            return try await backend.fetchDatabaseChanges(since: token)
+        } catch where error.code == .changeTokenExpired {
+            do { return try await backend.fetchDatabaseChanges(since: nil) } catch {
+                throw ConversationError.backend(error, "cannot fetch the database changes")
+            }
+        } catch {
+            throw ConversationError.backend(error, "cannot fetch the database changes")
         }
     }
 

@@ -28,6 +28,10 @@ public protocol RecordZoneBackend: Sendable {
     /// - Returns: one result per input record, in order: the version now winning in the zone,
     ///   or why this one was refused.
     func save(_ records: [Record], policy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>]
+    /// Saves as ``save(_:policy:)`` and tells, from the same step, how the zones moved and (given
+    /// the caller's database token) what else changed since it: ``SaveCatchUp``. Backends that
+    /// cannot tell answer ``SaveCatchUp/none`` (the default).
+    func save(_ records: [Record], policy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer
     /// The current version of each record (tombstones included), or ``RecordZoneError/Code/unknownItem``.
     func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>]
     /// Live (not deleted) records of one type matching the query, one page at a time.
@@ -45,6 +49,10 @@ public protocol RecordZoneBackend: Sendable {
 }
 
 extension RecordZoneBackend {
+    public func save(_ records: [Record], policy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer {
+        SaveAnswer(results: try await save(records, policy: policy))
+    }
+
     /// Saves with the merge rule (``SavePolicy/merge``).
     public func save(_ records: [Record]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
         try await save(records, policy: .merge)
@@ -98,7 +106,7 @@ public struct ZoneChanges: Sendable {
 }
 
 /// The database-level change feed: which zones changed since a token.
-public struct DatabaseChanges: Sendable {
+public struct DatabaseChanges: Sendable, Hashable {
     public var changedZones: [ZoneName]
     public var deletedZones: [ZoneName]
     public var token: ChangeToken

@@ -7,7 +7,7 @@ final class Metrics: Sendable {
     static let buckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 
     private struct State {
-        var requests: [String: Int] = [:]  // "method,status"
+        var requests: [String: Int] = [:]  // "method,route,status"
         var errors = 0
         var bucketCounts = [Int](repeating: 0, count: Metrics.buckets.count)
         var latencyCount = 0
@@ -19,10 +19,11 @@ final class Metrics: Sendable {
     /// series (or put a quote into a label) by inventing methods.
     static let knownMethods: Set<String> = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
-    func record(method rawMethod: String, status: Int, seconds: Double) {
+    /// Counts a request answered; `route` is nil for a path no route matches (`none`).
+    func record(method rawMethod: String, route: Route?, status: Int, seconds: Double) {
         let method = Self.knownMethods.contains(rawMethod) ? rawMethod : "other"
         state.withLock { state in
-            state.requests["\(method),\(status)", default: 0] += 1
+            state.requests["\(method),\(route.map { "\($0)" } ?? "none"),\(status)", default: 0] += 1
             if status >= 400 { state.errors += 1 }
             for (index, bound) in Self.buckets.enumerated() where seconds <= bound { state.bucketCounts[index] += 1 }
             state.latencyCount += 1
@@ -30,16 +31,22 @@ final class Metrics: Sendable {
         }
     }
 
+    /// How many requests have been answered (of one route, or all).
+    func answered(_ route: Route? = nil) -> Int {
+        let name = route.map { "\($0)" }
+        return state.withLock { state in state.requests.filter { name == nil || $0.key.split(separator: ",").dropFirst().first.map(String.init) == name }.values.reduce(0, +) }
+    }
+
     func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0) -> String {
         let snapshot = state.withLock { $0 }
         var out = """
-            # HELP convkitd_requests_total HTTP requests answered, by method and status.
+            # HELP convkitd_requests_total HTTP requests answered, by method, route (none: no route matched) and status.
             # TYPE convkitd_requests_total counter
 
             """
         for (key, count) in snapshot.requests.sorted(by: { $0.key < $1.key }) {
             let parts = key.split(separator: ",")
-            out += "convkitd_requests_total{method=\"\(parts[0])\",status=\"\(parts[1])\"} \(count)\n"
+            out += "convkitd_requests_total{method=\"\(parts[0])\",route=\"\(parts[1])\",status=\"\(parts[2])\"} \(count)\n"
         }
         out += """
             # HELP convkitd_errors_total Requests answered with a 4xx or 5xx status.

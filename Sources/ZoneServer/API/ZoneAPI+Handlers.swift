@@ -63,12 +63,14 @@ extension ZoneAPI {
                     allowed.append((index, record))
                 }
             }
-            let saved = try await storage.save(allowed.map(\.1), policy: body.policy ?? .merge)
-            for ((index, _), result) in zip(allowed, saved) { results[index] = result }
+            let access = self.access
+            let saved = try await storage.save(allowed.map(\.1), policy: body.policy ?? .merge, feedSince: body.since) { access.canRead(zone: $0, as: identity) }
+            for ((index, _), result) in zip(allowed, saved.results) { results[index] = result }
             let outcomes = zip(results, body.records).map { result, sent in
                 Wire.Outcome(result ?? .failure(RecordZoneError(.internalError, "no result")), sent: sent.bytes)
             }
-            return wire(Wire.Outcomes(results: outcomes), for: request)
+            let catchUp = saved.catchUp
+            return wire(Wire.Outcomes(results: outcomes, catchUp: catchUp.database == nil && catchUp.zones.isEmpty ? nil : catchUp), for: request)
         case .fetch:
             try refuseOverTheBatchLimit(request.body, "IDs")
             let body = try decode(Wire.Fetch.self, request, canonical: true)

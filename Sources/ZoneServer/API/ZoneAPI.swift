@@ -35,14 +35,16 @@ public struct ZoneAPI: HTTPService {
     /// (the signature itself, which covers the body, is checked once the body is in).
     public func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? {
         let refusal: APIError
+        var matched: Route?
         do {
             let route = try Route.match(method: method, path: path)
+            matched = route.route
             guard route.isAuthenticated, let failure = authenticator.precheck(headers) else { return nil }
             refusal = APIError(failure)
         } catch {
             refusal = error
         }
-        metrics.record(method: method, status: refusal.status, seconds: 0)
+        metrics.record(method: method, route: matched, status: refusal.status, seconds: 0)
         return refusal.response
     }
 
@@ -54,7 +56,7 @@ public struct ZoneAPI: HTTPService {
             try refuseOverTheBatchLimit(prefix, route == .modify ? "records" : "IDs")
             return nil
         } catch {
-            metrics.record(method: method, status: error.status, seconds: 0)
+            metrics.record(method: method, route: route, status: error.status, seconds: 0)
             return error.response
         }
     }
@@ -63,9 +65,11 @@ public struct ZoneAPI: HTTPService {
     public func respond(to request: HTTPRequest) async -> HTTPResponse {
         let start = ContinuousClock.now
         var identity = "-"
+        var matched: Route?
         let response: HTTPResponse
         do {
             let route = try Route.match(method: request.method, path: request.path)
+            matched = route.route
             if route.isAuthenticated {
                 let authenticated: Authenticator.Authenticated
                 do {
@@ -96,7 +100,7 @@ public struct ZoneAPI: HTTPService {
         }
         let elapsed = ContinuousClock.now - start
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        metrics.record(method: request.method, status: response.status, seconds: seconds)
+        metrics.record(method: request.method, route: matched, status: response.status, seconds: seconds)
         configuration.logger.debug("\(request.method) \(request.path) \(response.status) \(String(format: "%.1f", seconds * 1000)) ms \(identity)")
         if response.status >= 500 { configuration.logger.info("\(request.method) \(request.path) failed: \(response.status)") }
         return response

@@ -42,23 +42,29 @@ extension PostgresZoneStorage {
 
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
         let position = try TokenContents.databasePosition(token, backend: Self.kind, instance: instance)
-        // One snapshot: the zones it shows, the oldest transaction it could not see (the next
-        // token) and the next transaction to come (a token past it is from before a restore).
-        let rows = try await run { db in
-            try db.execute("""
-                SELECT 'c', name, NULL::bigint, NULL::bigint FROM ck_zones WHERE changed_xid >= $1
-                UNION ALL SELECT 'd', name, NULL, NULL FROM ck_deleted_zones WHERE deleted_xid >= $1
-                UNION ALL SELECT 'h', '', pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-                """, [.int(position)])
-        }
+        let rows = try await run { db in try db.execute(Self.feedStatement, [.int(position)]) }
+        return try feed(rows, since: position, isInitial: token == nil).filtered(isVisible)
+    }
+
+    /// One statement, one snapshot: the zones it shows, the oldest transaction it could not see
+    /// (the next token) and the next transaction to come (a token past it is from before a
+    /// restore). Its parameter is the position of the token given.
+    static let feedStatement = """
+        SELECT 'c', name, NULL::bigint, NULL::bigint FROM ck_zones WHERE changed_xid >= $1
+        UNION ALL SELECT 'd', name, NULL, NULL FROM ck_deleted_zones WHERE deleted_xid >= $1
+        UNION ALL SELECT 'h', '', pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+        """
+
+    /// The feed ``feedStatement`` read (no zone deleted for a first feed).
+    func feed(_ rows: PostgresRows, since position: Int64, isInitial: Bool) throws(RecordZoneError) -> DatabaseChanges {
         var changed = [ZoneName](), deleted = [ZoneName](), horizon: Int64 = position
         for row in 0..<rows.count {
             switch rows.text(row, 0) {
             case "h":
                 horizon = rows.int(row, 2) ?? position
                 try TokenContents.refuseAhead(position, of: rows.int(row, 3) ?? position, "the database")
-            case "c": if let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }), isVisible(zone) { changed.append(zone) }
-            default: if token != nil, let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }), isVisible(zone) { deleted.append(zone) }
+            case "c": if let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }) { changed.append(zone) }
+            default: if !isInitial, let zone = rows.text(row, 1).flatMap({ try? ZoneName($0) }) { deleted.append(zone) }
             }
         }
         return DatabaseChanges(changedZones: changed.sorted { $0.rawValue < $1.rawValue }, deletedZones: deleted.sorted { $0.rawValue < $1.rawValue },

@@ -7,8 +7,10 @@ import Synchronization
 extension PostgresZoneStorage {
     // MARK: Records
 
-    public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+    public func save(_ records: [Record], policy savePolicy: SavePolicy, feedSince token: ChangeToken?,
+                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer {
         try BackendLimits.checkBatch(records.count)
+        let feedPosition = token.flatMap { try? TokenContents.databasePosition($0, backend: Self.kind, instance: instance) }
         for _ in 0..<4 {
             let owners = Set(records.compactMap { try? policy.rules.owner(of: $0)?.get() })
             let knownOwners = knownVersions(owners)
@@ -19,12 +21,12 @@ extension PostgresZoneStorage {
             // sends the save round again); the others' as they are.
             let known = knownVersions(changed.subtracting(owners)).merging(knownOwners) { $1 }
             do {
-                let (results, written, stored) = try await pool.withConnection { db in
-                    try self.store(records, (admitted, admission), savePolicy, pins: owners.union(changed), known: known, in: db)
+                let (answer, written, stored) = try await pool.withConnection { db in
+                    try self.store(records, (admitted, admission), savePolicy, pins: owners.union(changed), known: known, feedSince: feedPosition, in: db)
                 }
                 recordWritten(written)
                 policy.pins.publish(stored)
-                return results
+                return SaveAnswer(results: answer.results, catchUp: answer.catchUp.filteringFeed(isVisible))
             } catch let moved as PinsChanged {
                 // Another server moved a chain this batch relied on: read it, decide again.
                 install(moved.rows)
@@ -43,28 +45,44 @@ extension PostgresZoneStorage {
     /// version is then decided against the one held and given its zone's next sequence; the
     /// chains of exactly the versions stored (``SaveChecks/settle(_:storing:admission:policy:)``) are
     /// checked against `known` and written (``agreePins``); the second round trip writes
-    /// records, index rows and the zones' positions, notifies the other servers, and commits.
-    /// - Returns: per record the outcome, the pin versions written, and the chains to publish.
+    /// records, index rows and the zones' positions, notifies the other servers, reads the
+    /// database feed since `feedSince` (the catch-up), and commits.
+    /// - Returns: per record the outcome with the catch-up, the pin versions written, and the
+    ///   chains to publish.
     func store(_ records: [Record], _ admission: (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges), _ savePolicy: SavePolicy,
-                       pins: Set<String>, known: [String: Int64], in db: PostgresConnection) throws -> ([Result<Record, RecordZoneError>], [String: Int64], PinChanges) {
+               pins: Set<String>, known: [String: Int64], feedSince: Int64?, in db: PostgresConnection) throws -> (SaveAnswer, [String: Int64], PinChanges) {
         var reads: [(sql: String, parameters: [PostgresValue])] = [("BEGIN", [])]
         if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
-        reads.append(("SELECT name, sequence FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
+        reads.append(("SELECT name, sequence, incarnation FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
         reads.append(("""
             SELECT r.zone, r.name, r.record, r.sequence, r.received_at FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
             """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
         do {
             let read = try db.pipeline(reads)
+            let zoneRows = read[read.count - 2]
             var outcomes = admission.outcomes
-            var (results, writes, storing) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+            var (results, writes, storing, after) = decide(records, outcomes, savePolicy, zones: zoneRows, current: read[read.count - 1])
             let (refused, settled) = SaveChecks.settle(records, storing: storing, admission: admission, policy: policy)
             if !refused.isEmpty {
                 for (index, error) in refused { outcomes[index] = .failure(error) }
-                (results, writes, _) = decide(records, outcomes, savePolicy, zones: read[read.count - 2], current: read[read.count - 1])
+                (results, writes, _, after) = decide(records, outcomes, savePolicy, zones: zoneRows, current: read[read.count - 1])
             }
             let written = pins.isEmpty ? [:] : try agreePins(pins, known: known, changed: settled.chains, locked: read[1], in: db)
-            try db.pipeline(writes + [("COMMIT", [])])
-            return (results, written, settled)
+            // The zones are locked until the commit: between each one's position before and
+            // after lie exactly this batch's versions.
+            var catchUp = SaveCatchUp()
+            for row in 0..<zoneRows.count {
+                guard let name = zoneRows.text(row, 0), let before = zoneRows.int(row, 1), let incarnation = zoneRows.text(row, 2),
+                      let to = after[name], to != before, let zone = try? ZoneName(name) else { continue }
+                func token(_ position: Int64) -> ChangeToken {
+                    TokenContents(kind: .zone, backend: Self.kind, zone: name, incarnation: incarnation, position: SequencePosition.encode(UInt64(position))).token
+                }
+                catchUp.zones.append(ZoneAdvance(zone: zone, from: before == 0 ? nil : token(before), to: token(to)))
+            }
+            let feed = feedSince.map { (Self.feedStatement, [PostgresValue.int($0)]) }
+            let wrote = try db.pipeline(writes + (feed.map { [$0] } ?? []) + [("COMMIT", [])])
+            if let feedSince, wrote.count >= 2 { catchUp.database = try? self.feed(wrote[wrote.count - 2], since: feedSince, isInitial: false) }
+            return (SaveAnswer(results: results, catchUp: catchUp), written, settled)
         } catch {
             _ = try? db.execute("ROLLBACK")
             throw error
@@ -72,10 +90,11 @@ extension PostgresZoneStorage {
     }
 
     /// Decides each version of a batch against the zones' positions and the versions held
-    /// (rows locked and read by ``store``). - Returns: per record the outcome, and the
-    /// statements that write what was decided.
+    /// (rows locked and read by ``store``). - Returns: per record the outcome, the
+    /// statements that write what was decided, the indexes of the records stored, and each
+    /// zone's position after them.
     func decide(_ records: [Record], _ admitted: [Result<Data, RecordZoneError>], _ savePolicy: SavePolicy, zones zoneRows: PostgresRows,
-                        current currentRows: PostgresRows) -> ([Result<Record, RecordZoneError>], [(sql: String, parameters: [PostgresValue])], [Int]) {
+                        current currentRows: PostgresRows) -> ([Result<Record, RecordZoneError>], [(sql: String, parameters: [PostgresValue])], [Int], [String: Int64]) {
         var sequences = [String: Int64]()
         for row in 0..<zoneRows.count { if let name = zoneRows.text(row, 0), let sequence = zoneRows.int(row, 1) { sequences[name] = sequence } }
         var current = [RecordID: Record]()
@@ -115,7 +134,7 @@ extension PostgresZoneStorage {
             }
         }
         let rows = order.compactMap { winners[$0] }
-        guard !rows.isEmpty else { return (results, [], storing) }
+        guard !rows.isEmpty else { return (results, [], storing, sequences) }
         var writes: [(sql: String, parameters: [PostgresValue])] = [("""
             INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at)
             SELECT zone, name, type, sequence, clock, author, signature, record, $9
@@ -135,7 +154,7 @@ extension PostgresZoneStorage {
                 FROM unnest($1::text[], $2::bigint[]) AS t(name, sequence) WHERE ck_zones.name = t.name RETURNING ck_zones.name)
             SELECT pg_notify('ck_changes', name) FROM moved
             """, [.textArray(touched), .intArray(touched.map { sequences[$0] ?? 0 })]))
-        return (results, writes, storing)
+        return (results, writes, storing, sequences)
     }
 
     /// Replaces the index rows of these versions (none for a tombstone).

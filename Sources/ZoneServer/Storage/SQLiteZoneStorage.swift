@@ -125,15 +125,21 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
 
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {
         let position = try TokenContents.databasePosition(token, backend: Self.kind, instance: instance)
-        let (changed, deleted, current) = try await read { db in
-            (try db.rows("SELECT name FROM zones WHERE changed_at > ? ORDER BY name", [position]) { $0.text(0) },
-             try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [position]) { $0.text(0) },
-             try Self.databaseSequence(db))
+        let instance = self.instance
+        let (changes, current) = try await read { db in
+            (try Self.feed(since: position, isInitial: token == nil, instance: instance, in: db), try Self.databaseSequence(db))
         }
         try TokenContents.refuseAhead(position, of: current, "the server's database")
-        return DatabaseChanges(changedZones: changed.compactMap { try? ZoneName($0) }.filter(isVisible),
-                               deletedZones: token == nil ? [] : deleted.compactMap { try? ZoneName($0) }.filter(isVisible),
-                               token: TokenContents.databaseToken(backend: Self.kind, instance: instance, position: current))
+        return changes.filtered(isVisible)
+    }
+
+    /// The zones changed and deleted after `position` (none deleted for a first feed), and the
+    /// token of where the database stands.
+    private static func feed(since position: Int64, isInitial: Bool, instance: String, in db: Database) throws -> DatabaseChanges {
+        let changed = try db.rows("SELECT name FROM zones WHERE changed_at > ? ORDER BY name", [position]) { $0.text(0) }
+        let deleted = isInitial ? [] : try db.rows("SELECT name FROM deleted_zones WHERE deleted_at > ? ORDER BY name", [position]) { $0.text(0) }
+        return DatabaseChanges(changedZones: changed.compactMap { try? ZoneName($0) }, deletedZones: deleted.compactMap { try? ZoneName($0) },
+                               token: TokenContents.databaseToken(backend: kind, instance: instance, position: try databaseSequence(db)))
     }
 
     // MARK: Changes
@@ -175,27 +181,32 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
 
     // MARK: Records
 
-    public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+    public func save(_ records: [Record], policy savePolicy: SavePolicy, feedSince token: ChangeToken?,
+                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer {
         try BackendLimits.checkBatch(records.count)
         // Signatures before the transaction (in parallel); ownership inside it, where saves
         // take turns, so each decides against the pins the one before it stored.
         let verified = SaveChecks.verify(records, policy: policy)
         let policy = self.policy
+        let instance = self.instance
+        let feedPosition = token.flatMap { try? TokenContents.databasePosition($0, backend: Self.kind, instance: instance) }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let (results, touched, _) = try await write({ db in
+        let (answer, touched, _) = try await write({ db in
             var results = [Result<Record, RecordZoneError>]()
             // Each zone's sequence is read once and written back once, after the batch.
-            var sequences = [ZoneName: Int64](), missing = Set<ZoneName>(), touched = Set<ZoneName>()
+            var zones = [ZoneName: (incarnation: String, before: Int64)](), sequences = [ZoneName: Int64]()
+            var missing = Set<ZoneName>(), touched = Set<ZoneName>()
             let plan = try SaveChecks.plan(records, verified: verified, savePolicy: savePolicy, policy: policy) { record in
                 let zone = record.id.zone
-                if sequences[zone] == nil, !missing.contains(zone) {
-                    if let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue], { $0.int(0) }) {
+                if zones[zone] == nil, !missing.contains(zone) {
+                    if let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) {
+                        zones[zone] = (incarnation, sequence)
                         sequences[zone] = sequence
                     } else {
                         missing.insert(zone)
                     }
                 }
-                guard sequences[zone] != nil else { return .failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)) }
+                guard zones[zone] != nil else { return .failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)) }
                 return .success(try Self.current(record.id, in: db))
             }
             for (record, decision) in zip(records, plan.decisions) {
@@ -228,13 +239,23 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
                     try db.execute("UPDATE zones SET sequence = ?, changed_at = ? WHERE name = ?", [sequences[zone] ?? 0, changedAt, zone.rawValue])
                 }
             }
-            return (results, touched, plan.pins)
+            // The catch-up, read where the batch is written: nobody writes in between.
+            var catchUp = SaveCatchUp(zones: touched.sorted().compactMap { zone in
+                guard let (incarnation, before) = zones[zone], let after = sequences[zone] else { return nil }
+                func token(_ position: Int64) -> ChangeToken {
+                    TokenContents(kind: .zone, backend: Self.kind, zone: zone.rawValue, incarnation: incarnation, position: SequencePosition.encode(UInt64(position))).token
+                }
+                return ZoneAdvance(zone: zone, from: before == 0 ? nil : token(before), to: token(after))
+            })
+            if let feedPosition, feedPosition <= (try Self.databaseSequence(db)) {
+                catchUp.database = try Self.feed(since: feedPosition, isInitial: false, instance: instance, in: db)
+            }
+            return (SaveAnswer(results: results, catchUp: catchUp), touched, plan.pins)
         }, afterCommit: { policy.pins.publish($0.2) })
         touched.forEach(waiters.wake)
-        return results
+        return SaveAnswer(results: answer.results, catchUp: answer.catchUp.filteringFeed(isVisible))
     }
 
-    /// The stored bytes of each record, in one read transaction.
     public func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>] {
         try BackendLimits.checkBatch(ids.count)
         return try await read { db in

@@ -16,6 +16,11 @@ public protocol ZoneStorage: RecordZoneBackend {
 
     /// The database change feed, limited to the zones `isVisible` lets through.
     func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges
+    /// Saves a batch (``RecordZoneBackend/save(_:policy:)``) and reads, in the same transaction,
+    /// how its zones moved and — given a database token — the feed since it, limited to the
+    /// zones `isVisible` lets through (``SaveCatchUp``). A token that is no longer valid leaves
+    /// the feed out; it never fails the save.
+    func save(_ records: [Record], policy: SavePolicy, feedSince token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer
     /// One page of a zone's changes as stored: the records' bytes, not decoded or verified again.
     func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes
     /// The stored bytes of each record.
@@ -69,6 +74,14 @@ final class NonceMemory: Sendable {
 extension ZoneStorage {
     public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
         try await fetchDatabaseChanges(since: token, visibleTo: { _ in true })
+    }
+
+    public func save(_ records: [Record], policy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try await save(records, policy: policy, feedSince: nil, visibleTo: { _ in true }).results
+    }
+
+    public func save(_ records: [Record], policy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer {
+        try await save(records, policy: policy, feedSince: databaseToken, visibleTo: { _ in true })
     }
 
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
@@ -176,5 +189,19 @@ extension ZoneStorage {
         case let postgres as PostgresZoneStorage: try await postgres.createZones(zones)
         default: for zone in zones { try await createZone(zone) }
         }
+    }
+}
+
+extension DatabaseChanges {
+    /// The feed limited to the zones a reader may see.
+    func filtered(_ isVisible: (ZoneName) -> Bool) -> DatabaseChanges {
+        DatabaseChanges(changedZones: changedZones.filter(isVisible), deletedZones: deletedZones.filter(isVisible), token: token)
+    }
+}
+
+extension SaveCatchUp {
+    /// The catch-up's feed limited to the zones a reader may see (a writer sees its own zones).
+    func filteringFeed(_ isVisible: (ZoneName) -> Bool) -> SaveCatchUp {
+        SaveCatchUp(database: database?.filtered(isVisible), zones: zones)
     }
 }

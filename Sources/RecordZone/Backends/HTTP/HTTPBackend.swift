@@ -109,13 +109,17 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     // MARK: Records
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
+        try await save(records, policy: savePolicy, catchingUpFrom: nil).results
+    }
+
+    public func save(_ records: [Record], policy savePolicy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer {
         try BackendLimits.checkBatch(records.count)
-        let request = try Wire.Modify(records: records, policy: savePolicy)
+        let request = try Wire.Modify(records: records, policy: savePolicy, since: databaseToken)
         let body = try await post(Wire.Outcomes.self, "/v1/records/modify", request)
         guard body.results.count == records.count else {
             throw RecordZoneError(.malformed, "the server answered \(body.results.count) results for \(records.count) records")
         }
-        return zip(zip(records, request.records), body.results).map { sent, outcome in
+        let results = zip(zip(records, request.records), body.results).map { sent, outcome -> Result<Record, RecordZoneError> in
             let (record, ours) = sent
             // Our own version is stored: keep it (nothing to verify), with the server's metadata.
             let metadata = outcome.stored.map { Wire.SignedRecord(bytes: ours.bytes, changeTag: $0.changeTag, receivedAt: $0.receivedAt) }
@@ -128,6 +132,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
             }
             return checked(outcome, id: record.id)
         }
+        return SaveAnswer(results: results, catchUp: body.catchUp ?? .none)
     }
 
     public func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {

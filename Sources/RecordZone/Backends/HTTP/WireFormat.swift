@@ -191,9 +191,12 @@ public enum Wire {
     public struct Modify: Codable, Sendable {
         public var records: [SignedRecord]
         public var policy: SavePolicy?
-        public init(records: [Record], policy: SavePolicy) throws(RecordZoneError) {
+        /// The client's database token: the answer then carries the feed since it (``SaveCatchUp``).
+        public var since: ChangeToken?
+        public init(records: [Record], policy: SavePolicy, since: ChangeToken? = nil) throws(RecordZoneError) {
             self.records = try records.map { record throws(RecordZoneError) in try SignedRecord(record) }
             self.policy = policy
+            self.since = since
         }
     }
 
@@ -230,7 +233,12 @@ public enum Wire {
 
     public struct Outcomes: Codable, Sendable {
         public var results: [Outcome]
-        public init(results: [Outcome]) { self.results = results }
+        /// A modify's catch-up (absent in a fetch's answer, and when there is nothing to tell).
+        public var catchUp: SaveCatchUp?
+        public init(results: [Outcome], catchUp: SaveCatchUp? = nil) {
+            self.results = results
+            self.catchUp = catchUp
+        }
     }
 
     public struct ID: Codable, Sendable {

@@ -1,0 +1,65 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+@testable import ZoneServer
+
+/// A sync that pushes learns from its save what else changed (the modify's catch-up): one
+/// request per message sent, nothing fetched back — and nothing missed when others wrote.
+@Suite struct CatchUpTests {
+    static let servers = ChatBackend.allCases.filter(\.isServer)
+
+    @Test(arguments: servers)
+    func aSyncThatPushesIsOneRequestAndFetchesNothingBack(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let server = try #require(fixture.zoneServer)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob, alice])
+        for text in ["one", "two", "three"] {
+            let sent = try await alice.send(text, to: "bob")
+            let before = server.api.metrics.answered(), feeds = server.api.metrics.answered(.databaseChanges)
+            let fetches = server.api.metrics.answered(.zoneChanges)
+            let report = try await alice.sync()
+            if kind == .http {
+                #expect(server.api.metrics.answered() - before == 1, "a sync that pushes one message is its modify alone")
+            } else {
+                // PostgreSQL's feed may name again a zone that changed around its token's
+                // horizon (another test's transaction in the cluster holds it back): such a
+                // zone is fetched (found unchanged), but never the feed nor the message.
+                #expect(server.api.metrics.answered() - before == 1 + server.api.metrics.answered(.zoneChanges) - fetches)
+                #expect(server.api.metrics.answered(.databaseChanges) == feeds)
+            }
+            #expect(report.pushed == 1 && report.pulled == 0, "\(report)")
+            #expect(try alice.message(sent.id)?.syncState == .synced)
+        }
+        // Nothing was skipped: a sync that pushes nothing finds nothing new, and bob gets all.
+        #expect(try await alice.sync().pulled == 0)
+        try await bob.sync()
+        let zone = try #require(try bob.conversations().first?.id)
+        #expect(try history(bob, zone).map(\.content) == ["hello", "one", "two", "three"])
+    }
+
+    @Test(arguments: servers)
+    func whatOthersWroteBetweenTwoPushesIsStillPulled(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob, alice])
+        let zone = try #require(try alice.conversations().first?.id)
+        // Bob writes into the conversation and into his own zone (his profile) while alice is
+        // not pulling; alice's next push lands after both.
+        try await bob.send("from bob", to: "alice")
+        _ = try await bob.updateLocalSpeaker(name: "Bob B.", tags: [])
+        try await bob.sync()
+        try await alice.send("from alice", to: "bob")
+        let report = try await alice.sync()
+        #expect(report.pushed == 1)
+        #expect(try history(alice, zone).map(\.content) == ["hello", "from bob", "from alice"])
+        #expect(try alice.speaker(fromRef: SpeakerRef(identifier: "bob"))?.name == "Bob B.")
+        // And her own message, which she did not fetch back, is on the server for bob.
+        try await bob.sync()
+        #expect(try history(bob, zone).map(\.content) == ["hello", "from bob", "from alice"])
+    }
+}
