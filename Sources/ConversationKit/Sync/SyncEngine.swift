@@ -214,6 +214,9 @@ actor SyncEngine {
     struct CaughtUp {
         var database: DatabaseChanges
         var advanced: Set<ZoneName>
+        /// The batch was the push's last and its transaction found nothing else to fetch: the
+        /// pull is done (its token stored with the batch).
+        var finished: Bool
     }
 
     /// Pushes the outbox. - Parameter catchingUp: whether to ask each save for the database
@@ -272,8 +275,8 @@ actor SyncEngine {
                 throw ConversationError.backend(RecordZoneError(.malformed, "the backend answered \(answer.results.count) results for \(records.count) records"), "push failed")
             }
             let settled = zip(sent, zip(records, answer.results)).map { ($0, $1.0, $1.1) }
-            let advances = answer.catchUp.zones
-            let (counts, advanced) = try await write { applier in
+            let advances = answer.catchUp.zones, feed = answer.catchUp.database
+            let (counts, advanced, finished) = try await write { applier in
                 var counts = SyncReport()
                 for (entry, record, result) in settled {
                     try self.settle(entry, record, result, applier: &applier, report: &counts)
@@ -285,12 +288,15 @@ actor SyncEngine {
                     try applier.db.execute("UPDATE ck_zone_state SET token = ? WHERE zone = ? AND token IS ?", [advance.to.data, advance.zone.rawValue, advance.from?.data])
                     if applier.db.changes > 0 { advanced.insert(advance.zone) }
                 }
-                return (counts, advanced)
+                // The push's last batch, and nothing else to fetch: the sync ends with this
+                // transaction (the one-by-one send's path: a save, and one write here).
+                guard let feed, try !Outbox.hasDue(at: now, in: applier.db) else { return (counts, advanced, false) }
+                return (counts, advanced, try self.startPull(feed, advanced: advanced, localSpeaker: localSpeaker, applier: &applier) == nil)
             }
             report.pushed += counts.pushed
             report.failed += counts.failed
             report.deferred += counts.deferred
-            caughtUp = answer.catchUp.database.map { CaughtUp(database: $0, advanced: advanced) }
+            caughtUp = feed.map { CaughtUp(database: $0, advanced: advanced, finished: finished) }
         }
     }
 
@@ -371,53 +377,84 @@ actor SyncEngine {
     // MARK: Pull
 
     /// - Parameter caughtUp: the feed the push's last batch read, used instead of fetching it
-    ///   (its advanced zones are not fetched either).
+    ///   (its advanced zones are not fetched either); when that batch's transaction found
+    ///   nothing else to fetch and stored the token, there is nothing left to do.
     private func pull(_ report: inout SyncReport, localSpeaker: String, caughtUp: CaughtUp? = nil) async throws(ConversationError) {
+        if caughtUp?.finished == true {
+            progress?(SyncProgress(zone: nil, zonesDone: 0, zones: 0, pulled: report.pulled))
+            return
+        }
         let changes: DatabaseChanges
         if let caughtUp { changes = caughtUp.database } else { changes = try await fetchDatabaseChanges() }
         let advanced = caughtUp?.advanced ?? []
-        // Speakers' own zones first: who holds which keys and devices is decided there, before a
-        // conversation's records are read. The store follows only the speakers it knows: its
-        // own, the other side of each of its conversations, those found by a query.
-        let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        let changed = Set(changes.changedZones).subtracting(advanced)
-        let followed = try await write { applier in
-            try applier.follow(localSpeaker)
-            for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
-            return try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
+        let plan = try await write { applier in try self.startPull(changes, advanced: advanced, localSpeaker: localSpeaker, applier: &applier) }
+        guard let plan else {
+            progress?(SyncProgress(zone: nil, zonesDone: 0, zones: 0, pulled: report.pulled))
+            return
         }
-        let speakerZones = followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } }
-        let total = speakerZones.count + changed.intersection(conversations).count
-        for (index, zone) in speakerZones.enumerated() {
+        let total = plan.speakerZones.count + plan.conversations.count
+        for (index, zone) in plan.speakerZones.enumerated() {
             progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: total, pulled: report.pulled))
             try await pullZone(zone, report: &report)
         }
         // Conversations to read again from the start (refetched), whether or not the feed names
         // them — looked for after the speakers' zones, whose revocations and rotations may have
         // just sent some back to be decided again.
-        let refetched = try read { db in
-            try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
-        }.compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        let zones = changed.intersection(conversations).union(refetched).sorted()
+        let refetched = try read { db in try Self.refetched(localSpeaker, in: db) }
+        let zones = Set(plan.conversations).union(refetched).sorted()
         for (index, zone) in zones.enumerated() {
-            progress?(SyncProgress(zone: zone.rawValue, zonesDone: speakerZones.count + index, zones: max(total, speakerZones.count + zones.count), pulled: report.pulled))
+            progress?(SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: report.pulled))
             try await pullZone(zone, report: &report)
         }
-        let done = speakerZones.count + zones.count
+        let done = plan.speakerZones.count + zones.count
         progress?(SyncProgress(zone: nil, zonesDone: done, zones: done, pulled: report.pulled))
-        if !changes.deletedZones.isEmpty {
-            try await write { applier in
-                for zone in changes.deletedZones {
-                    try applier.db.execute("UPDATE ck_zone_state SET token = NULL, is_created = 0 WHERE zone = ?", [zone.rawValue])
-                }
-            }
-        }
         try await write { applier in
-            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('database_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                                   [changes.token.data])
-            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('last_sync_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                                   [Self.milliseconds(self.configuration.now())])
+            for zone in changes.deletedZones {
+                try applier.db.execute("UPDATE ck_zone_state SET token = NULL, is_created = 0 WHERE zone = ?", [zone.rawValue])
+            }
+            try self.finishPull(at: changes.token, in: applier.db)
         }
+    }
+
+    /// The zones a pull fetches, in order.
+    struct PullPlan {
+        /// Speakers' own zones, first: who holds which keys and devices is decided there
+        /// before a conversation's records are read.
+        var speakerZones: [ZoneName]
+        /// The conversations the feed names that the local speaker takes part in.
+        var conversations: [ZoneName]
+    }
+
+    /// The first step of a pull, in a write transaction: follows the speakers the feed's
+    /// conversations name (the store follows only the speakers it knows: its own, the other side
+    /// of each of its conversations, those found by a query) and plans what to fetch — nothing
+    /// of the zones in `advanced`. - Returns: nil when there is nothing to fetch at all; the
+    /// pull is then finished in this transaction (the feed's token stored).
+    nonisolated func startPull(_ changes: DatabaseChanges, advanced: Set<ZoneName>, localSpeaker: String, applier: inout RecordApplier) throws -> PullPlan? {
+        let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
+        let changed = Set(changes.changedZones).subtracting(advanced)
+        try applier.follow(localSpeaker)
+        for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
+        let followed = try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
+        let plan = PullPlan(speakerZones: followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } },
+                            conversations: changed.intersection(conversations).sorted())
+        guard plan.speakerZones.isEmpty, plan.conversations.isEmpty, changes.deletedZones.isEmpty,
+              try Self.refetched(localSpeaker, in: applier.db).isEmpty else { return plan }
+        try finishPull(at: changes.token, in: applier.db)
+        return nil
+    }
+
+    /// The conversations to read again from the start: created, taking part, and no token.
+    static func refetched(_ localSpeaker: String, in db: Database) throws -> [ZoneName] {
+        try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
+            .compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
+    }
+
+    /// The end of a whole pull: the feed's token, and when it was read.
+    nonisolated func finishPull(at token: ChangeToken, in db: Database) throws {
+        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('database_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [token.data])
+        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('last_sync_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       [Self.milliseconds(configuration.now())])
     }
 
     /// The database token of the last whole pull (nil before the first).
