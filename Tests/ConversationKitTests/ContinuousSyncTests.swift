@@ -43,6 +43,39 @@ import TestSupport
         #expect(try bob.message(reply.id)?.syncState == .synced || synced != nil)
     }
 
+    /// A running sender's own long poll wakes for its own message; the push's catch-up took
+    /// the zone's token past it, so the zone is not fetched back (the poll asks again from the
+    /// new token) — and what the peer answers still arrives.
+    @Test(arguments: ChatBackend.allCases.filter(\.isServer))
+    func aRunningSenderDoesNotFetchBackWhatItPushed(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let server = try #require(fixture.zoneServer)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        _ = try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob, alice])
+        let before = server.api.metrics.answered(.zoneChanges)
+        let running = Task { try await alice.run(pollInterval: .seconds(60)) }
+        defer { running.cancel() }
+        // The first round: the directory zone's poll finds bob's entry (newer than alice's
+        // token) and fetches it. Counted from after it, the polls in place.
+        for _ in 0..<100 where server.api.metrics.answered(.zoneChanges) == before { try await Task.sleep(for: .milliseconds(100)) }
+        try await Task.sleep(for: .milliseconds(300))
+        let fetches = server.api.metrics.answered(.zoneChanges), saves = server.api.metrics.answered(.modify)
+        for n in 0..<3 {
+            let sent = try await alice.send("mine \(n)", to: "bob")
+            let synced = await Self.time(alice.events(), seconds: 15) { _ in (try? alice.message(sent.id)?.syncState) == .synced }
+            let state = try alice.message(sent.id)?.syncState
+            #expect(synced != nil || state == .synced, "message \(n) synced")
+            try await Task.sleep(for: .milliseconds(100))  // the poll woke and asked again
+        }
+        #expect(server.api.metrics.answered(.modify) - saves == 3)
+        #expect(server.api.metrics.answered(.zoneChanges) == fetches, "nothing fetched back")
+        let events = alice.events()
+        let reply = try await bob.send("yours", to: "alice")
+        try await bob.sync()
+        #expect(await Self.time(events, seconds: 15) { $0 == .messageAdded(reply.id) } != nil)
+    }
+
     /// On a folder, inotify brings a change at once: with the feed looked at only every minute,
     /// messages still arrive (in seconds at most, on a loaded machine).
     @Test func aFolderChangeArrivesThroughInotify() async throws {

@@ -257,6 +257,13 @@ let memoryRunRecords = 5200
     let running = [Task { try await alice.run() }, Task { try await bob.run() }]
     defer { running.forEach { $0.cancel() } }
     try await Task.sleep(for: .milliseconds(300))
+    // Thread switches (voluntary context switches: a thread that waits and is woken — every
+    // hand-off) while nothing is sent, then per message: this process (both stores) and
+    // convkitd's.
+    let idleStart = (clients: voluntarySwitches(), server: voluntarySwitches(of: process.processIdentifier))
+    for _ in 0..<50 { try await Task.sleep(for: .milliseconds(20)) }
+    let idle = (clients: voluntarySwitches() - idleStart.clients, server: voluntarySwitches(of: process.processIdentifier) - idleStart.server)
+    let busyStart = (clients: voluntarySwitches(), server: voluntarySwitches(of: process.processIdentifier))
     var latencies = [Double]()
     for n in 0..<50 {
         let events = bob.events()
@@ -271,11 +278,31 @@ let memoryRunRecords = 5200
         latencies.append(secondsIn(ContinuousClock.now - start))
         try await Task.sleep(for: .milliseconds(20))
     }
+    let clients = Double(voluntarySwitches() - busyStart.clients - idle.clients) / 50
+    let server = Double(voluntarySwitches(of: process.processIdentifier) - busyStart.server - idle.server) / 50
     latencies.sort()
     let median = latencies[latencies.count / 2], p90 = latencies[latencies.count * 9 / 10]
     reporter.report(Row(name: "message to a running peer (median)", perSecond: 1 / median, rawName: "raw libmicrohttpd round trip", rawPerSecond: rawRoundTrip))
     reporter.note(String(format: "a message to a continuously syncing peer through convkitd serve: median %.1f ms, 90th percentile %.1f ms, slowest %.1f ms (50 messages)",
                          median * 1000, p90 * 1000, (latencies.last ?? 0) * 1000))
+    reporter.note(String(format: "thread hand-offs per message, send to the peer's event (voluntary context switches, the idle rate subtracted): %.1f in the two stores' process, %.1f in convkitd",
+                         clients, server))
+}
+
+/// Voluntary context switches of every thread of a process so far: this one (`getrusage`,
+/// threads that ended included) or another (its live threads, from `/proc`).
+func voluntarySwitches(of pid: Int32? = nil) -> Int {
+    guard let pid else {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        return usage.ru_nvcsw
+    }
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+    return tasks.reduce(0) { total, task in
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("voluntary_ctxt_switches:") }
+        return total + (line.flatMap { Int($0.split(separator: "\t").last ?? "") } ?? 0)
+    }
 }
 
 private func residentKilobytes(of pid: Int32) throws -> Int {

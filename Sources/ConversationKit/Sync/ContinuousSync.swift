@@ -76,7 +76,13 @@ extension ConversationStore {
                 } else {
                     report = SyncReport()
                     if causes.contains(.localChange) { report = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend) }
-                    let zones = causes.compactMap { if case .zone(let zone) = $0 { zone } else { nil } }
+                    // A zone whose token moved since its poll woke (a push's catch-up took it past
+                    // this store's own versions) is not fetched: its poll asks again from there.
+                    let kicked = causes.compactMap { if case .zone(let zone, let from) = $0 { (zone, from) } else { nil } }
+                    let stored = try read { db in
+                        try Dictionary(db.rows("SELECT zone, token FROM ck_zone_state WHERE token IS NOT NULL") { ($0.text(0), ChangeToken(data: $0.blob(1))) }) { $1 }
+                    }
+                    let zones = Array(Set(kicked.filter { zone, from in from == nil || stored[zone.rawValue].map { $0 == from } ?? true }.map(\.0)))
                     if !zones.isEmpty {
                         let pulled = try await engine.pull(zones: zones, backend: backend)
                         report.pulled += pulled.pulled
@@ -158,12 +164,12 @@ extension ConversationStore {
                                 // restored from an earlier copy): the round fetches it again
                                 // from the start. Otherwise the round loop backs off; this poll
                                 // waits for it.
-                                if (error as? RecordZoneError)?.code == .changeTokenExpired { kicks.kick(.zone(zone)) }
+                                if (error as? RecordZoneError)?.code == .changeTokenExpired { kicks.kick(.zone(zone, waitedFrom: nil)) }
                                 _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
                                 continue
                             }
                             if moved {
-                                kicks.kick(.zone(zone))
+                                kicks.kick(.zone(zone, waitedFrom: token))
                                 _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
                             }
                         }
@@ -188,7 +194,9 @@ extension ConversationStore {
 /// What starts a round of the continuous sync.
 enum SyncCause: Sendable, Hashable {
     case localChange
-    case zone(ZoneName)
+    /// A zone's long poll woke, having waited from this token (nil: fetch the zone whatever
+    /// its token, as after an expired one).
+    case zone(ZoneName, waitedFrom: ChangeToken?)
     case poll
 }
 
