@@ -94,6 +94,28 @@ public final class DatabaseQueue: Sendable {
         try await writer.async { db in try db.transaction { try body(db) } }
     }
 
+    /// How a write transaction reaches the disk.
+    public enum Durability: Sendable {
+        /// On disk before the call returns (`synchronous=FULL`: the log is synced at the commit).
+        case synced
+        /// Committed without a sync of its own (`synchronous=NORMAL` for this commit; WAL mode):
+        /// a crash of the process loses nothing, a power loss may lose it — only together with
+        /// every commit after it, since the next synced commit or checkpoint syncs the log up to
+        /// it. For what can be had again (what a server holds, and the token that says so).
+        case deferred
+    }
+
+    /// ``write(_:)`` with a chosen durability.
+    public func write<T: Sendable>(_ durability: Durability, _ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        guard durability == .deferred else { return try await write(body) }
+        return try await writer.async { db in
+            // The level cannot change inside a transaction: set around it.
+            try db.execute("PRAGMA synchronous = NORMAL")
+            defer { try? db.execute("PRAGMA synchronous = FULL") }
+            return try db.transaction { try body(db) }
+        }
+    }
+
     /// Runs `body` in a write transaction, then, once it committed and before the next write
     /// begins, `afterCommit` with its result: shared state that must follow what is stored
     /// (key pins) changes only after the commit, and in commit order.

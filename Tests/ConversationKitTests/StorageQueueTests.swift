@@ -51,6 +51,43 @@ import TestSupport
     /// Another process holds the write lock of the store's and the server's databases. Writes
     /// to both — more than the pool has threads — wait for it; meanwhile 20 concurrent store
     /// reads and server requests complete, before the lock is let go. Then the writes land.
+    /// A deferred write commits (its rows are there for every reader) without changing how
+    /// the writes after it reach the disk: the connection is back to `synchronous=FULL` after
+    /// it, whether it committed or failed.
+    @Test func aDeferredWriteCommitsAndLeavesTheNextWritesSynced() async throws {
+        let directory = try TemporaryDirectory("deferred")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")])
+        func level() throws -> Int64? { try queue.writeNow { db in try db.first("PRAGMA synchronous") { $0.int(0) } } }
+        #expect(try level() == 2)
+        try await queue.write(.deferred) { db in try db.execute("INSERT INTO t (x) VALUES (1)") }
+        #expect(try level() == 2)
+        await #expect(throws: (any Error).self) {
+            try await queue.write(.deferred) { db in
+                try db.execute("INSERT INTO t (x) VALUES (2)")
+                try db.execute("INSERT INTO missing (x) VALUES (3)")
+            }
+        }
+        #expect(try level() == 2)
+        #expect(try queue.readNow { db in try db.rows("SELECT x FROM t") { $0.int(0) } } == [1])
+    }
+
+    /// The store's sync writes what the backend can give again without a sync of its own; a
+    /// pull that pinned a key is synced after all (a key first seen is never forgotten).
+    @Test func aPullThatPinsAKeyIsSynced() async throws {
+        let fixture = try await ChatFixture(.http)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await bob.send("hello", to: "alice")
+        try await bob.sync()
+        let path = fixture.storePath("alice") + "/store.sqlite"
+        func marker() throws -> Int64? {
+            let db = try Database(path: path, readOnly: true)
+            return try db.first("SELECT value FROM ck_meta WHERE key = 'pins_synced_at'") { $0.int(0) }
+        }
+        #expect(try marker() == nil)
+        try await alice.sync()
+        #expect(try marker() != nil, "bob's key, pinned by the pull, was synced")
+    }
+
     @Test func readsAndRequestsGoOnWhileAnotherProcessHoldsTheWriteLock() async throws {
         let fixture = try await ChatFixture(.http)
         let alice = try await fixture.store("alice")

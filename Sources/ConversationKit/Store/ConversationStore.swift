@@ -197,7 +197,7 @@ public final class ConversationStore: Sendable {
     public func events() -> AsyncStream<StoreEvent> { database.hub.stream() }
 
     func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
-        try await database.write(body)
+        try await database.write(.synced, body)
     }
 
     func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {

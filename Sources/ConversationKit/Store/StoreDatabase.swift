@@ -28,10 +28,16 @@ final class StoreDatabase: Sendable {
     /// Runs a write transaction with a record applier on the writer's queue (off Swift's
     /// cooperative pool: a slow disk or another process's lock holds no task thread); publishes
     /// its events after the commit.
-    func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
+    ///
+    /// A `deferred` write (what the backend holds and can give again: pushed versions settled,
+    /// pulled pages with their tokens) commits without a sync of its own; one that pinned keys
+    /// is synced after all, with a second commit: a key first seen is never forgotten by a
+    /// power loss and learned again from someone else.
+    func write<T: Sendable>(_ durability: DatabaseQueue.Durability = .synced,
+                            _ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
         let policy = self.policy
         do {
-            let (result, events, queued) = try await queue.write { db in
+            let (result, events, queued, pinned) = try await queue.write(durability) { db in
                 let local = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
                 var applier = RecordApplier(db: db, localSpeaker: local)
                 let result = try body(&applier)
@@ -39,8 +45,12 @@ final class StoreDatabase: Sendable {
                 try applier.readmitKeyConflicts(of: changed, policy: policy)
                 try applier.invalidateAccepted(of: changed, policy: policy)
                 try applier.finish()
-                try PinTable.saveChanges(of: policy.pins, in: db)
-                return (result, applier.events, applier.queuedLocalChange)
+                let pinned = try PinTable.saveChanges(of: policy.pins, in: db)
+                return (result, applier.events, applier.queuedLocalChange, pinned)
+            }
+            if pinned, durability == .deferred {
+                try await queue.write { db in try db.execute("INSERT INTO ck_meta (key, value) VALUES ('pins_synced_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                                                             [Int64(Date().timeIntervalSince1970 * 1000)]) }
             }
             if queued { localChanges.wake(Self.outboxSignal) }
             hub.publish(events)

@@ -276,7 +276,7 @@ actor SyncEngine {
             }
             let settled = zip(sent, zip(records, answer.results)).map { ($0, $1.0, $1.1) }
             let advances = answer.catchUp.zones, feed = answer.catchUp.database
-            let (counts, advanced, finished) = try await write { applier in
+            let (counts, advanced, finished) = try await writeRecoverable { applier in
                 var counts = SyncReport()
                 for (entry, record, result) in settled {
                     try self.settle(entry, record, result, applier: &applier, report: &counts)
@@ -339,7 +339,7 @@ actor SyncEngine {
     }
 
     private func reschedule(_ entries: [OutboxEntry], error: RecordZoneError) async throws(ConversationError) {
-        try await write { applier in try self.reschedule(entries, error: error, in: applier.db) }
+        try await writeRecoverable { applier in try self.reschedule(entries, error: error, in: applier.db) }
     }
 
     private nonisolated func reschedule(_ entries: [OutboxEntry], error: RecordZoneError, in db: Database) throws {
@@ -367,7 +367,7 @@ actor SyncEngine {
             } catch {
                 throw ConversationError.backend(error, "cannot create zone \(zone)")
             }
-            try await write { applier in
+            try await writeRecoverable { applier in
                 try applier.db.execute("INSERT INTO ck_zone_state (zone, is_created) VALUES (?, 1) ON CONFLICT (zone) DO UPDATE SET is_created = 1", [zone.rawValue])
             }
         }
@@ -387,7 +387,7 @@ actor SyncEngine {
         let changes: DatabaseChanges
         if let caughtUp { changes = caughtUp.database } else { changes = try await fetchDatabaseChanges() }
         let advanced = caughtUp?.advanced ?? []
-        let plan = try await write { applier in try self.startPull(changes, advanced: advanced, localSpeaker: localSpeaker, applier: &applier) }
+        let plan = try await writeRecoverable { applier in try self.startPull(changes, advanced: advanced, localSpeaker: localSpeaker, applier: &applier) }
         guard let plan else {
             progress?(SyncProgress(zone: nil, zonesDone: 0, zones: 0, pulled: report.pulled))
             return
@@ -408,7 +408,7 @@ actor SyncEngine {
         }
         let done = plan.speakerZones.count + zones.count
         progress?(SyncProgress(zone: nil, zonesDone: done, zones: done, pulled: report.pulled))
-        try await write { applier in
+        try await writeRecoverable { applier in
             for zone in changes.deletedZones {
                 try applier.db.execute("UPDATE ck_zone_state SET token = NULL, is_created = 0 WHERE zone = ?", [zone.rawValue])
             }
@@ -492,7 +492,7 @@ actor SyncEngine {
             } catch where error.code == .changeTokenExpired {
                 // The zone was deleted and recreated: drop what came from the old incarnation
                 // (unsent changes stay) and fetch the zone whole again.
-                try await write { applier in
+                try await writeRecoverable { applier in
                     try CacheReset.drop(zone: zone.rawValue, keeping: applier.localSpeaker ?? "", in: applier.db)
                 }
                 token = nil
@@ -507,7 +507,7 @@ actor SyncEngine {
             let pageDamage = page.rejected.filter { $0.reason.code == .corruptSegment }.map(\.source)
             damaged.formUnion(pageDamage)
             let stillDamaged = damaged
-            let counts = try await write { applier in
+            let counts = try await writeRecoverable { applier in
                 var applied = 0
                 for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
                 for rejected in page.rejected {
@@ -549,7 +549,15 @@ actor SyncEngine {
     }
 
     private func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
-        try await database.write(body)
+        try await database.write(.synced, body)
+    }
+
+    /// A write of what the backend holds and can give again — settled pushes, pulled pages and
+    /// their tokens, retry times: committed without a sync of its own (``DatabaseQueue/Durability/deferred``).
+    /// A power loss may take it back (never the local changes before it); the next sync then
+    /// pushes again what it had settled (the same versions: no duplicates) and fetches again.
+    private func writeRecoverable<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
+        try await database.write(.deferred, body)
     }
 
     static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }

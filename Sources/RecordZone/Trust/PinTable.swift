@@ -35,9 +35,11 @@ public enum PinTable {
     /// Writes the chains a reader's admissions changed since the last call (``KeyPins/takeChangedChains()``),
     /// inside the caller's transaction. When the
     /// write fails, the chains are handed back to the pins for the next transaction.
-    public static func saveChanges(of pins: KeyPins, in db: Database) throws {
+    /// - Returns: whether any chain was written.
+    @discardableResult
+    public static func saveChanges(of pins: KeyPins, in db: Database) throws -> Bool {
         let changed = pins.takeChangedChains()
-        guard !changed.isEmpty else { return }
+        guard !changed.isEmpty else { return false }
         do {
             let encoder = JSONEncoder()
             encoder.outputFormatting = .sortedKeys
@@ -49,5 +51,6 @@ public enum PinTable {
             pins.restoreChangedChains(changed)
             throw error
         }
+        return true
     }
 }

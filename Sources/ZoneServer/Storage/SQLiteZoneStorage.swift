@@ -82,7 +82,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     /// request is answered. One server holds the file: its pins in memory are the truth.
     public func persistPins(for identity: String) async throws(RecordZoneError) {
         guard !policy.pins.changedIdentities.isEmpty else { return }
-        try await write { db in try PinTable.saveChanges(of: self.policy.pins, in: db) }
+        _ = try await write { db in try PinTable.saveChanges(of: self.policy.pins, in: db) }
     }
 
     /// Nonces live in memory: one server uses the file. A request captured before a restart
