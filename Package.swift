@@ -79,14 +79,16 @@ let package = Package(
         // Tests.
         .target(name: "CSpawn", path: "Tests/CSpawn"),
         .target(name: "TestSupport", dependencies: ["CSpawn", "ImageKit", "CPNG", "PostgresKit"], path: "Tests/TestSupport"),
+        // The test hooks that reach into backends' internals (planting records, rewinding a zone).
+        .target(name: "StorageTestSupport", dependencies: ["RecordZone", "ZoneServer", "SQLiteKit", "PostgresKit"], path: "Tests/StorageTestSupport"),
         .testTarget(name: "ImageKitTests", dependencies: ["ImageKit", "TestSupport"]),
         .testTarget(name: "PostgresKitTests", dependencies: ["PostgresKit", "TestSupport"]),
-        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "convkit-zone-writer"]),
+        .testTarget(name: "RecordZoneTests", dependencies: ["RecordZone", "ZoneServer", "TestSupport", "StorageTestSupport", "convkit-zone-writer"]),
         .testTarget(
             name: "ConversationKitTests",
-            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "convkit-store-sync", "convkit-lock-holder"]),
+            dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "StorageTestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "TestSupport", "convkit", "convkitd"]),
-        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "convkitd"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "convkitd"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,5 +1,6 @@
 import Foundation
 @testable import RecordZone
+import StorageTestSupport
 import Testing
 import TestSupport
 @testable import ConversationKit

@@ -2,6 +2,7 @@ import ConversationKit
 import Foundation
 import Synchronization
 @testable import RecordZone
+import StorageTestSupport
 import Testing
 import TestSupport
 @testable import ZoneServer

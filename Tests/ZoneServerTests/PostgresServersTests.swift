@@ -3,6 +3,7 @@ import Foundation
 import PostgresKit
 import RecordZone
 import Synchronization
+import StorageTestSupport
 import Testing
 import TestSupport
 @testable import ZoneServer

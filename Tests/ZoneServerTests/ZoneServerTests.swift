@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 @testable import RecordZone
+import StorageTestSupport
 import Testing
 import TestSupport
 @testable import ZoneServer

@@ -87,17 +87,7 @@ extension PostgresZoneStorage {
             """
     }
 
-    // MARK: Test support
-
-    /// Creates many zones in one transaction (seeding a large server for a test or the bench).
-    func createZones(_ zones: [ZoneName]) async throws(RecordZoneError) {
-        _ = try await run { db in
-            try db.execute("""
-                INSERT INTO ck_zones (name, incarnation, changed_xid) SELECT name, gen_random_uuid()::text, pg_current_xact_id()::text::bigint
-                FROM unnest($1::text[]) AS t(name) ON CONFLICT (name) DO NOTHING
-                """, [.textArray(zones.map(\.rawValue))])
-        }
-    }
+    // MARK: Bench support
 
     /// Fills a zone with `count` filler rows (not records: 200 bytes each, never served to a
     /// verifying reader), so the bench can measure saves and fetches in a zone of that size.
@@ -112,22 +102,6 @@ extension PostgresZoneStorage {
                 try db.execute("UPDATE ck_zones SET sequence = $2, changed_xid = pg_current_xact_id()::text::bigint WHERE name = $1", [.text(zone.rawValue), .int(start + Int64(count))])
             }
             try db.execute("ANALYZE ck_records")
-        }
-    }
-
-    /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
-    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
-        try await run { db in
-            try db.transaction { () throws(PostgresError) in
-                let sequence = try db.execute("""
-                    UPDATE ck_zones SET sequence = sequence + 1, changed_xid = pg_current_xact_id()::text::bigint WHERE name = $1 RETURNING sequence
-                    """, [.text(zone.rawValue)]).int(0, 0) ?? 0
-                try db.execute("""
-                    INSERT INTO ck_records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES ($1, $2, 'Injected', $3, 0, '', '', $4, 0)
-                    ON CONFLICT (zone, name) DO UPDATE SET sequence = excluded.sequence, record = excluded.record
-                    """, [.text(zone.rawValue), .text(name), .int(sequence), .bytes(data)])
-                try db.execute("SELECT pg_notify('ck_changes', $1)", [.text(zone.rawValue)])
-            }
         }
     }
 }

@@ -341,18 +341,6 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         }
     }
 
-    // MARK: Test support
-
-    /// Creates many zones in one transaction (seeding a large server for a test).
-    func createZones(_ zones: [ZoneName]) async throws(RecordZoneError) {
-        try await write { db in
-            let sequence = try Self.nextDatabaseSequence(db)
-            for zone in zones {
-                try db.execute("INSERT INTO zones (name, incarnation, changed_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING", [zone.rawValue, UUID().uuidString, sequence])
-            }
-        }
-    }
-
     /// Fills a zone with `count` filler rows (not records: 200 bytes each, never served to a
     /// verifying reader), so the bench can measure saves and fetches in a zone of that size.
     package func fillForBenchmark(_ zone: ZoneName, count: Int) async throws(RecordZoneError) {
@@ -365,17 +353,6 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
                 """, [Int64(count), zone.rawValue, start])
             try db.execute("UPDATE zones SET sequence = ?, changed_at = ? WHERE name = ?", [start + Int64(count), try Self.nextDatabaseSequence(db), zone.rawValue])
         }
-    }
-
-    /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
-    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
-        try await write { db in
-            try db.execute("UPDATE zones SET sequence = sequence + 1, changed_at = ? WHERE name = ?", [try Self.nextDatabaseSequence(db), zone.rawValue])
-            let sequence = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue]) { $0.int(0) } ?? 0
-            try db.execute("INSERT OR REPLACE INTO records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES (?, ?, 'Injected', ?, 0, x'', x'', ?, 0)",
-                           [zone.rawValue, name, sequence, data])
-        }
-        waiters.wake(zone)
     }
 
     // MARK: Helpers
@@ -394,7 +371,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         try db.first("SELECT value FROM meta WHERE key = 'database_sequence'") { $0.int(0) } ?? 0
     }
 
-    private static func nextDatabaseSequence(_ db: Database) throws -> Int64 {
+    static func nextDatabaseSequence(_ db: Database) throws -> Int64 {
         let next = try databaseSequence(db) + 1
         try db.execute("INSERT INTO meta (key, value) VALUES ('database_sequence', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [next])
         return next

@@ -153,45 +153,6 @@ public struct QueryIndex: Sendable {
     }
 }
 
-// MARK: Test support
-
-extension ZoneStorage {
-    /// Stores raw bytes as a broken or hostile writer would, bypassing every check.
-    func injectUnchecked(_ data: Data, into zone: ZoneName, name: String) async throws(RecordZoneError) {
-        switch self {
-        case let sqlite as SQLiteZoneStorage: try await sqlite.injectUnchecked(data, into: zone, name: name)
-        case let postgres as PostgresZoneStorage: try await postgres.injectUnchecked(data, into: zone, name: name)
-        default: throw RecordZoneError(.invalidArguments, "no way to plant records in \(type(of: self))")
-        }
-    }
-
-    /// Puts a zone back as it stood at `sequence`, as a restore from an earlier copy would.
-    func rewind(_ zone: ZoneName, to sequence: Int64) async throws {
-        switch self {
-        case let sqlite as SQLiteZoneStorage:
-            try sqlite.queue.writeNow { db in
-                try db.execute("DELETE FROM records WHERE zone = ? AND sequence > ?", [zone.rawValue, sequence])
-                try db.execute("UPDATE zones SET sequence = ? WHERE name = ?", [sequence, zone.rawValue])
-            }
-        case let postgres as PostgresZoneStorage:
-            try await postgres.run { db in
-                try db.execute("DELETE FROM ck_records WHERE zone = $1 AND sequence > $2", [.text(zone.rawValue), .int(sequence)])
-                try db.execute("UPDATE ck_zones SET sequence = $2 WHERE name = $1", [.text(zone.rawValue), .int(sequence)])
-            }
-        default: throw RecordZoneError(.invalidArguments, "no way to rewind \(type(of: self))")
-        }
-    }
-
-    /// Creates many zones in one transaction (seeding a large server for a test or the bench).
-    func createZones(_ zones: [ZoneName]) async throws(RecordZoneError) {
-        switch self {
-        case let sqlite as SQLiteZoneStorage: try await sqlite.createZones(zones)
-        case let postgres as PostgresZoneStorage: try await postgres.createZones(zones)
-        default: for zone in zones { try await createZone(zone) }
-        }
-    }
-}
-
 extension DatabaseChanges {
     /// The feed limited to the zones a reader may see.
     func filtered(_ isVisible: (ZoneName) -> Bool) -> DatabaseChanges {

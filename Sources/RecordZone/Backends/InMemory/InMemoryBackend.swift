@@ -8,13 +8,13 @@ import Foundation
 public actor InMemoryBackend: RecordZoneBackend {
     static let kind = "memory"
 
-    private struct Entry {
+    struct Entry {
         var sequence: UInt64
         var key: String
         var data: Data
     }
 
-    private struct Zone {
+    struct Zone {
         var incarnation = UUID().uuidString
         var sequence: UInt64 = 0
         /// Every stored change in sequence order; an entry is stale once its key has a later one.
@@ -33,12 +33,12 @@ public actor InMemoryBackend: RecordZoneBackend {
 
     public nonisolated let policy: RecordPolicy
     private let instance = UUID().uuidString
-    private var zoneTable: [ZoneName: Zone] = [:]
+    var zoneTable: [ZoneName: Zone] = [:]
     private var deletedAt: [ZoneName: UInt64] = [:]
-    private var databaseSequence: UInt64 = 0
+    var databaseSequence: UInt64 = 0
     private var assets: [Data: Data] = [:]
     private let waiters = ChangeWaiters()
-    private var injected = 0
+    var injected = 0
 
     /// - Parameter policy: the checks applied to every record saved and read.
     public init(policy: RecordPolicy = RecordPolicy()) {
@@ -203,22 +203,9 @@ public actor InMemoryBackend: RecordZoneBackend {
         return await waiters.wait(for: zoneName, after: generation, timeout: timeout)
     }
 
-    // MARK: - Test support
+    // MARK: - Helpers (internal: the test support plants records through them)
 
-    /// Stores raw bytes as if another writer had put them there, bypassing every save check:
-    /// how the conformance suite plants forged records for readers to catch.
-    func injectUnchecked(_ data: Data, into zoneName: ZoneName) throws(RecordZoneError) {
-        _ = try existing(zoneName)
-        injected += 1
-        _ = zoneTable[zoneName, default: Zone()].append(key: "injected-\(injected)", data: data)
-        databaseSequence += 1
-        zoneTable[zoneName, default: Zone()].databaseSequence = databaseSequence
-        wake(zoneName)
-    }
-
-    // MARK: - Private
-
-    private func existing(_ zone: ZoneName) throws(RecordZoneError) -> Zone {
+    func existing(_ zone: ZoneName) throws(RecordZoneError) -> Zone {
         guard let found = zoneTable[zone] else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
         return found
     }
@@ -233,7 +220,7 @@ public actor InMemoryBackend: RecordZoneBackend {
         TokenContents(kind: .zone, backend: Self.kind, zone: name.rawValue, incarnation: zone.incarnation, position: SequencePosition.encode(position)).token
     }
 
-    private func wake(_ zone: ZoneName) { waiters.wake(zone) }
+    func wake(_ zone: ZoneName) { waiters.wake(zone) }
 
     private static func firstIndex(in log: [Entry], after sequence: UInt64) -> Int {
         var low = 0, high = log.count
