@@ -81,6 +81,20 @@ struct PostgresServersTests {
         #expect(metrics.text.contains("convkitd_db_pool_size 4") && metrics.text.contains("convkitd_db_listener_up 1"))
     }
 
+    /// The listener lives only while its server serves: none for a storage not run, connected
+    /// once the server starts, and its connection and thread gone when `stop()` returns.
+    @Test func theListenerLivesFromStartToStop() async throws {
+        let storage = try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: RecordPolicy())
+        defer { storage.close() }
+        #expect(storage.metricsText().contains("convkitd_db_listener_up 0"))
+        let server = ZoneServer(storage: storage)
+        try server.start(host: "127.0.0.1", port: 0)
+        for _ in 0..<100 where !storage.metricsText().contains("convkitd_db_listener_up 1") { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(storage.metricsText().contains("convkitd_db_listener_up 1"))
+        await server.stop()
+        #expect(storage.metricsText().contains("convkitd_db_listener_up 0"), "stop() returns after the listener's thread ended")
+    }
+
     @Test func aServerKilledMidBatchLosesNothingAcknowledgedAndTheOtherKeepsServing() async throws {
         let database = try await SharedPostgres.freshDatabase()
         let (first, one) = try await start(database)

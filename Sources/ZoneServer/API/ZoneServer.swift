@@ -1,5 +1,6 @@
 import Foundation
 import RecordZone
+import Synchronization
 
 /// Tunables of a zone server.
 public struct ZoneServerConfiguration: Sendable {
@@ -47,16 +48,43 @@ public final class ZoneServer: Sendable {
 
     public var storage: any ZoneStorage { api.storage }
 
-    /// Starts listening, over HTTPS with `tls`, and serves in a background task until
-    /// ``stop(timeout:)``. - Returns: the port bound (useful with port 0).
-    @discardableResult
-    public func start(host: String, port: Int, tls: TLSIdentity? = nil) throws(RecordZoneError) -> Int {
-        try http.start(host: host, port: port, tls: tls)
+    /// The storage's background work (``ZoneStorage/run()``), from start to stop.
+    private let storageWork = Mutex<Task<Void, Never>?>(nil)
+
+    private func startStorageWork() {
+        let storage = self.storage
+        storageWork.withLock { work in
+            if work == nil { work = Task { await storage.run() } }
+        }
     }
 
-    /// Listens and serves until ``stop(timeout:)``, in the caller's task.
+    private func stopStorageWork() async {
+        let work = storageWork.withLock { work in defer { work = nil }; return work }
+        work?.cancel()
+        await work?.value
+    }
+
+    /// Starts listening, over HTTPS with `tls`, and serves in a background task until
+    /// ``stop(timeout:)``; the storage's own work (``ZoneStorage/run()``) runs as long.
+    /// - Returns: the port bound (useful with port 0).
+    @discardableResult
+    public func start(host: String, port: Int, tls: TLSIdentity? = nil) throws(RecordZoneError) -> Int {
+        let port = try http.start(host: host, port: port, tls: tls)
+        startStorageWork()
+        return port
+    }
+
+    /// Listens and serves until ``stop(timeout:)``, in the caller's task; the storage's own
+    /// work runs as long.
     public func run(host: String, port: Int, tls: TLSIdentity? = nil) async throws(RecordZoneError) {
-        try await http.run(host: host, port: port, tls: tls)
+        startStorageWork()
+        do {
+            try await http.run(host: host, port: port, tls: tls)
+        } catch {
+            await stopStorageWork()
+            throw error
+        }
+        await stopStorageWork()
     }
 
     /// The port, once listening. - Throws: why the server could not start.
@@ -69,10 +97,12 @@ public final class ZoneServer: Sendable {
     public func stop(timeout: Duration = .seconds(10)) async {
         storage.releaseWaiters()
         await http.stop(timeout: timeout)
+        await stopStorageWork()
         api.configuration.logger.info("stopped")
     }
 
     deinit {
+        storageWork.withLock { $0?.cancel() }
         storage.releaseWaiters()
         http.abandon()
     }

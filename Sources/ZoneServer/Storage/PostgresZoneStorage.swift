@@ -19,8 +19,8 @@ import Synchronization
 ///   used with the database's: a chain changed through another server sends the save round
 ///   again with the new chain. Binding on first use inserts a row; the first server wins.
 /// - **Nonces** are rows (`ck_nonces`): a request replayed on another server is refused.
-/// - **Wake-ups.** A commit notifies `ck_changes` with its zone; every server's listener wakes
-///   its long polls. A lost listener connection wakes every poll when it is back.
+/// - **Wake-ups.** A commit notifies `ck_changes` with its zone; every server's listener
+///   (``run()``) wakes its long polls. A lost listener connection wakes every poll when it is back.
 /// - **Assets** are rows of 1 MiB chunks: backing up the database backs up everything.
 ///
 /// Connection failures answer 503 with `Retry-After` (clients keep their changes and retry);
@@ -106,29 +106,38 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
                 try connection.execute("SET synchronous_commit = on")
             }
         }
-        let waiters = self.waiters
         listener = Listener(conninfo: conninfo)
         do {
             instance = try await pool.withConnection { db in try Self.migrate(db) }
         } catch {
             throw RecordZoneError(.ioError, "cannot open the PostgreSQL storage: \(error)")
         }
-        // Listening first, then reading the pins: a chain changed in between is read by both.
-        listener.start { [weak self] event in
-            switch event {
-            case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
-            case .pins: Task { try? await self?.refreshPins() }
-            case .connected:
-                waiters.wakeAll()
-                Task { try? await self?.refreshPins() }
-            }
-        }
+        // The pins now; a chain changed before ``run()`` listens is read again when it does.
         try await refreshPins()
         let index = queryIndex
         do {
             try await pool.withConnection { db in try Self.rebuildIndexIfDeclarationChanged(index, in: db) }
         } catch {
             throw RecordZoneError(.ioError, "cannot rebuild the query index: \(error)")
+        }
+    }
+
+    /// Listens to the other servers sharing the database until the calling task is cancelled:
+    /// wakes this server's long polls for their commits and reads the key chains they change
+    /// (and all of them, with every poll woken, each time the listener connects — notifications
+    /// may have been missed). The listener's connection and thread live only while this runs;
+    /// ``ZoneServer`` runs it for as long as it serves. A storage not run serves as one server
+    /// alone.
+    public func run() async {
+        let waiters = self.waiters
+        await listener.run { event in
+            switch event {
+            case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
+            case .pins: try? await refreshPins()
+            case .connected:
+                waiters.wakeAll()
+                try? await refreshPins()
+            }
         }
     }
 

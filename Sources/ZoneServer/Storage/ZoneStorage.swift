@@ -46,6 +46,9 @@ public protocol ZoneStorage: RecordZoneBackend {
     func healthProblem() async -> String?
     /// Storage gauges and counters for `/metrics`, in the Prometheus text format (may be empty).
     func metricsText() -> String
+    /// The storage's background work (listening to other servers sharing it), until the calling
+    /// task is cancelled; returns at once where there is none. ``ZoneServer`` runs it while it serves.
+    func run() async
 }
 
 /// The nonces a single server has seen, in memory (``SQLiteZoneStorage``: one server per file).
@@ -72,6 +75,8 @@ final class NonceMemory: Sendable {
 }
 
 extension ZoneStorage {
+    public func run() async {}
+
     public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
         try await fetchDatabaseChanges(since: token, visibleTo: { _ in true })
     }
