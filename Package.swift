@@ -6,6 +6,7 @@ let package = Package(
     products: [
         .library(name: "RecordZone", targets: ["RecordZone"]),
         .library(name: "ConversationKit", targets: ["ConversationKit"]),
+        .library(name: "ChatSchema", targets: ["ChatSchema"]),
         .library(name: "ZoneServer", targets: ["ZoneServer"]),
         .library(name: "SQLiteKit", targets: ["SQLiteKit"]),
         .library(name: "ImageKit", targets: ["ImageKit"]),
@@ -39,22 +40,29 @@ let package = Package(
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
-        // The modules: tools → ConversationKit / ZoneServer → RecordZone, ImageKit → SQLiteKit → C.
+        // The modules: tools → ConversationKit → ChatSchema, ZoneServer → RecordZone, ImageKit → SQLiteKit → C.
         .target(name: "RecordZone", dependencies: ["CSodium", "CCurl", "SQLiteKit"]),
         .target(name: "SQLiteKit", dependencies: ["CSQLite"]),
         .target(name: "ImageKit", dependencies: ["CPNG", "CTurboJPEG"]),
         // libpq for the zone server's PostgreSQL storage.
         .target(name: "PostgresKit", dependencies: ["CPostgres"]),
-        .target(name: "ConversationKit", dependencies: ["RecordZone", "SQLiteKit", "ImageKit"]),
+        // What a chat server needs of the chat (rules, indexes, zone access), without the store.
+        .target(name: "ChatSchema", dependencies: ["RecordZone"]),
+        .target(name: "ConversationKit", dependencies: ["ChatSchema", "RecordZone", "SQLiteKit", "ImageKit"]),
         .target(
             name: "ZoneServer", dependencies: ["RecordZone", "SQLiteKit", "PostgresKit", "CMicroHTTPD", "CLibMicroHTTPD"],
             exclude: ["openapi.json"]),
 
         // Tools.
         .target(name: "ToolSupport", dependencies: ["RecordZone"], path: "Tools/ToolSupport"),
+        // convkitd serves (and migrates, replicates) without the store; `convkitd sync` runs
+        // convkitd-sync, beside it, which holds one.
         .executableTarget(
-            name: "convkitd", dependencies: ["ConversationKit", "ZoneServer", "RecordZone", "ToolSupport"],
+            name: "convkitd", dependencies: ["ChatSchema", "ZoneServer", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd"),
+        .executableTarget(
+            name: "convkitd-sync", dependencies: ["ConversationKit", "RecordZone", "ToolSupport"],
+            path: "Tools/convkitd-sync"),
         .executableTarget(
             name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport"],
             path: "Tools/convkit"),
@@ -87,8 +95,8 @@ let package = Package(
         .testTarget(
             name: "ConversationKitTests",
             dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "StorageTestSupport", "convkit-store-sync", "convkit-lock-holder"]),
-        .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "TestSupport", "convkit", "convkitd"]),
-        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "convkitd"]),
+        .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "TestSupport", "convkit", "convkitd", "convkitd-sync"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "convkitd", "convkitd-sync"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -101,7 +101,8 @@ import ZoneServer
 
     @Test func theCommandLineFollowsTheHouseConventions() async throws {
         let tool = try builtProduct("convkitd")
-        for arguments in [["--help"], ["-h"], ["help"], ["help", "serve"], ["serve", "--help"], ["help", "migrate"], ["migrate", "--help"]] {
+        for arguments in [["--help"], ["-h"], ["help"], ["help", "serve"], ["serve", "--help"], ["help", "migrate"], ["migrate", "--help"],
+                          ["help", "sync"], ["sync", "--help"]] {
             let child = try ChildProcess(tool, arguments)
             #expect(await child.wait() == 0, "\(arguments)")
             #expect(child.standardOutput.contains("OVERVIEW:") && child.standardOutput.contains("USAGE:") && child.standardOutput.contains("OPTIONS:"))
@@ -112,7 +113,8 @@ import ZoneServer
         for arguments in [[], ["bogus"], ["serve"], ["serve", "--data"], ["serve", "--data", "/tmp/x", "--listen", "nowhere"], ["serve", "--data", "/tmp/x", "--frobnicate"],
                           ["serve", "--data", "/tmp/x", "--log-level", "loud"], ["serve", "--data", "/tmp/x", "--storage", "postgres://db/chat"],
                           ["serve", "--storage", "/var/lib/chat"], ["serve", "--storage", "postgres://db/chat", "--pool-size", "0"],
-                          ["migrate"], ["migrate", "--from", "/tmp/x"], ["migrate", "--from", "/tmp/x", "--storage", "mysql://db"]] {
+                          ["migrate"], ["migrate", "--from", "/tmp/x"], ["migrate", "--from", "/tmp/x", "--storage", "mysql://db"],
+                          ["sync"], ["sync", "--store", "/tmp/x"], ["sync", "--store", "/tmp/x", "--server", "ftp://host"]] {
             let child = try ChildProcess(tool, arguments)
             #expect(await child.wait() == 64, "\(arguments)")
             #expect(child.standardError.hasPrefix("Error: "), "\(arguments)")
@@ -132,6 +134,18 @@ import ZoneServer
 }
 
 extension ConvkitdProcessTests {
+    /// The server links the chat's schema, not the store: no symbol of ConversationKit's (their
+    /// mangled names start with its module's, `15ConversationKit`) is in convkitd; `convkitd
+    /// sync` runs convkitd-sync, which holds the store.
+    @Test func theServerDoesNotLinkTheStore() throws {
+        let module = Data("15ConversationKit".utf8)
+        let server = try Data(contentsOf: URL(fileURLWithPath: try builtProduct("convkitd")))
+        let daemon = try Data(contentsOf: URL(fileURLWithPath: try builtProduct("convkitd-sync")))
+        #expect(server.range(of: Data("10ChatSchema".utf8)) != nil)
+        #expect(server.range(of: module) == nil)
+        #expect(daemon.range(of: module) != nil)
+    }
+
     /// Resident memory of a process, from /proc, in bytes.
     static func residentBytes(_ pid: pid_t) -> Int {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),

@@ -1,4 +1,4 @@
-import ConversationKit
+import ChatSchema
 import Foundation
 import RecordZone
 import ToolSupport
@@ -31,9 +31,9 @@ enum StorageChoice {
     func open() async throws(RecordZoneError) -> any ZoneStorage {
         switch self {
         case .sqlite(let directory):
-            try SQLiteZoneStorage(directory: directory, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+            try SQLiteZoneStorage(directory: directory, policy: ChatSchema.recordPolicy(), indexedFields: ChatSchema.queryIndexes)
         case .postgres(let conninfo, let poolSize):
-            try await PostgresZoneStorage(conninfo: conninfo, poolSize: poolSize, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+            try await PostgresZoneStorage(conninfo: conninfo, poolSize: poolSize, policy: ChatSchema.recordPolicy(), indexedFields: ChatSchema.queryIndexes)
         }
     }
 }
@@ -71,7 +71,7 @@ func migrate(_ rawArguments: [String]) async {
     }
     let json = arguments.has("json")
     do {
-        let storage = try await PostgresZoneStorage(conninfo: conninfo, poolSize: 2, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+        let storage = try await PostgresZoneStorage(conninfo: conninfo, poolSize: 2, policy: ChatSchema.recordPolicy(), indexedFields: ChatSchema.queryIndexes)
         let report = try await storage.importSQLite(from: directory) { line in
             if !json { FileHandle.standardError.write(Data("copied \(line)\n".utf8)) }
         }

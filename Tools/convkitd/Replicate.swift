@@ -1,4 +1,4 @@
-import ConversationKit
+import ChatSchema
 import Foundation
 import RecordZone
 import ToolSupport
@@ -69,7 +69,7 @@ func replicate(_ rawArguments: [String]) async {
             key = loaded
         }
         func backend(_ text: String, writing: Bool) throws -> any RecordZoneBackend {
-            let policy = ConversationStore.recordPolicy()
+            let policy = ChatSchema.recordPolicy()
             if isServer(text) {
                 guard let url = URL(string: text), url.host != nil, let key else { throw UsageError("'\(text)' is not a server URL") }
                 return HTTPBackend(url: url, identity: identity, key: key, policy: policy)
@@ -142,7 +142,7 @@ struct ReplicationPass {
 /// records, then the checkpoint.
 func replicateOnce(_ source: any RecordZoneBackend, _ destination: any RecordZoneBackend, state: inout ReplicationState, statePath: String,
                    only: Set<String>?, logger: Logger, stopping: StopFlag) async throws -> ReplicationPass {
-    let zones = ConversationStore.readingOrder(try await source.zones().filter { only?.contains($0.rawValue) ?? true })
+    let zones = ChatSchema.readingOrder(try await source.zones().filter { only?.contains($0.rawValue) ?? true })
     var pass = ReplicationPass()
     for zone in zones where !stopping.isSet {
         var token = state.tokens[zone.rawValue].flatMap(ChangeToken.init(base64:))

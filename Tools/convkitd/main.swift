@@ -1,7 +1,7 @@
 // convkitd: the ConversationKit daemon. `serve` hosts record zones over HTTP; `sync` keeps a
 // store in step with a folder zone or a server, continuously; `replicate` copies zones between
 // two backends.
-import ConversationKit
+import ChatSchema
 import Foundation
 import RecordZone
 import ToolSupport
@@ -37,26 +37,6 @@ let serveCommand = Command(
         .valued("replicator", "identity=key", "A peer's replicator (convkitd replicate; the identity starts with _, the public key in hex) that may read and write every zone — every record it saves is still checked.", repeats: true),
     ])
 
-let syncCommand = Command(
-    "convkitd sync", "Keep a store in step with a folder zone or a zone server, continuously.",
-    discussion: """
-        Pushes each local change as it is committed (by any process writing the store) and pulls
-        each remote change as the backend announces it: long polls on a server, a look at the
-        folder every --poll-interval. Backs off while the backend cannot be reached and catches up
-        when it answers. One log line per event on standard error. Stops cleanly on SIGINT or
-        SIGTERM.
-        """,
-    synopsis: "--store <dir> (--zone-dir <dir> | --server <url>) [<options>]",
-    options: [
-        .valued("store", "dir", "The store directory (required)."),
-        .valued("zone-dir", "dir", "Sync through this folder zone."),
-        .valued("server", "url", "Sync through this zone server."),
-        .valued("device", "label", "The device label to write to a folder as. (default: the host name)"),
-        .valued("identifier", "id", "Set the store's local speaker up as <id> when it has none."),
-        .valued("poll-interval", "seconds", "How often to look at the database feed. (default: 1)"),
-        .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; info logs one line per event. (default: info)"),
-    ])
-
 let mainCommand = Command("convkitd", "The ConversationKit daemon: serves record zones over HTTP, keeps stores in step.",
                           options: [.flag("version", "Show the version.")],
                           subcommands: [("serve", "Serve record zones over HTTP from a data directory or a PostgreSQL database."),
@@ -66,22 +46,6 @@ let mainCommand = Command("convkitd", "The ConversationKit daemon: serves record
 
 let mainHelp = mainCommand.help
 let serveHelp = serveCommand.help
-let syncHelp = syncCommand.help
-
-/// SIGINT and SIGTERM as a stream (the default action, ending the process, is off); keep the
-/// sources while listening.
-func stopSignals() -> (AsyncStream<Int32>, [DispatchSourceSignal]) {
-    let (signals, continuation) = AsyncStream<Int32>.makeStream()
-    var sources = [DispatchSourceSignal]()
-    for number in [SIGINT, SIGTERM] {
-        signal(number, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-        source.setEventHandler { continuation.yield(number) }
-        source.resume()
-        sources.append(source)
-    }
-    return (signals, sources)
-}
 
 func fail(_ message: String, usage: String?) -> Never {
     exitWithError(message, help: usage, tool: "convkitd")
@@ -157,85 +121,17 @@ func serve(_ rawArguments: [String]) async {
     exit(0)
 }
 
-func sync(_ rawArguments: [String]) async {
-    let arguments = parseOrExit(rawArguments, syncCommand, tool: "convkitd")
-    let backend: BackendFactory
-    let logger: Logger
-    let pollInterval: Int
-    do throws(UsageError) {
-        let levelName = arguments.value("log-level") ?? "info"
-        guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
-        logger = Logger(label: "convkitd sync", level: level)
-        pollInterval = try arguments.int("poll-interval", default: 1, range: 1...3600)
-        guard arguments.value("store") != nil else { throw UsageError("--store is required") }
-        switch (arguments.value("zone-dir"), arguments.value("server")) {
-        case (let folder?, nil):
-            let label = arguments.value("device") ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
-            backend = .folder(folder, device: label)
-        case (nil, let server?):
-            guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
-                throw UsageError("--server takes an http:// or https:// URL")
-            }
-            backend = .server(url)
-        default:
-            throw UsageError("give one of --zone-dir and --server")
-        }
-    } catch {
-        fail(error.message, usage: syncHelp)
+/// `convkitd sync` is convkitd-sync, beside this executable: the store it needs is not linked
+/// into the server. Replaces this process with it (exec), so signals and the exit status are its.
+func runSyncDaemon(_ rawArguments: [String]) -> Never {
+    let here = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+    let path = here.deletingLastPathComponent().appendingPathComponent("convkitd-sync").path
+    guard FileManager.default.isExecutableFile(atPath: path) else {
+        fail("convkitd sync runs convkitd-sync, which is not beside convkitd (\(path)): install both (scripts/install.sh)", usage: nil)
     }
-    let storePath = arguments.value("store") ?? ""
-    let store: ConversationStore
-    do {
-        store = try ConversationStore(directory: storePath, backend: backend)
-        if store.localSpeakerIdentifier == nil {
-            guard let identifier = arguments.value("identifier") else {
-                fail("the store \(storePath) has no local speaker: set one up (--identifier)", usage: nil)
-            }
-            try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
-        }
-    } catch {
-        fail("\(error)", usage: nil)
-    }
-    logger.info("syncing \(storePath) as \(store.localSpeakerIdentifier ?? "?")")
-    let events = store.events()
-    let printer = Task {
-        for await event in events {
-            switch event {
-            case .messageAdded(let id): logger.info("message added \(id.conversation)/\(id.name)")
-            case .messageChanged(let id): logger.info("message changed \(id.conversation)/\(id.name)")
-            case .syncStateChanged(let id): logger.debug("sync state changed \(id.conversation)/\(id.name)")
-            case .speakerUpdated(let identifier): logger.info("speaker updated \(identifier)")
-            case .speakerFound(let identifier): logger.info("speaker found \(identifier)")
-            case .conversationChanged(let zone): logger.debug("conversation changed \(zone)")
-            case .syncActivity(.synced(let report)):
-                logger.info("synced pushed=\(report.pushed) pulled=\(report.pulled) failed=\(report.failed) deferred=\(report.deferred) quarantined=\(report.quarantined)")
-            case .syncActivity(.unreachable(let why)): logger.warning("backend unreachable, backing off: \(why)")
-            case .syncActivity(.notAccepted(let code, let why)): logger.error("the backend does not accept this device (\(code.rawValue)): \(why)")
-            case .syncActivity(.reachable): logger.info("backend reachable again")
-            }
-        }
-    }
-    signal(SIGPIPE, SIG_IGN)
-    let running = Task { try await store.run(pollInterval: .seconds(pollInterval)) }
-    // SIGINT and SIGTERM stop it cleanly: the round in progress ends, the store is closed.
-    let (signals, sources) = stopSignals()
-    let stopper = Task {
-        for await number in signals {
-            logger.info("received \(number == SIGINT ? "SIGINT" : "SIGTERM"), stopping")
-            running.cancel()
-            break
-        }
-    }
-    let outcome = await running.result
-    stopper.cancel()
-    printer.cancel()
-    sources.forEach { $0.cancel() }
-    if case .failure(let error) = outcome {
-        logger.error("stopped: \(error)")
-        fail("\(error)", usage: nil)
-    }
-    logger.info("stopped")
-    exit(0)
+    let argv = ([path] + rawArguments).map { strdup($0) } + [nil]
+    execv(path, argv)
+    fail("cannot run \(path): \(String(cString: strerror(errno)))", usage: nil)
 }
 
 var arguments = Array(CommandLine.arguments.dropFirst())
@@ -251,7 +147,7 @@ case "help":
     switch arguments.dropFirst().first {
     case nil: print(mainHelp, terminator: "")
     case "serve": print(serveHelp, terminator: "")
-    case "sync": print(syncHelp, terminator: "")
+    case "sync": runSyncDaemon(["--help"])
     case "replicate": print(replicateHelp, terminator: "")
     case "migrate": print(migrateHelp, terminator: "")
     case let other?: fail("unknown subcommand '\(other)'", usage: mainHelp)
@@ -259,7 +155,7 @@ case "help":
 case "serve":
     await serve(Array(arguments.dropFirst()))
 case "sync":
-    await sync(Array(arguments.dropFirst()))
+    runSyncDaemon(Array(arguments.dropFirst()))
 case "replicate":
     await replicate(Array(arguments.dropFirst()))
 case "migrate":

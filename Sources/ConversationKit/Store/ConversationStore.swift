@@ -1,3 +1,4 @@
+@_exported import ChatSchema
 import Foundation
 import RecordZone
 import SQLiteKit
@@ -166,25 +167,20 @@ public final class ConversationStore: Sendable {
         return store
     }
 
-    /// The order in which a reader that starts from nothing takes zones: every speaker's own
-    /// zone first (who holds which keys and devices), then the rest, each by name — as a store
-    /// pulls, so that a linked device's messages are not taken for another key's.
-    public static func readingOrder(_ zones: [ZoneName]) -> [ZoneName] {
-        zones.sorted { (isSpeakerZone($0) ? 0 : 1, $0.rawValue) < (isSpeakerZone($1) ? 0 : 1, $1.rawValue) }
-    }
+    /// ``ChatSchema/readingOrder(_:)``.
+    public static func readingOrder(_ zones: [ZoneName]) -> [ZoneName] { ChatSchema.readingOrder(zones) }
 
-    /// Whether a zone is a speaker's own (`s-<h(identifier)>`: profile, devices, revocations).
-    public static func isSpeakerZone(_ zone: ZoneName) -> Bool { ChatRecords.isSpeakerZone(zone) }
+    /// ``ChatSchema/isSpeakerZone(_:)``.
+    public static func isSpeakerZone(_ zone: ZoneName) -> Bool { ChatSchema.isSpeakerZone(zone) }
 
-    /// The ownership rules of chat records (which record IDs belong to whom).
-    public static var ownershipRules: [OwnershipRule] { ChatRecords.rules }
+    /// ``ChatSchema/ownershipRules``.
+    public static var ownershipRules: [OwnershipRule] { ChatSchema.ownershipRules }
 
-    /// The fields a chat server indexes for queries: Speaker `tags` (discovery by tag).
-    public static let queryIndexes: [String: Set<String>] = [ChatRecords.speakerType: ["tags"]]
+    /// ``ChatSchema/queryIndexes``.
+    public static var queryIndexes: [String: Set<String>] { ChatSchema.queryIndexes }
 
-    /// A fresh policy with the chat's rules, for a backend or server that checks chat records:
-    /// every record must be owned by the identity its ID names.
-    public static func recordPolicy() -> RecordPolicy { ChatRecords.policy() }
+    /// ``ChatSchema/recordPolicy()``.
+    public static func recordPolicy() -> RecordPolicy { ChatSchema.recordPolicy() }
 
     /// The local speaker's identifier, once set up.
     public var localSpeakerIdentifier: String? { identity.withLock { $0?.identifier } }

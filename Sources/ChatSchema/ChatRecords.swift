@@ -1,0 +1,104 @@
+import Foundation
+import RecordZone
+
+/// How the chat model maps onto records: zone names, record types, fields and who owns what.
+///
+/// Every record's ID names its owner, so no version can hand a record to someone else:
+/// - A speaker's own zone `s-<h(identifier)>` holds its profile (`Speaker`, named by the
+///   identifier: `name`, `tags`) and its key records (``KeyRotation``, ``DeviceCertificate``,
+///   ``DeviceRevocation``). A store follows the zones of the speakers it knows, and no others.
+/// - The `speakers` directory zone holds a copy of every profile, for discovery by query.
+/// - `ConversationMember` in a conversation zone, named `member-<identifier>`: `speaker` (the
+///   same identifier), `participants` (both identifiers, sorted). Each side writes its own, so
+///   two people starting the same conversation offline never conflict.
+/// - `Message` in a conversation zone, named `m.<h(speaker)>.<time-ordered id>`: `speaker`,
+///   `listener`, `content`, `spokenAt`, optional `editedAt`.
+/// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
+///   `message`, `readAt`.
+///
+/// A conversation's zone is `c-<h(a)>-<h(b)>`, where h is the first 8 bytes of the SHA-256
+/// of an identifier in hex and the two are sorted: both sides derive the same zone, and anyone
+/// (a server, a store) can tell from the name alone whether an identifier takes part.
+package enum ChatRecords {
+    package static let speakersZone = constantZone("speakers")
+    package static let speakerZonePrefix = "s-"
+
+    package static let speakerType = "Speaker"
+    package static let memberType = "ConversationMember"
+    package static let messageType = "Message"
+    package static let receiptType = "Receipt"
+
+    package static let messagePrefix = "m."
+    package static let receiptPrefix = "r."
+    package static let memberPrefix = "member-"
+
+    package static let rules: [OwnershipRule] = [
+        OwnershipRule(recordType: speakerType, zones: .named(speakersZone.rawValue), owner: .name(prefix: "")),
+        OwnershipRule(recordType: speakerType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .name(prefix: "")),
+        OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
+        OwnershipRule(recordType: messageType, zones: .prefixed("c-"), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
+        OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
+    ]
+
+    /// The chat's policy: the rules above, and every record must have an owner.
+    package static func policy(pinnedKeys: [String: KeyChain] = [:]) -> RecordPolicy {
+        RecordPolicy(rules: rules, requiresOwner: true, pinnedKeys: pinnedKeys)
+    }
+
+    package static let maximumIdentifierBytes = 64
+
+    package static func constantZone(_ name: String) -> ZoneName {
+        guard let zone = try? ZoneName(name) else { preconditionFailure("invalid constant zone name \(name)") }
+        return zone
+    }
+
+    /// Prefixes of the key records' names, which no identifier may start with.
+    package static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix]
+
+    /// Whether `identifier` follows the identifier rule: 1–64 characters of `a–z 0–9 . - _`,
+    /// starting with a letter or a digit, and not with a key record's prefix (`rotation.`,
+    /// `device.`, `revoke.`). One spelling per person, as Matrix user IDs and Signal usernames:
+    /// no capitals, no look-alike letters from other scripts (`Ａlice`, Cyrillic `аlice`), no
+    /// spaces or invisible characters. Names shown to people stay free-form.
+    package static func isValidIdentifier(_ identifier: String) -> Bool {
+        let bytes = Array(identifier.utf8)
+        guard let first = bytes.first, bytes.count <= maximumIdentifierBytes else { return false }
+        let isLetterOrDigit = { (byte: UInt8) in (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) }
+        guard isLetterOrDigit(first), bytes.allSatisfy({ isLetterOrDigit($0) || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") }) else {
+            return false
+        }
+        return !reservedPrefixes.contains(where: identifier.hasPrefix)
+    }
+
+    package static func identityHash(_ identifier: String) -> String {
+        OwnershipRule.identityHash(identifier)
+    }
+
+    /// A speaker's own zone: its profile and key records.
+    package static func speakerZone(_ identifier: String) -> ZoneName {
+        constantZone(speakerZonePrefix + identityHash(identifier))
+    }
+
+    /// The own zones of a conversation zone's two participants (their hashes are in its name).
+    package static func speakerZones(of conversation: ZoneName) -> [ZoneName] {
+        let parts = conversation.rawValue.split(separator: "-")
+        guard parts.count == 3, parts[0] == "c" else { return [] }
+        return parts.dropFirst().compactMap { try? ZoneName(speakerZonePrefix + $0) }
+    }
+
+    package static func isSpeakerZone(_ zone: ZoneName) -> Bool { zone.rawValue.hasPrefix(speakerZonePrefix) }
+
+    /// The zone of the conversation between two speakers.
+    package static func conversationZone(_ a: String, _ b: String) -> ZoneName {
+        let hashes = [identityHash(a), identityHash(b)].sorted()
+        return constantZone("c-\(hashes[0])-\(hashes[1])")
+    }
+
+    /// Whether `identifier` takes part in the conversation zone `zone`.
+    package static func isParticipant(_ identifier: String, in zone: ZoneName) -> Bool {
+        let parts = zone.rawValue.split(separator: "-")
+        guard parts.count == 3, parts[0] == "c" else { return false }
+        let hash = identityHash(identifier)
+        return parts[1] == hash || parts[2] == hash
+    }
+}
