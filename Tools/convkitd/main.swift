@@ -1,6 +1,6 @@
-// convkitd: the ConversationKit daemon. `serve` hosts record zones over HTTP; `sync` keeps a
-// store in step with a folder zone or a server, continuously; `replicate` copies zones between
-// two backends.
+// convkitd: the ConversationKit daemon. `serve` hosts record zones over HTTP; `replicate` copies
+// zones between two backends; `migrate` moves a SQLite server into PostgreSQL; `sync` (a store kept
+// in step, continuously) runs convkitd-sync, so that this executable does not link the store.
 import ChatSchema
 import Foundation
 import RecordZone
