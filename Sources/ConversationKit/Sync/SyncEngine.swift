@@ -69,7 +69,7 @@ actor SyncEngine {
     private var connected: (any RecordZoneBackend)?
     private var callsInProgress = 0
     /// Told of each zone a whole sync pulls.
-    private var progress: (@Sendable (SyncProgress) -> Void)?
+    var progress: (@Sendable (SyncProgress) -> Void)?
 
     private func begin(_ backend: any RecordZoneBackend) {
         connected = backend
@@ -80,7 +80,7 @@ actor SyncEngine {
         callsInProgress -= 1
         if callsInProgress == 0 { connected = nil }
     }
-    private var backend: any RecordZoneBackend {
+    var backend: any RecordZoneBackend {
         guard let connected else { preconditionFailure("the backend is set at the start of every sync") }
         return connected
     }
@@ -374,181 +374,13 @@ actor SyncEngine {
         return nil
     }
 
-    // MARK: Pull
-
-    /// - Parameter caughtUp: the feed the push's last batch read, used instead of fetching it
-    ///   (its advanced zones are not fetched either); when that batch's transaction found
-    ///   nothing else to fetch and stored the token, there is nothing left to do.
-    private func pull(_ report: inout SyncReport, localSpeaker: String, caughtUp: CaughtUp? = nil) async throws(ConversationError) {
-        if caughtUp?.finished == true {
-            progress?(SyncProgress(zone: nil, zonesDone: 0, zones: 0, pulled: report.pulled))
-            return
-        }
-        let changes: DatabaseChanges
-        if let caughtUp { changes = caughtUp.database } else { changes = try await fetchDatabaseChanges() }
-        let advanced = caughtUp?.advanced ?? []
-        let plan = try await writeRecoverable { applier in try self.startPull(changes, advanced: advanced, localSpeaker: localSpeaker, applier: &applier) }
-        guard let plan else {
-            progress?(SyncProgress(zone: nil, zonesDone: 0, zones: 0, pulled: report.pulled))
-            return
-        }
-        let total = plan.speakerZones.count + plan.conversations.count
-        for (index, zone) in plan.speakerZones.enumerated() {
-            progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: total, pulled: report.pulled))
-            try await pullZone(zone, report: &report)
-        }
-        // Conversations to read again from the start (refetched), whether or not the feed names
-        // them — looked for after the speakers' zones, whose revocations and rotations may have
-        // just sent some back to be decided again.
-        let refetched = try read { db in try Self.refetched(localSpeaker, in: db) }
-        let zones = Set(plan.conversations).union(refetched).sorted()
-        for (index, zone) in zones.enumerated() {
-            progress?(SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: report.pulled))
-            try await pullZone(zone, report: &report)
-        }
-        let done = plan.speakerZones.count + zones.count
-        progress?(SyncProgress(zone: nil, zonesDone: done, zones: done, pulled: report.pulled))
-        try await writeRecoverable { applier in
-            for zone in changes.deletedZones {
-                try applier.db.execute("UPDATE ck_zone_state SET token = NULL, is_created = 0 WHERE zone = ?", [zone.rawValue])
-            }
-            try self.finishPull(at: changes.token, in: applier.db)
-        }
-    }
-
-    /// The zones a pull fetches, in order.
-    struct PullPlan {
-        /// Speakers' own zones, first: who holds which keys and devices is decided there
-        /// before a conversation's records are read.
-        var speakerZones: [ZoneName]
-        /// The conversations the feed names that the local speaker takes part in.
-        var conversations: [ZoneName]
-    }
-
-    /// The first step of a pull, in a write transaction: follows the speakers the feed's
-    /// conversations name (the store follows only the speakers it knows: its own, the other side
-    /// of each of its conversations, those found by a query) and plans what to fetch — nothing
-    /// of the zones in `advanced`. - Returns: nil when there is nothing to fetch at all; the
-    /// pull is then finished in this transaction (the feed's token stored).
-    nonisolated func startPull(_ changes: DatabaseChanges, advanced: Set<ZoneName>, localSpeaker: String, applier: inout RecordApplier) throws -> PullPlan? {
-        let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-        let changed = Set(changes.changedZones).subtracting(advanced)
-        try applier.follow(localSpeaker)
-        for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
-        let followed = try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
-        let plan = PullPlan(speakerZones: followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } },
-                            conversations: changed.intersection(conversations).sorted())
-        guard plan.speakerZones.isEmpty, plan.conversations.isEmpty, changes.deletedZones.isEmpty,
-              try Self.refetched(localSpeaker, in: applier.db).isEmpty else { return plan }
-        try finishPull(at: changes.token, in: applier.db)
-        return nil
-    }
-
-    /// The conversations to read again from the start: created, taking part, and no token.
-    static func refetched(_ localSpeaker: String, in db: Database) throws -> [ZoneName] {
-        try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
-            .compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
-    }
-
-    /// The end of a whole pull: the feed's token, and when it was read.
-    nonisolated func finishPull(at token: ChangeToken, in db: Database) throws {
-        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('database_token', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [token.data])
-        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('last_sync_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                       [Self.milliseconds(configuration.now())])
-    }
-
-    /// The database token of the last whole pull (nil before the first).
-    private nonisolated func storedDatabaseToken() throws(ConversationError) -> ChangeToken? {
-        try database.read { db in
-            try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
-        }
-    }
-
-    /// The database feed since the store's token (from the start when the token expired).
-    private func fetchDatabaseChanges() async throws(ConversationError) -> DatabaseChanges {
-        let token = try storedDatabaseToken()
-        do {
-            return try await backend.fetchDatabaseChanges(since: token)
-        } catch where error.code == .changeTokenExpired {
-            do { return try await backend.fetchDatabaseChanges(since: nil) } catch {
-                throw ConversationError.backend(error, "cannot fetch the database changes")
-            }
-        } catch {
-            throw ConversationError.backend(error, "cannot fetch the database changes")
-        }
-    }
-
-    private func pullZone(_ zone: ZoneName, report: inout SyncReport) async throws(ConversationError) {
-        var token = try read { db in
-            try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
-        }
-        // Damaged files this pull still finds; quarantine rows for the zone's other ones are
-        // resolved at its end (the file was repaired, or read whole since).
-        var damaged = Set<String>()
-        while true {
-            let page: ZoneChanges
-            do {
-                page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
-            } catch where error.code == .changeTokenExpired {
-                // The zone was deleted and recreated: drop what came from the old incarnation
-                // (unsent changes stay) and fetch the zone whole again.
-                try await writeRecoverable { applier in
-                    try CacheReset.drop(zone: zone.rawValue, keeping: applier.localSpeaker ?? "", in: applier.db)
-                }
-                token = nil
-                report.refetchedZones += 1
-                continue
-            } catch where error.code == .zoneNotFound {
-                return
-            } catch {
-                throw ConversationError.backend(error, "cannot fetch changes of \(zone)")
-            }
-            let finished = !page.moreComing
-            let pageDamage = page.rejected.filter { $0.reason.code == .corruptSegment }.map(\.source)
-            damaged.formUnion(pageDamage)
-            let stillDamaged = damaged
-            let counts = try await writeRecoverable { applier in
-                var applied = 0
-                for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
-                for rejected in page.rejected {
-                    // A damaged file is reported by every pull until it is whole: one row for it.
-                    if rejected.reason.code == .corruptSegment,
-                        try applier.db.first("SELECT 1 FROM ck_quarantine WHERE code = ? AND source = ?", [rejected.reason.code.rawValue, rejected.source], { _ in true }) != nil {
-                        continue
-                    }
-                    try applier.quarantine(rejected)
-                }
-                if finished {
-                    let placeholders = Array(repeating: "?", count: stillDamaged.count).joined(separator: ",")
-                    try applier.db.execute("DELETE FROM ck_quarantine WHERE code = ? AND substr(source, 1, ?) = ?"
-                                           + (stillDamaged.isEmpty ? "" : " AND source NOT IN (\(placeholders))"),
-                                           [RejectionReason.Code.corruptSegment.rawValue, Int64(zone.rawValue.utf8.count + 1), zone.rawValue + "/"] + stillDamaged.map { $0 })
-                }
-                try applier.db.execute("""
-                    INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)
-                    ON CONFLICT (zone) DO UPDATE SET token = excluded.token, is_created = 1
-                    """, [zone.rawValue, page.token.data])
-                return (applied, applier.quarantinedCount)
-            }
-            report.pulled += counts.0
-            report.quarantined += counts.1
-            report.clocksAhead += observe(page.records)
-            for rejection in page.rejected {
-                let line = Self.blockedLine(rejection)
-                if let line, !report.blocked.contains(line) { report.blocked.append(line) }
-            }
-            token = page.token
-            if !page.moreComing { return }
-        }
-    }
-
     // MARK: Helpers
 
-    private func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
+    func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
         try database.read(body)
     }
 
-    private func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
+    func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
         try await database.write(.synced, body)
     }
 
@@ -556,7 +388,7 @@ actor SyncEngine {
     /// their tokens, retry times: committed without a sync of its own (``DatabaseQueue/Durability/deferred``).
     /// A power loss may take it back (never the local changes before it); the next sync then
     /// pushes again what it had settled (the same versions: no duplicates) and fetches again.
-    private func writeRecoverable<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
+    func writeRecoverable<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
         try await database.write(.deferred, body)
     }
 
