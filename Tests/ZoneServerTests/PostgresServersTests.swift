@@ -95,6 +95,34 @@ struct PostgresServersTests {
         #expect(storage.metricsText().contains("convkitd_db_listener_up 0"), "stop() returns after the listener's thread ended")
     }
 
+    /// When the listener connects again after a lost connection it wakes every poll
+    /// (notifications may have been missed); a poll whose zone did not move goes on waiting and
+    /// answers `changed` only if it does — or `false` at its deadline — never a spurious `true`.
+    @Test func aPollWokenByAReconnectAnswersChangedOnlyWhenItsZoneMoved() async throws {
+        let storage = try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: ConversationStore.recordPolicy())
+        defer { storage.close() }
+        let zone = try conversationZone("alice", "bob")
+        try await storage.createZone(zone)
+        _ = try await storage.save([try message(zone, "one", from: "alice", to: "bob", key: Keys.alice)], policy: .merge)
+        let token = try await storage.fetchChanges(in: zone, since: nil, limit: 10).token
+        func pollsWaiting(_ count: Int) async throws {
+            for _ in 0..<200 where storage.waitingCount != count { try await Task.sleep(for: .milliseconds(10)) }
+            try #require(storage.waitingCount == count)
+        }
+
+        async let quiet = storage.waitForChanges(in: zone, since: token, timeout: .seconds(2))
+        try await pollsWaiting(1)
+        storage.waiters.wakeAll()  // what the listener does when it connects again
+        try await pollsWaiting(1)  // back to waiting
+        #expect(try await quiet == false)
+
+        async let moved = storage.waitForChanges(in: zone, since: token, timeout: .seconds(20))
+        try await pollsWaiting(1)
+        storage.waiters.wakeAll()
+        _ = try await storage.save([try message(zone, "two", from: "alice", to: "bob", key: Keys.alice)], policy: .merge)
+        #expect(try await moved == true)
+    }
+
     @Test func aServerKilledMidBatchLosesNothingAcknowledgedAndTheOtherKeepsServing() async throws {
         let database = try await SharedPostgres.freshDatabase()
         let (first, one) = try await start(database)

@@ -102,15 +102,31 @@ extension PostgresZoneStorage {
         return Wire.Changes(records: page, token: next.token, moreComing: moreComing)
     }
 
+    /// Answers `true` only once the zone moved past `token` (or was deleted, or recreated): a wake
+    /// that finds it where it was — every poll is woken when the listener connects again after a
+    /// lost connection, since notifications may have been missed — goes back to waiting until
+    /// the deadline.
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
-        let generation = waiters.generation(of: zone)
-        let rows = try await run { db in try db.execute("SELECT incarnation, sequence FROM ck_zones WHERE name = $1", [.text(zone.rawValue)]) }
-        guard rows.count == 1, let incarnation = rows.text(0, 0), let sequence = rows.int(0, 1) else {
-            throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
+        let deadline = ContinuousClock.now + timeout
+        var first = true
+        while true {
+            let generation = waiters.generation(of: zone)
+            let rows = try await run { db in try db.execute("SELECT incarnation, sequence FROM ck_zones WHERE name = $1", [.text(zone.rawValue)]) }
+            guard rows.count == 1, let incarnation = rows.text(0, 0), let sequence = rows.int(0, 1) else {
+                if first { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
+                return true  // deleted while waited for
+            }
+            let since: Int64
+            do {
+                since = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: sequence)
+            } catch where !first && error.code == .changeTokenExpired {
+                return true  // recreated while waited for
+            }
+            if sequence > since { return true }
+            first = false
+            let remaining = deadline - ContinuousClock.now
+            guard remaining > .zero, await waiters.wait(for: zone, after: generation, timeout: remaining) else { return false }
         }
-        let since = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: sequence)
-        if sequence > since { return true }
-        return await waiters.wait(for: zone, after: generation, timeout: timeout)
     }
 
     public var waitingCount: Int { waiters.count }

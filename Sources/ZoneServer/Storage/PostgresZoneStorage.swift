@@ -20,7 +20,8 @@ import Synchronization
 ///   again with the new chain. Binding on first use inserts a row; the first server wins.
 /// - **Nonces** are rows (`ck_nonces`): a request replayed on another server is refused.
 /// - **Wake-ups.** A commit notifies `ck_changes` with its zone; every server's listener
-///   (``run()``) wakes its long polls. A lost listener connection wakes every poll when it is back.
+///   (``run()``) wakes its long polls. A lost listener connection wakes every poll when it is
+///   back; each looks at its zone again and answers only if it moved.
 /// - **Assets** are rows of 1 MiB chunks: backing up the database backs up everything.
 ///
 /// Connection failures answer 503 with `Retry-After` (clients keep their changes and retry);
