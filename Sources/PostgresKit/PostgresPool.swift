@@ -4,8 +4,9 @@ import Synchronization
 /// A fixed-size pool of connections to one database. ``withConnection(_:)`` lends one
 /// connection to a closure that runs on a thread of its own (libpq blocks; Swift's cooperative
 /// pool never does), opening connections as they are needed up to `size`, and queueing callers
-/// beyond it. A connection that failed (the server went away) is closed instead of returned, so
-/// the pool heals by itself once the database is back.
+/// beyond it — each for at most `borrowTimeout`, then it fails (the server answers 503 rather
+/// than hold a request while the database is stuck). A connection that failed (the server went
+/// away) is closed instead of returned, so the pool heals by itself once the database is back.
 public final class PostgresPool: Sendable {
     /// The pool's use, for `/metrics`.
     public struct Statistics: Sendable {
@@ -30,20 +31,24 @@ public final class PostgresPool: Sendable {
     private struct State {
         var idle = [Lent]()
         var open = 0
-        var waiters = [CheckedContinuation<Lent?, Never>]()
+        var waiters = [(id: UUID, continuation: CheckedContinuation<Result<Lent?, PostgresError>, Never>)]()
         var statistics: Statistics
     }
 
     public let conninfo: String
     public let size: Int
+    /// How long a caller waits for a connection while every one is lent.
+    public let borrowTimeout: Duration
     private let setup: @Sendable (PostgresConnection) throws(PostgresError) -> Void
     private let state: Mutex<State>
     private let queue = DispatchQueue(label: "convkit.postgres", attributes: .concurrent)
 
     /// - Parameter setup: runs once on each new connection (session settings).
-    public init(conninfo: String, size: Int, setup: @escaping @Sendable (PostgresConnection) throws(PostgresError) -> Void = { _ in }) {
+    public init(conninfo: String, size: Int, borrowTimeout: Duration = .seconds(5),
+                setup: @escaping @Sendable (PostgresConnection) throws(PostgresError) -> Void = { _ in }) {
         self.conninfo = conninfo
         self.size = max(1, size)
+        self.borrowTimeout = borrowTimeout
         self.setup = setup
         state = Mutex(State(statistics: Statistics(size: max(1, size), open: 0, inUse: 0, waiting: 0, acquired: 0, waited: 0, broken: 0, connectFailures: 0)))
     }
@@ -59,9 +64,10 @@ public final class PostgresPool: Sendable {
 
     /// Runs `body` with a connection on a pool thread. A connection failure closes that
     /// connection; the error is rethrown.
-    /// - Throws: ``PostgresError`` (connecting or from `body`), or what `body` throws.
+    /// - Throws: ``PostgresError`` (connecting, no connection free within ``borrowTimeout``, or
+    ///   from `body`), or what `body` throws.
     public func withConnection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) throws -> T) async throws -> T {
-        let lent = await acquire()
+        let lent = try await acquire().get()
         return try await withCheckedThrowingContinuation { continuation in
             queue.async {
                 let connection: PostgresConnection
@@ -89,9 +95,11 @@ public final class PostgresPool: Sendable {
     }
 
     /// An idle connection, or nil when the caller may open a new one; waits while every
-    /// connection is lent (the decision and the queueing under one lock, so no release is missed).
-    private func acquire() async -> Lent? {
-        await withCheckedContinuation { continuation in
+    /// connection is lent (the decision and the queueing under one lock, so no release is
+    /// missed), for at most ``borrowTimeout``.
+    private func acquire() async -> Result<Lent?, PostgresError> {
+        let id = UUID()
+        return await withCheckedContinuation { continuation in
             let granted: Lent?? = state.withLock { state in
                 state.statistics.acquired += 1
                 if let idle = state.idle.popLast() {
@@ -104,27 +112,45 @@ public final class PostgresPool: Sendable {
                     return .some(nil)
                 }
                 state.statistics.waited += 1
-                state.waiters.append(continuation)
+                state.waiters.append((id, continuation))
                 return .none
             }
-            if let granted { continuation.resume(returning: granted) }
+            if let granted {
+                continuation.resume(returning: .success(granted))
+                return
+            }
+            let timeout = borrowTimeout
+            Task { [weak self] in
+                try? await Task.sleep(for: timeout)
+                self?.giveUp(id)
+            }
         }
+    }
+
+    /// Fails a waiter still queued after ``borrowTimeout`` (one handed a connection is gone from
+    /// the queue already).
+    private func giveUp(_ id: UUID) {
+        let waiter = state.withLock { state in
+            state.waiters.firstIndex { $0.id == id }.map { state.waiters.remove(at: $0).continuation }
+        }
+        let seconds = Double(borrowTimeout.components.seconds) + Double(borrowTimeout.components.attoseconds) / 1e18
+        waiter?.resume(returning: .failure(PostgresError(sqlState: "", message: "no connection to the database was free within \(seconds) s")))
     }
 
     /// Hands a connection to the next waiter or back to the pool; nil: the slot is free (the
     /// connection broke or never opened), and the next waiter opens a new one.
     private func release(_ lent: Lent?, broken: Bool) {
-        let waiter: CheckedContinuation<Lent?, Never>? = state.withLock { state in
+        let waiter: CheckedContinuation<Result<Lent?, PostgresError>, Never>? = state.withLock { state in
             if broken { state.statistics.broken += 1 }
             if !state.waiters.isEmpty {
                 // The slot passes on as it is: with its connection, or free to open one.
-                return state.waiters.removeFirst()
+                return state.waiters.removeFirst().continuation
             }
             state.statistics.inUse -= 1
             if let lent { state.idle.append(lent) } else { state.open -= 1 }
             return nil
         }
-        waiter?.resume(returning: lent)
+        waiter?.resume(returning: .success(lent))
     }
 
     private func countBroken() { state.withLock { $0.statistics.broken += 1 } }

@@ -63,6 +63,34 @@ import TestSupport
     }
 
     /// The pool lends at most its size, queues the rest, and heals once the server is back.
+    /// Deadlines on every wait for the database: a connection finds a silent link dead within
+    /// about 5 s (TCP keepalives, unacknowledged data) unless its connection string says
+    /// otherwise; a caller waiting for a pooled connection gives up after the pool's
+    /// `borrowTimeout`, and the pool serves as before once one is free.
+    @Test func waitsOnTheDatabaseHaveDeadlines() async throws {
+        let cluster = try await PostgresCluster()
+        let db = try PostgresConnection(cluster.conninfo)
+        #expect(db.option("keepalives") == "1" && db.option("keepalives_idle") == "2" && db.option("keepalives_interval") == "1")
+        #expect(db.option("keepalives_count") == "3" && db.option("tcp_user_timeout") == "5000")
+        let chosen = try PostgresConnection(cluster.conninfo + " keepalives_idle=30")
+        #expect(chosen.option("keepalives_idle") == "30", "the connection string's own value wins")
+
+        let pool = PostgresPool(conninfo: cluster.conninfo, size: 1, borrowTimeout: .milliseconds(300))
+        // The only connection stays lent until the test lets it go.
+        let release = DispatchSemaphore(value: 0)
+        defer { release.signal() }  // a failed expectation never leaves it blocked
+        let holding = Task { try await pool.withConnection { db in release.wait(); return try db.execute("SELECT 1") } }
+        for _ in 0..<1000 where pool.statistics.inUse == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        try #require(pool.statistics.inUse == 1)
+        await #expect { try await pool.withConnection { db in try db.execute("SELECT 1") } } throws: { error in
+            (error as? PostgresError)?.isConnectionFailure == true && "\(error)".contains("no connection to the database was free")
+        }
+        #expect(pool.statistics.waiting == 0)
+        release.signal()
+        _ = try await holding.value
+        #expect(try await pool.withConnection { db in try db.execute("SELECT 1").int(0, 0) } == 1)
+    }
+
     @Test func thePoolLendsAtMostItsSizeAndHealsAfterARestart() async throws {
         let cluster = try await PostgresCluster()
         let pool = PostgresPool(conninfo: cluster.conninfo, size: 2)
