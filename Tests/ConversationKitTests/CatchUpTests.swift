@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 import RecordZone
+import SQLiteKit
 import Testing
 import TestSupport
 @testable import ZoneServer
@@ -39,6 +40,22 @@ import TestSupport
         try await bob.sync()
         let zone = try #require(try bob.conversations().first?.id)
         #expect(try history(bob, zone).map(\.content) == ["hello", "one", "two", "three"])
+    }
+
+    /// The first speaker on a server writes its profile into an empty directory zone: the
+    /// catch-up could move the store's token there too, but a store only queries the directory
+    /// and must never start pulling it (everyone's profile, at every registration).
+    @Test(arguments: servers)
+    func theDirectoryIsNeverFollowedThroughACatchUp(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob, alice])
+        let db = try Database(path: fixture.storePath("alice") + "/store.sqlite", readOnly: true)
+        let directory = try db.first("SELECT token IS NOT NULL FROM ck_zone_state WHERE zone = 'speakers'") { $0.int(0) != 0 }
+        #expect(directory != true, "alice holds no token for the directory")
+        let followed = try db.rows("SELECT zone FROM ck_zone_state WHERE token IS NOT NULL ORDER BY zone") { $0.text(0) }
+        #expect(followed.allSatisfy { $0.hasPrefix("s-") || $0.hasPrefix("c-") }, "\(followed)")
     }
 
     @Test(arguments: servers)

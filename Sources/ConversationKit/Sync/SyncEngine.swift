@@ -283,8 +283,10 @@ actor SyncEngine {
                 }
                 // A zone whose token stood where the batch began holds, with the batch's
                 // versions (now applied), everything up to where it ended: no fetching back.
+                // Only zones this store pulls (its followed speakers' own zones, its
+                // conversations): never the directory it writes its profile into but only queries.
                 var advanced = Set<ZoneName>()
-                for advance in advances {
+                for advance in advances where ChatRecords.isSpeakerZone(advance.zone) || ChatRecords.isParticipant(localSpeaker, in: advance.zone) {
                     try applier.db.execute("UPDATE ck_zone_state SET token = ? WHERE zone = ? AND token IS ?", [advance.to.data, advance.zone.rawValue, advance.from?.data])
                     if applier.db.changes > 0 { advanced.insert(advance.zone) }
                 }
