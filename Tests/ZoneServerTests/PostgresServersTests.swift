@@ -97,7 +97,7 @@ struct PostgresServersTests {
 
     /// When the listener connects again after a lost connection it wakes every poll
     /// (notifications may have been missed); a poll whose zone did not move goes on waiting and
-    /// answers `changed` only if it does — or `false` at its deadline — never a spurious `true`.
+    /// answers `changed` when it does — never a spurious `true`.
     @Test func aPollWokenByAReconnectAnswersChangedOnlyWhenItsZoneMoved() async throws {
         let storage = try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: ConversationStore.recordPolicy())
         defer { storage.close() }
@@ -106,21 +106,17 @@ struct PostgresServersTests {
         _ = try await storage.save([try message(zone, "one", from: "alice", to: "bob", key: Keys.alice)], policy: .merge)
         let token = try await storage.fetchChanges(in: zone, since: nil, limit: 10).token
         func pollsWaiting(_ count: Int) async throws {
-            for _ in 0..<200 where storage.waitingCount != count { try await Task.sleep(for: .milliseconds(10)) }
+            for _ in 0..<1000 where storage.waitingCount != count { try await Task.sleep(for: .milliseconds(10)) }
             try #require(storage.waitingCount == count)
         }
 
-        async let quiet = storage.waitForChanges(in: zone, since: token, timeout: .seconds(2))
+        let poll = Task { try await storage.waitForChanges(in: zone, since: token, timeout: .seconds(60)) }
         try await pollsWaiting(1)
         storage.waiters.wakeAll()  // what the listener does when it connects again
-        try await pollsWaiting(1)  // back to waiting
-        #expect(try await quiet == false)
-
-        async let moved = storage.waitForChanges(in: zone, since: token, timeout: .seconds(20))
+        // Woken, the poll finds its zone where it was and waits again instead of answering.
         try await pollsWaiting(1)
-        storage.waiters.wakeAll()
         _ = try await storage.save([try message(zone, "two", from: "alice", to: "bob", key: Keys.alice)], policy: .merge)
-        #expect(try await moved == true)
+        #expect(try await poll.value == true, "answered once the zone moved")
     }
 
     @Test func aServerKilledMidBatchLosesNothingAcknowledgedAndTheOtherKeepsServing() async throws {

@@ -38,6 +38,7 @@ extension PostgresZoneStorage {
                 try db.execute("SELECT pg_notify('ck_changes', $1)", [.text(zone.rawValue)])
             }
         }
+        waiters.wake(zone)
     }
 
     public func fetchDatabaseChanges(since token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> DatabaseChanges {

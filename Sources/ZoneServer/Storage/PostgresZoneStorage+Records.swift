@@ -26,6 +26,8 @@ extension PostgresZoneStorage {
                 }
                 recordWritten(written)
                 policy.pins.publish(stored)
+                // This server's polls at once; the other servers' through the notification.
+                for advance in answer.catchUp.zones { waiters.wake(advance.zone) }
                 return SaveAnswer(results: answer.results, catchUp: answer.catchUp.filteringFeed(isVisible))
             } catch let moved as PinsChanged {
                 // Another server moved a chain this batch relied on: read it, decide again.
