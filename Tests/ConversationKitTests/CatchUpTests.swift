@@ -1,4 +1,4 @@
-import ConversationKit
+@testable import ConversationKit
 import Foundation
 import RecordZone
 import SQLiteKit
@@ -40,6 +40,69 @@ import TestSupport
         try await bob.sync()
         let zone = try #require(try bob.conversations().first?.id)
         #expect(try history(bob, zone).map(\.content) == ["hello", "one", "two", "three"])
+    }
+
+    /// A power loss may take back the sync's last commits (they are not synced on their own):
+    /// here the settled push itself, with the tokens it moved — the message was on the server
+    /// already. The next sync pushes the same version again: shown synced, stored once, and what
+    /// bob wrote meanwhile still arrives.
+    @Test(arguments: servers)
+    func aSettledPushThatAPowerLossTookBackIsPushedAgainOnce(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        var alice = try await fixture.store("alice")
+        let bob = try await fixture.store("bob")
+        try await alice.send("hello", to: "bob")
+        try await syncAll([alice, bob, alice])
+        let sent = try await alice.send("again", to: "bob")
+        // The store as the power loss leaves it: the send (synced) kept, the sync's commits not.
+        let path = fixture.storePath("alice"), snapshot = fixture.directory.path + "/alice-before-sync"
+        alice.close()
+        try FileManager.default.copyItem(atPath: path, toPath: snapshot)
+        alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))
+        try await alice.sync()
+        #expect(try alice.message(sent.id)?.syncState == .synced)
+        alice.close()
+        try FileManager.default.removeItem(atPath: path)
+        try FileManager.default.moveItem(atPath: snapshot, toPath: path)
+        alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))
+        #expect(try alice.message(sent.id)?.syncState == .pending)
+
+        try await bob.send("meanwhile", to: "alice")
+        try await bob.sync()
+        let report = try await alice.sync()
+        #expect(report.pushed == 1)
+        #expect(try alice.message(sent.id)?.syncState == .synced)
+        let zone = sent.id.conversation
+        #expect(try history(alice, zone).map(\.content) == ["hello", "again", "meanwhile"])
+        try await bob.sync()
+        #expect(try history(bob, zone).map(\.content) == ["hello", "again", "meanwhile"], "stored once")
+    }
+
+    /// An outsider's save asks for the feed too: it names only zones the outsider may read,
+    /// never the conversation of two others that changed meanwhile.
+    @Test(arguments: servers)
+    func theCatchUpsFeedNamesOnlyWhatTheWriterMayRead(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        let carol = try await fixture.store("carol")
+        try await carol.sync()
+        let carolKey = try fixture.key(of: "carol")
+        let backend = try fixture.rawBackend("carol", key: carolKey)
+        let token = try await backend.fetchDatabaseChanges(since: nil).token
+        let sent = try await alice.send("private", to: "bob")
+        try await syncAll([alice, bob])
+        // Carol's profile again, signed by her: a save she may make.
+        let clock = HybridLogicalClock()
+        let profile = try ChatRecords.speaker(identifier: "carol", name: "Carol C.", tags: []).map { record in
+            var signed = record
+            try signed.sign(with: carolKey, clock: clock.now())
+            return signed
+        }
+        let answer = try await backend.save(profile, policy: .merge, catchingUpFrom: token)
+        #expect(answer.results.allSatisfy { (try? $0.get()) != nil })
+        let feed = try #require(answer.catchUp.database)
+        #expect(!feed.changedZones.map(\.rawValue).contains(sent.id.conversation))
+        #expect(feed.changedZones.allSatisfy { !$0.rawValue.hasPrefix("c-") }, "\(feed.changedZones)")
     }
 
     /// The first speaker on a server writes its profile into an empty directory zone: the

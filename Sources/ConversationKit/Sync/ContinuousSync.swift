@@ -79,10 +79,13 @@ extension ConversationStore {
                     // A zone whose token moved since its poll woke (a push's catch-up took it past
                     // this store's own versions) is not fetched: its poll asks again from there.
                     let kicked = causes.compactMap { if case .zone(let zone, let from) = $0 { (zone, from) } else { nil } }
-                    let stored = try read { db in
-                        try Dictionary(db.rows("SELECT zone, token FROM ck_zone_state WHERE token IS NOT NULL") { ($0.text(0), ChangeToken(data: $0.blob(1))) }) { $1 }
-                    }
-                    let zones = Array(Set(kicked.filter { zone, from in from == nil || stored[zone.rawValue].map { $0 == from } ?? true }.map(\.0)))
+                    let zones = try read { db in
+                        try Set(kicked.filter { zone, from in
+                            guard let from else { return true }
+                            let stored = try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
+                            return stored.map { $0 == from } ?? true
+                        }.map(\.0))
+                    }.sorted()
                     if !zones.isEmpty {
                         let pulled = try await engine.pull(zones: zones, backend: backend)
                         report.pulled += pulled.pulled

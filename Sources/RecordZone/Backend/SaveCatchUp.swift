@@ -22,6 +22,9 @@ public struct SaveCatchUp: Sendable, Hashable, Codable {
 
     /// The catch-up of a backend that cannot tell.
     public static let none = SaveCatchUp()
+
+    /// Whether it tells nothing (no feed, no zone moved).
+    public var isEmpty: Bool { database == nil && zones.isEmpty }
 }
 
 /// How one zone moved in a save: between ``from`` and ``to`` lie exactly the versions the save

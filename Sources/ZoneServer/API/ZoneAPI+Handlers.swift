@@ -69,8 +69,7 @@ extension ZoneAPI {
             let outcomes = zip(results, body.records).map { result, sent in
                 Wire.Outcome(result ?? .failure(RecordZoneError(.internalError, "no result")), sent: sent.bytes)
             }
-            let catchUp = saved.catchUp
-            return wire(Wire.Outcomes(results: outcomes, catchUp: catchUp.database == nil && catchUp.zones.isEmpty ? nil : catchUp), for: request)
+            return wire(Wire.Outcomes(results: outcomes, catchUp: saved.catchUp.isEmpty ? nil : saved.catchUp), for: request)
         case .fetch:
             try refuseOverTheBatchLimit(request.body, "IDs")
             let body = try decode(Wire.Fetch.self, request, canonical: true)
