@@ -55,6 +55,9 @@ let package = Package(
 
         // Tools.
         .target(name: "ToolSupport", dependencies: ["RecordZone"], path: "Tools/ToolSupport"),
+        // A crowd of online clients holding long polls, for the capacity bench and its tests.
+        .target(name: "Crowd", dependencies: ["RecordZone", "CCrowd"], path: "Tools/Crowd"),
+        .target(name: "CCrowd", path: "Tools/CCrowd"),
         // convkitd serves (and migrates, replicates) without the store; `convkitd sync` runs
         // convkitd-sync, beside it, which holds one.
         .executableTarget(
@@ -67,7 +70,7 @@ let package = Package(
             name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport"],
             path: "Tools/convkit"),
         .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "PostgresKit", "ImageKit", "ToolSupport", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "PostgresKit", "ImageKit", "ToolSupport", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG", "Crowd"],
             path: "Tools/convkit-bench"),
         // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
         .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),
@@ -96,7 +99,7 @@ let package = Package(
             name: "ConversationKitTests",
             dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "StorageTestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "TestSupport", "convkit", "convkitd", "convkitd-sync"]),
-        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "convkitd", "convkitd-sync"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "Crowd", "convkitd", "convkitd-sync"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -9,7 +9,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* Percent-decodes in place like libmicrohttpd's own unescaping, except that a decoded NUL or
  * other control byte becomes DEL (0x7F): a "%00" can no longer cut a path short as a C string,
@@ -215,7 +218,92 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
     return daemon;
 }
 
+unsigned int cmhd_open_count(struct cmhd_pressure *pressure) {
+    pthread_mutex_lock(&pressure->lock);
+    unsigned int count = pressure->open;
+    pthread_mutex_unlock(&pressure->lock);
+    return count;
+}
+
 uint16_t cmhd_bound_port(struct MHD_Daemon *daemon) {
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
     return info == NULL ? 0 : info->port;
+}
+
+/* The disconnect watch: its own epoll instance and thread, on the sockets of suspended
+ * connections (libmicrohttpd does not look at a suspended connection's socket). */
+struct cmhd_watch {
+    int epoll;
+    int wakeup;   /* an eventfd: written once to stop the thread */
+    pthread_t thread;
+    int running;
+    void (*gone)(void *cls, uint64_t cookie);
+    void *cls;
+};
+
+static void *watch_loop(void *argument) {
+    struct cmhd_watch *w = argument;
+    struct epoll_event events[64];
+    for (;;) {
+        int n = epoll_wait(w->epoll, events, 64, -1);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return NULL;
+        }
+        for (int i = 0; i < n; i++) {
+            if (events[i].data.u64 == UINT64_MAX) return NULL;
+            w->gone(w->cls, events[i].data.u64);
+        }
+    }
+}
+
+struct cmhd_watch *cmhd_watch_new(void) {
+    struct cmhd_watch *w = calloc(1, sizeof(*w));
+    if (w == NULL) return NULL;
+    w->epoll = epoll_create1(EPOLL_CLOEXEC);
+    w->wakeup = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event stop = {.events = EPOLLIN, .data.u64 = UINT64_MAX};
+    if (w->epoll < 0 || w->wakeup < 0 || epoll_ctl(w->epoll, EPOLL_CTL_ADD, w->wakeup, &stop) != 0) {
+        if (w->epoll >= 0) close(w->epoll);
+        if (w->wakeup >= 0) close(w->wakeup);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+int cmhd_watch_run(struct cmhd_watch *w, void (*gone)(void *cls, uint64_t cookie), void *cls) {
+    w->gone = gone;
+    w->cls = cls;
+    if (pthread_create(&w->thread, NULL, watch_loop, w) != 0) return -1;
+    w->running = 1;
+    return 0;
+}
+
+int cmhd_watch_add(struct cmhd_watch *w, struct MHD_Connection *connection, uint64_t cookie) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (info == NULL) return -1;
+    int fd = info->connect_fd;
+    /* The peer's end closing (FIN: EPOLLRDHUP) or the socket failing (RST: EPOLLHUP, EPOLLERR,
+     * always reported); not readable data, which may be a next request sent ahead. One-shot. */
+    struct epoll_event event = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = cookie};
+    if (epoll_ctl(w->epoll, EPOLL_CTL_ADD, fd, &event) != 0) return -1;
+    return fd;
+}
+
+void cmhd_watch_remove(struct cmhd_watch *w, int fd) {
+    epoll_ctl(w->epoll, EPOLL_CTL_DEL, fd, NULL);
+}
+
+void cmhd_watch_stop(struct cmhd_watch *w) {
+    if (w == NULL) return;
+    uint64_t one = 1;
+    if (w->running) {
+        ssize_t written = write(w->wakeup, &one, sizeof(one));
+        (void)written;
+        pthread_join(w->thread, NULL);
+    }
+    close(w->epoll);
+    close(w->wakeup);
+    free(w);
 }

@@ -28,7 +28,7 @@ let serveCommand = Command(
         .valued("listen", "host:port", "The address (IPv4, [IPv6] or a host name) and port to listen on; port 0 picks a free port. (default: 127.0.0.1:8080)"),
         .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; debug logs one line per request. (default: info)"),
         .valued("max-body-bytes", "n", "The largest request body. (default: 50331648)"),
-        .valued("max-connections", "n", "The most connections at once. (default: 512)"),
+        .valued("max-connections", "n", "The most connections at once (the descriptor limit is raised to fit, up to the hard limit). (default: 16384)"),
         .valued("connection-timeout", "seconds", "Close a connection idle this long. (default: 15)"),
         .valued("rate-limit", "n", "Requests per second per key, sustained; bursts of ten times that. (default: 1000)"),
         .valued("max-wait", "seconds", "The longest long poll a client may ask for. (default: 60)"),

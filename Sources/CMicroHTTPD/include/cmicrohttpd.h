@@ -29,7 +29,24 @@ void cmhd_stop(struct MHD_Daemon *daemon, struct cmhd_pressure *pressure);
 /* How many idle connections were made to give way so far. */
 unsigned long long cmhd_evicted_count(struct cmhd_pressure *pressure);
 
+/* How many connections are open. */
+unsigned int cmhd_open_count(struct cmhd_pressure *pressure);
+
 /* The port the daemon listens on (after binding port 0). */
 uint16_t cmhd_bound_port(struct MHD_Daemon *daemon);
+
+/* Watches the sockets of suspended connections (a long poll waiting) for their peer going away,
+ * which libmicrohttpd does not notice until it resumes them: `gone` is called, on the watch's own
+ * thread, with the cookie of a watched connection whose peer closed or reset it. */
+struct cmhd_watch;
+struct cmhd_watch *cmhd_watch_new(void);
+/* Starts the watch's thread; -1 when it cannot. */
+int cmhd_watch_run(struct cmhd_watch *watch, void (*gone)(void *cls, uint64_t cookie), void *cls);
+/* Watches a suspended connection (at most one `gone` per add); returns its socket, for
+ * cmhd_watch_remove, or -1 when it cannot be watched. Remove it before resuming the connection. */
+int cmhd_watch_add(struct cmhd_watch *watch, struct MHD_Connection *connection, uint64_t cookie);
+void cmhd_watch_remove(struct cmhd_watch *watch, int fd);
+/* Stops the thread, if it runs (after its current callback), and frees the watch. */
+void cmhd_watch_stop(struct cmhd_watch *watch);
 
 #endif

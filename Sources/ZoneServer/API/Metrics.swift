@@ -37,7 +37,7 @@ final class Metrics: Sendable {
         return state.withLock { state in state.requests.filter { name == nil || $0.key.split(separator: ",").dropFirst().first.map(String.init) == name }.values.reduce(0, +) }
     }
 
-    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0) -> String {
+    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0, openConnections: Int = 0, abandoned: Int = 0) -> String {
         let snapshot = state.withLock { $0 }
         var out = """
             # HELP convkitd_requests_total HTTP requests answered, by method, route (none: no route matched) and status.
@@ -64,6 +64,12 @@ final class Metrics: Sendable {
             # HELP convkitd_idle_connections_given_way_total Idle connections closed so that new clients could get in.
             # TYPE convkitd_idle_connections_given_way_total counter
             convkitd_idle_connections_given_way_total \(idleGivenWay)
+            # HELP convkitd_open_connections Client connections open now.
+            # TYPE convkitd_open_connections gauge
+            convkitd_open_connections \(openConnections)
+            # HELP convkitd_requests_abandoned_total Requests (long polls) ended early because their client went away.
+            # TYPE convkitd_requests_abandoned_total counter
+            convkitd_requests_abandoned_total \(abandoned)
             # HELP convkitd_request_duration_seconds Time to answer a request.
             # TYPE convkitd_request_duration_seconds histogram
 

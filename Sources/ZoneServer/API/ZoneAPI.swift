@@ -61,6 +61,11 @@ public struct ZoneAPI: HTTPService {
         }
     }
 
+    /// A long poll waits for a change: it ends as soon as its client goes away.
+    public func mayWait(method: String, path: String) -> Bool {
+        (try? Route.match(method: method, path: path))?.route == .waitForChanges
+    }
+
     /// Handles one request: the whole API, as a function.
     public func respond(to request: HTTPRequest) async -> HTTPResponse {
         let start = ContinuousClock.now

@@ -68,8 +68,11 @@ public struct TLSIdentity: Sendable {
 public struct HTTPLimits: Sendable {
     /// The largest request body; larger ones get 413 without being read whole.
     public var maximumBodyBytes = 48 << 20
-    /// The most connections at once; more wait to be accepted.
-    public var maximumConnections: UInt32 = 512
+    /// The most connections at once; more wait to be accepted. Room for ten thousand clients
+    /// online, each holding a long poll, and those sending; the server raises its descriptor
+    /// limit to fit (up to the hard limit) and, where the hard limit is lower, serves fewer
+    /// and says so in its log.
+    public var maximumConnections: UInt32 = 16_384
     /// From this many open connections on, the least recently active idle ones (between
     /// requests, or connected with none yet; never one in a request or a long poll) are closed
     /// within a second, so that connections held open and idle cannot keep a new client out.

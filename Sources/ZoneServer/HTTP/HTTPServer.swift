@@ -13,6 +13,9 @@ public protocol HTTPService: Sendable {
     /// Looks at the first bytes of a body while it is still arriving (at 8 KiB, then each time it
     /// doubles); an answer refuses the request, and the rest of the body is dropped as it comes.
     func checkBody(method: String, path: String, prefix: Data) -> HTTPResponse?
+    /// Whether answering the request may wait long for something else to happen (a long poll):
+    /// its handler is then cancelled as soon as its client goes away.
+    func mayWait(method: String, path: String) -> Bool
     /// Answers a complete request.
     func respond(to request: HTTPRequest) async -> HTTPResponse
 }
@@ -20,12 +23,14 @@ public protocol HTTPService: Sendable {
 extension HTTPService {
     public func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? { nil }
     public func checkBody(method: String, path: String, prefix: Data) -> HTTPResponse? { nil }
+    public func mayWait(method: String, path: String) -> Bool { false }
 }
 
 /// Gauges of an HTTP server, shared with whoever reports them.
 public final class HTTPCounters: Sendable {
     let inFlight = Atomic<Int>(0)
     let handlers = Atomic<Int>(0)
+    let abandoned = Atomic<Int>(0)
     /// The listening daemon's idle-connection tracking (nil when not listening).
     let pressure = Mutex<HTTPServer.Pressure?>(nil)
 
@@ -34,6 +39,13 @@ public final class HTTPCounters: Sendable {
     /// Idle connections made to give way to new ones since the server started listening.
     public var idleConnectionsGivenWayCount: Int {
         pressure.withLock { $0.map { Int(cmhd_evicted_count($0.pointer)) } ?? 0 }
+    }
+
+    /// Handlers cancelled because their client went away while they waited (``HTTPService/mayWait(method:path:)``).
+    public var abandonedCount: Int { abandoned.load(ordering: .relaxed) }
+    /// Connections open now.
+    public var openConnectionCount: Int {
+        pressure.withLock { $0.map { Int(cmhd_open_count($0.pointer)) } ?? 0 }
     }
 
     /// Requests being handled or answered now (counted until their answer has been sent).
@@ -77,6 +89,8 @@ public final class HTTPServer: Sendable {
     private struct Daemon: @unchecked Sendable {
         let pointer: OpaquePointer
         let pressure: Pressure
+        /// nil when it could not start (requests that wait are then not watched).
+        let disconnects: DisconnectWatch?
     }
     /// The shim's idle-connection tracking of a daemon (freed with it by ``stopDaemon(_:)``).
     struct Pressure: @unchecked Sendable { let pointer: OpaquePointer }
@@ -171,9 +185,10 @@ public final class HTTPServer: Sendable {
         let context = Unmanaged.passUnretained(self).toOpaque()
         errno = 0
         var pressure: OpaquePointer? = nil
-        let giveWayAt = limits.idleConnectionsGiveWayAt ?? (limits.maximumConnections - limits.maximumConnections / 8)
+        let connections = fittingConnections()
+        let giveWayAt = min(limits.idleConnectionsGiveWayAt ?? (connections - connections / 8), connections)
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
-                                       limits.maximumConnections, limits.maximumConnectionsPerAddress, giveWayAt, limits.connectionTimeoutSeconds,
+                                       connections, limits.maximumConnectionsPerAddress, giveWayAt, limits.connectionTimeoutSeconds,
                                        limits.connectionMemoryBytes, tls?.keyPEM, tls?.certificatePEM, &pressure),
             let pressure
         else {
@@ -191,7 +206,7 @@ public final class HTTPServer: Sendable {
         }
         let bound = Int(cmhd_bound_port(started))
         state.withLock { state in
-            state.daemon = Daemon(pointer: started, pressure: Pressure(pointer: pressure))
+            state.daemon = Daemon(pointer: started, pressure: Pressure(pointer: pressure), disconnects: DisconnectWatch(counters: counters))
             state.phase = .listening
             state.port = bound
         }
@@ -199,6 +214,26 @@ public final class HTTPServer: Sendable {
         // An IPv6 address in brackets, as in a URL: [::1]:8443.
         logger.info("listening on \(host.contains(":") ? "[\(host)]" : host):\(bound)\(tls == nil ? "" : " (HTTPS)")")
         return bound
+    }
+
+    /// The connections the process's descriptors allow, up to ``HTTPLimits/maximumConnections``:
+    /// the soft descriptor limit is raised as far as needed and the hard limit allows (as Go and
+    /// nginx's `worker_rlimit_nofile` do), keeping 256 descriptors for the rest of the process
+    /// (databases, files, the watch); a lower hard limit is reported in the log.
+    private func fittingConnections() -> UInt32 {
+        let reserve: rlim_t = 256
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return limits.maximumConnections }
+        let wanted = rlim_t(limits.maximumConnections) + reserve
+        if limit.rlim_cur < wanted {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max == rlim_t.max ? wanted : min(wanted, limit.rlim_max)
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 { limit = raised }
+        }
+        guard limit.rlim_cur != rlim_t.max, limit.rlim_cur < wanted else { return limits.maximumConnections }
+        let fitting = UInt32(max(16, Int(limit.rlim_cur) - Int(reserve)))
+        logger.warning("the descriptor limit (\(limit.rlim_cur), hard \(limit.rlim_max)) allows \(fitting) connections, not \(limits.maximumConnections): raise the hard limit (ulimit -Hn, systemd LimitNOFILE=) to serve more")
+        return fitting
     }
 
     /// The serving loop of a listening server (one per server): requests queued by the polling
@@ -239,7 +274,12 @@ public final class HTTPServer: Sendable {
     }
 
     private func handle(_ pending: Pending) async {
-        pending.exchange.response = await service.respond(to: pending.request)
+        let request = pending.request
+        if service.mayWait(method: request.method, path: request.path), let watch = state.withLock({ $0.daemon?.disconnects }) {
+            pending.exchange.response = await watch.respond(on: pending.connection, executor: executor) { [service] in await service.respond(to: request) }
+        } else {
+            pending.exchange.response = await service.respond(to: request)
+        }
         state.withLock { state in
             if state.daemon != nil { MHD_resume_connection(pending.connection) }
         }
@@ -277,6 +317,7 @@ public final class HTTPServer: Sendable {
     private func stopDaemon(_ daemon: Daemon) {
         counters.pressure.withLock { $0 = nil }
         cmhd_stop(daemon.pointer, daemon.pressure.pointer)
+        daemon.disconnects?.stop()
     }
 
     // MARK: Per-request state

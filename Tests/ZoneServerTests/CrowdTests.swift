@@ -1,0 +1,72 @@
+import ConversationKit
+import Crowd
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+import ZoneServer
+
+/// The real `convkitd` under a crowd of online clients, each holding a long poll from one of many
+/// loopback addresses (`Crowd`, the client of `convkit-bench --only capacity`).
+@Suite(.serialized) struct CrowdTests {
+    /// A gauge from `/metrics`.
+    static func gauge(_ name: String, port: Int) async throws -> Int {
+        let text = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text
+        let line = try #require(text.split(separator: "\n").first { $0.hasPrefix(name + " ") }, "no \(name) in /metrics")
+        return try #require(Int(line.split(separator: " ").last ?? ""))
+    }
+
+    static func descriptors(of pid: pid_t) -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? -1
+    }
+
+    /// Waits (up to `seconds`) until `condition` holds; how long it took, or nil.
+    static func waitUntil(seconds: Double, _ condition: () async throws -> Bool) async throws -> Double? {
+        let start = ContinuousClock.now
+        while ContinuousClock.now - start < .seconds(seconds) {
+            if try await condition() { return Double((ContinuousClock.now - start).components.attoseconds) / 1e18 + Double((ContinuousClock.now - start).components.seconds) }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        return nil
+    }
+
+    /// Bob's polls on his conversation with alice, `count` of them from 40 addresses.
+    static func members(_ count: Int, zone: ZoneName, first: Int = 0) -> [Crowd.Member] {
+        (first..<(first + count)).map { Crowd.Member(identity: "bob", key: Keys.bob, zone: zone, source: "127.0.\(10 + $0 % 40).\(2 + $0 / 40 % 200)") }
+    }
+
+    /// Two thousand polls whose clients vanish — half reset their connection, half close it —
+    /// are ended at once, not at their 60-second timeout: the server's waiting count and
+    /// descriptors go back to where they were before the crowd came.
+    @Test func pollsOfClientsThatVanishEndAtOnce() async throws {
+        let data = try TemporaryDirectory("convkitd-crowd")
+        let (server, port) = try await startServe(["--data", data.path, "--rate-limit", "1000000"])
+        defer { server.kill(SIGTERM) }
+        let zone = try conversationZone("alice", "bob")
+        let bob = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        try await bob.createZone(zone)
+        let baseline = Self.descriptors(of: server.pid)
+        let openBefore = try await Self.gauge("convkitd_open_connections", port: port)
+
+        let resetting = try Crowd(port: port, members: Self.members(1000, zone: zone), waitSeconds: 60)
+        let closing = try Crowd(port: port, members: Self.members(1000, zone: zone, first: 1000), waitSeconds: 60)
+        resetting.start()
+        closing.start()
+        let allWaiting = try await Self.waitUntil(seconds: 120) { try await Self.gauge("convkitd_long_polls_waiting", port: port) == 2000 }
+        #expect(allWaiting != nil, "the crowd never had 2000 polls waiting: \(resetting.snapshot), \(closing.snapshot)")
+        #expect(resetting.snapshot.errors == 0 && closing.snapshot.errors == 0, "\(resetting.snapshot.firstErrors + closing.snapshot.firstErrors)")
+        #expect(Self.descriptors(of: server.pid) >= baseline + 2000)
+
+        await resetting.vanish()
+        await closing.stop()
+        let emptied = try await Self.waitUntil(seconds: 20) {
+            try await Self.gauge("convkitd_long_polls_waiting", port: port) == 0 && Self.descriptors(of: server.pid) <= baseline + 4
+        }
+        let stillWaiting = try await Self.gauge("convkitd_long_polls_waiting", port: port)
+        #expect(emptied != nil, "still waiting: \(stillWaiting), descriptors \(Self.descriptors(of: server.pid)) (baseline \(baseline))")
+        if let emptied { print("2000 vanished polls ended in \(String(format: "%.2f", emptied)) s") }
+        #expect(try await Self.gauge("convkitd_requests_abandoned_total", port: port) == 2000)
+        let open = try await Self.gauge("convkitd_open_connections", port: port)
+        #expect(open <= openBefore, "\(open) connections still open (\(openBefore) before the crowd)")
+    }
+}
