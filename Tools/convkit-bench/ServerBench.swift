@@ -210,7 +210,7 @@ let memoryRunRecords = 5200
 
 /// Starts the release `convkitd serve` built beside the bench on a free port; nil (with a note)
 /// when it was not built.
-@MainActor func startConvkitd(data: String, reporter: Reporter, purpose: String) throws -> (Process, URL)? {
+@MainActor func startConvkitd(data: String, reporter: Reporter, purpose: String, extra: [String] = []) throws -> (Process, URL)? {
     let convkitd = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("convkitd").path
     guard FileManager.default.isExecutableFile(atPath: convkitd) else {
         reporter.note("\(purpose): skipped (build it beside convkit-bench: swift build -c release --product convkitd)")
@@ -218,7 +218,7 @@ let memoryRunRecords = 5200
     }
     let process = Process()
     process.executableURL = URL(fileURLWithPath: convkitd)
-    process.arguments = ["serve", "--data", data, "--listen", "127.0.0.1:0", "--rate-limit", "1000000"]
+    process.arguments = ["serve", "--data", data, "--listen", "127.0.0.1:0", "--rate-limit", "1000000"] + extra
     let errors = Pipe()
     process.standardError = errors
     try process.run()
@@ -305,7 +305,7 @@ func voluntarySwitches(of pid: Int32? = nil) -> Int {
     }
 }
 
-private func residentKilobytes(of pid: Int32) throws -> Int {
+func residentKilobytes(of pid: Int32) throws -> Int {
     let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
     guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
           let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")

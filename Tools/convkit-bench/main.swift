@@ -14,13 +14,18 @@ struct Options {
     /// A PostgreSQL cluster for the `postgres` section (scripts/bench.sh starts a private one).
     var postgres: String?
     var largeZone = 1_000_000
+    var capacity = CapacityOptions()
 }
 
 let command = Command(
     "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
-        .valued("only", "section", "Run one section: records, store, server, registration, images or postgres."),
+        .valued("only", "section", "Run one section: records, store, server, registration, images, postgres or capacity (run only when asked for)."),
+        .valued("clients", "n", "capacity: clients online, each holding a long poll. (default: 10000)"),
+        .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
+        .valued("churn", "share", "capacity: the share of clients (0 to 1) that reconnect every 2-4 s. (default: 0)"),
+        .valued("window", "s", "capacity: how long the senders send. (default: 30)"),
         .valued("postgres", "conninfo", "A PostgreSQL cluster whose role may create databases: adds the postgres section (scripts/bench.sh starts one)."),
         .valued("large-zone", "n", "Records in the large zone of the postgres section. (default: 1000000)"),
         .valued("messages", "n", "Messages in the store for the newest-50 query. (default: 1000000)"),
@@ -42,11 +47,21 @@ func parseOptions() -> Options {
         if options.postgres != nil { options.sections.insert("postgres") }
         options.largeZone = try parsed.int("large-zone", default: options.largeZone, range: 10_000...100_000_000)
         if let section = parsed.value("only") {
-            guard ["records", "store", "server", "registration", "images", "postgres"].contains(section) else {
-                throw UsageError("--only takes records, store, server, registration, images or postgres")
+            guard ["records", "store", "server", "registration", "images", "postgres", "capacity"].contains(section) else {
+                throw UsageError("--only takes records, store, server, registration, images, postgres or capacity")
             }
             guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
+        }
+        options.capacity.clients = try parsed.int("clients", default: options.capacity.clients, range: 10...100_000)
+        options.capacity.rate = try parsed.int("rate", default: options.capacity.rate, range: 1...100_000)
+        if let text = parsed.value("churn") {
+            guard let value = Double(text), (0...1).contains(value) else { throw UsageError("--churn takes a share from 0 to 1, e.g. 0.2") }
+            options.capacity.churn = value
+        }
+        if let text = parsed.value("window") {
+            guard let value = Double(text), value > 0 else { throw UsageError("--window takes a positive number of seconds") }
+            options.capacity.window = value
         }
         options.messages = try parsed.int("messages", default: options.messages, range: 1000...Int.max)
         if let text = parsed.value("identities") {
@@ -81,6 +96,7 @@ do {
         try await liveMessageBench(reporter)
     }
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
+    if options.sections.contains("capacity") { try await capacityBench(reporter, options.capacity) }
     if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
     if options.sections.contains("postgres"), let conninfo = options.postgres {
         try await postgresBench(reporter, seconds: options.seconds, conninfo: conninfo, largeZone: options.largeZone)

@@ -2,60 +2,46 @@ import CLibMicroHTTPD
 import CMicroHTTPD
 import Synchronization
 
-/// Ends the handlers of requests whose client has gone. libmicrohttpd does not look at a
+/// Tells of clients that went away while their request waited. libmicrohttpd does not look at a
 /// suspended connection's socket, so a long poll whose client closed its connection would wait
-/// out its whole timeout, holding its descriptor and memory: a crowd of clients that vanish
-/// (a network change, a restart) would be kept as long as they had asked to wait. The watch
-/// (the shim's own epoll thread) is told of the peer's close or reset at once; the handler is
-/// cancelled, and its connection, resumed, is closed by libmicrohttpd.
+/// out its whole timeout, holding its descriptor and memory: a crowd of clients that vanish (a
+/// network change, a restart) would be kept as long as they had asked to wait. The watch (the
+/// shim's own epoll thread) learns of the peer's close or reset at once and calls `gone` with
+/// the request's id; the server cancels its handler, and the connection, resumed, is closed by
+/// libmicrohttpd.
 final class DisconnectWatch: Sendable {
     private struct Watch: @unchecked Sendable { let pointer: OpaquePointer }
     private let watch: Watch
-    private struct State {
-        var next: UInt64 = 0
-        var running: [UInt64: Task<HTTPResponse, Never>] = [:]
-    }
-    private let state = Mutex(State())
-    private let counters: HTTPCounters
-
+    private let gone: @Sendable (UInt64) -> Void
     private let stopped = Atomic(false)
 
-    /// nil when the watch cannot start (no descriptor or thread left): requests are then
-    /// handled without it. Its thread runs until ``stop()`` (or the watch is freed).
-    init?(counters: HTTPCounters) {
+    /// nil when the watch cannot start (no descriptor or thread left): requests are then not
+    /// watched. Its thread runs until ``stop()`` (or the watch is freed).
+    init?(gone: @escaping @Sendable (UInt64) -> Void) {
         guard let made = cmhd_watch_new() else { return nil }
         watch = Watch(pointer: made)
-        self.counters = counters
-        let started = cmhd_watch_run(made, { context, cookie in
+        self.gone = gone
+        let started = cmhd_watch_run(made, { context, id in
             guard let context else { return }
-            Unmanaged<DisconnectWatch>.fromOpaque(context).takeUnretainedValue().gone(cookie)
+            Unmanaged<DisconnectWatch>.fromOpaque(context).takeUnretainedValue().gone(id)
         }, Unmanaged.passUnretained(self).toOpaque())
         if started != 0 { return nil }
     }
 
     deinit { stop() }
 
-    /// Runs `work` (in a task of its own, which a disconnect cancels) while the suspended
-    /// `connection`'s socket is watched; the watch is removed before this returns, so before the
-    /// connection is resumed.
-    func respond(on connection: OpaquePointer, executor: any TaskExecutor, _ work: @escaping @Sendable () async -> HTTPResponse) async -> HTTPResponse {
-        let task = Task(executorPreference: executor) { await work() }
-        let cookie = state.withLock { state in
-            state.next &+= 1
-            state.running[state.next] = task
-            return state.next
-        }
-        let fd = cmhd_watch_add(watch.pointer, connection, cookie)
-        let response = await withTaskCancellationHandler { await task.value } onCancel: { task.cancel() }
-        state.withLock { _ = $0.running.removeValue(forKey: cookie) }
-        if fd >= 0 { cmhd_watch_remove(watch.pointer, fd) }
-        return response
+    /// A watched connection, for ``remove(_:)``.
+    struct Watched { fileprivate let fd: Int32 }
+
+    /// Watches a suspended connection; nil when it cannot be watched. Remove the watch before
+    /// the connection is resumed.
+    func add(_ connection: OpaquePointer, id: UInt64) -> Watched? {
+        let fd = cmhd_watch_add(watch.pointer, connection, id)
+        return fd >= 0 ? Watched(fd: fd) : nil
     }
 
-    private func gone(_ cookie: UInt64) {
-        guard let task = state.withLock({ $0.running.removeValue(forKey: cookie) }) else { return }
-        counters.abandoned.add(1, ordering: .relaxed)
-        task.cancel()
+    func remove(_ watched: Watched) {
+        cmhd_watch_remove(watch.pointer, watched.fd)
     }
 
     /// Stops the watch's thread (no callback runs after this returns) and frees it. Its owner

@@ -55,10 +55,10 @@ public final class HTTPCounters: Sendable {
 }
 
 /// An HTTP/1.1 server on libmicrohttpd. Its internal polling thread (epoll) accepts, parses and
-/// writes; each complete request is handed, its connection suspended, to the serving loop, which
-/// runs its handler as a child task of one task group — so a slow handler (a long poll) never holds
-/// the polling thread, a slow client holds nobody but itself, and every handler ends before the
-/// server does.
+/// writes; each complete request is handed, its connection suspended, to a task of its own on the
+/// server's handler threads — so a slow handler (a long poll) never holds the polling thread, a
+/// slow client holds nobody but itself, a long poll whose client goes away is cancelled at once
+/// (``DisconnectWatch``), and every handler ends before the server does.
 ///
 /// ```swift
 /// let server = HTTPServer(service: MyService())
@@ -77,14 +77,17 @@ public final class HTTPServer: Sendable {
     /// whose cooperative pool is busy (CPU-bound work, blocking calls) still answers promptly.
     private let executor = HandlerExecutor(label: "convkit.http.handlers")
 
-    /// A complete request waiting for its handler, its connection suspended.
+    /// A complete request handed to its handler, its connection suspended.
     private struct Pending: @unchecked Sendable {
         let exchange: Exchange
         let request: HTTPRequest
         let connection: OpaquePointer
+        /// Its key in ``State/running``.
+        let id: UInt64
     }
-    private let incoming: AsyncStream<Pending>
-    private let incomingContinuation: AsyncStream<Pending>.Continuation
+    /// Ends when the server begins stopping.
+    private let stopping: AsyncStream<Void>
+    private let stoppingContinuation: AsyncStream<Void>.Continuation
 
     private struct Daemon: @unchecked Sendable {
         let pointer: OpaquePointer
@@ -101,6 +104,11 @@ public final class HTTPServer: Sendable {
         var port = 0
         var deadline = ContinuousClock.now
         var listeningWaiters: [CheckedContinuation<Int, any Error>] = []
+        /// The handlers running, each an unstructured task (a task group's children would cost
+        /// O(children) each to remove: with ten thousand long polls waiting, every answer walked
+        /// them all).
+        var running: [UInt64: Task<Void, Never>] = [:]
+        var nextID: UInt64 = 0
         var stoppedWaiters: [CheckedContinuation<Void, Never>] = []
     }
     /// Guards the daemon: a handler resumes its connection under this lock and only while the
@@ -112,7 +120,7 @@ public final class HTTPServer: Sendable {
         self.limits = limits
         self.logger = logger
         self.counters = counters
-        (incoming, incomingContinuation) = AsyncStream.makeStream()
+        (stopping, stoppingContinuation) = AsyncStream.makeStream()
     }
 
     /// Listens on `host` (an IPv4 or IPv6 address, or a host name: its first address) and `port`
@@ -206,7 +214,7 @@ public final class HTTPServer: Sendable {
         }
         let bound = Int(cmhd_bound_port(started))
         state.withLock { state in
-            state.daemon = Daemon(pointer: started, pressure: Pressure(pointer: pressure), disconnects: DisconnectWatch(counters: counters))
+            state.daemon = Daemon(pointer: started, pressure: Pressure(pointer: pressure), disconnects: DisconnectWatch { [weak self] in self?.clientGone($0) })
             state.phase = .listening
             state.port = bound
         }
@@ -236,28 +244,22 @@ public final class HTTPServer: Sendable {
         return fitting
     }
 
-    /// The serving loop of a listening server (one per server): requests queued by the polling
-    /// thread since `listen` are taken here, each handled by a child task.
+    /// The serving loop of a listening server (one per server): it waits for the stop, gives the
+    /// handlers still running until the deadline, cancels the rest and waits for them, then
+    /// stops the daemon. (Requests are handed to their handlers by the polling thread itself.)
     private func serve() async {
-        do {
-            try await withThrowingDiscardingTaskGroup { group in
-                for await pending in incoming {
-                    group.addTask { await self.handle(pending) }
-                }
-                // Stopping: the handlers still running have until the deadline.
-                let deadline = state.withLock { $0.deadline }
-                group.addTask {
-                    while self.counters.runningHandlerCount > 0 {
-                        if ContinuousClock.now >= deadline { throw CancellationError() }
-                        try await Task.sleep(for: .milliseconds(5))
-                    }
-                }
-            }
-        } catch {
+        for await _ in stopping {}
+        let deadline = state.withLock { $0.deadline }
+        while counters.runningHandlerCount > 0, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        let late = state.withLock { Array($0.running.values) }
+        if !late.isEmpty {
             logger.info("handlers still running at the stop deadline were cancelled")
+            late.forEach { $0.cancel() }
+            while counters.runningHandlerCount > 0 { try? await Task.sleep(for: .milliseconds(5)) }
         }
         // The answers of the last handlers are on their way out: give them the rest of the time.
-        let deadline = state.withLock { $0.deadline }
         while counters.inFlightCount > 0, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(5))
         }
@@ -275,15 +277,23 @@ public final class HTTPServer: Sendable {
 
     private func handle(_ pending: Pending) async {
         let request = pending.request
-        if service.mayWait(method: request.method, path: request.path), let watch = state.withLock({ $0.daemon?.disconnects }) {
-            pending.exchange.response = await watch.respond(on: pending.connection, executor: executor) { [service] in await service.respond(to: request) }
-        } else {
-            pending.exchange.response = await service.respond(to: request)
-        }
+        // A request that may wait long (a long poll) is cancelled if its client goes away.
+        let watch = service.mayWait(method: request.method, path: request.path) ? state.withLock({ $0.daemon?.disconnects }) : nil
+        let watched = watch?.add(pending.connection, id: pending.id)
+        pending.exchange.response = await service.respond(to: request)
+        if let watched { watch?.remove(watched) }
         state.withLock { state in
+            state.running[pending.id] = nil
             if state.daemon != nil { MHD_resume_connection(pending.connection) }
         }
         counters.handlers.subtract(1, ordering: .relaxed)
+    }
+
+    /// The client of request `id` went away: its handler is cancelled.
+    fileprivate func clientGone(_ id: UInt64) {
+        guard let task = state.withLock({ $0.running[id] }) else { return }
+        counters.abandoned.add(1, ordering: .relaxed)
+        task.cancel()
     }
 
     /// Stops accepting and ends the serving loop's intake; the loop then finishes the stop.
@@ -299,7 +309,7 @@ public final class HTTPServer: Sendable {
         // Quiescing hands the listening socket back to us: close it, so nobody connects any more.
         let listener = MHD_quiesce_daemon(daemon.pointer)
         if listener >= 0 { close(listener) }
-        incomingContinuation.finish()
+        stoppingContinuation.finish()
     }
 
     /// Stops without waiting (for a server dropped without a stop): the serving loop gives its
@@ -378,7 +388,10 @@ public final class HTTPServer: Sendable {
             guard state.phase == .listening else { return false }
             MHD_suspend_connection(connection)
             counters.handlers.add(1, ordering: .relaxed)
-            incomingContinuation.yield(Pending(exchange: exchange, request: request, connection: connection))
+            state.nextID &+= 1
+            let pending = Pending(exchange: exchange, request: request, connection: connection, id: state.nextID)
+            // Under the lock: the handler removes itself under it too, so never before this.
+            state.running[pending.id] = Task(executorPreference: executor) { await self.handle(pending) }
             return true
         }
         if !handed {
