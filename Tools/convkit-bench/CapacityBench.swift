@@ -75,15 +75,41 @@ struct CapacityOptions {
                          members.count, secondsIn(ContinuousClock.now - onlineStart), idleRSS / 1024, onlineRSS / 1024,
                          Double(onlineRSS - idleRSS) / Double(members.count)))
 
-    // The window: messages at `rate` a second, message k due at start + k / rate.
+    // A save's round trip with the crowd online and nobody else writing (one sender, 200 saves,
+    // each to the next client in turn).
     let clock = HybridLogicalClock()
+    @Sendable func message(_ k: Int, from sender: Int, to client: Int) throws -> Record {
+        var message = Record(id: try RecordID(zone: members[client].zone, name: "m.\(OwnershipRule.identityHash(senders[sender].identity)).\(k)"), type: "Message", fields: [
+            "speaker": .string(senders[sender].identity), "listener": .string(members[client].identity),
+            "content": .string("message \(k), about as long as a chat line, sent by the capacity bench"),
+            "spokenAt": .date(milliseconds: Int64(Date().timeIntervalSince1970 * 1000)),
+        ])
+        try message.sign(with: senders[sender].key, clock: clock.now())
+        return message
+    }
+    var alone = [Double]()
+    for k in 0..<200 {
+        let client = k * senders.count % members.count
+        let record = try message(-1 - k, from: 0, to: client)
+        tally.scheduled.withLock { $0[client].append(ContinuousClock.now) }
+        let sent = ContinuousClock.now
+        _ = try await backends[0].save([record])[0].get()
+        alone.append(secondsIn(ContinuousClock.now - sent))
+    }
+    alone.sort()
+    reporter.note(String(format: "capacity: a save's round trip with %d clients online and one sender: median %.2f ms, p90 %.2f ms (200 saves)",
+                         members.count, alone[100] * 1000, alone[180] * 1000))
+    try await Task.sleep(for: .milliseconds(500))
+    tally.latencies.withLock { $0.removeAll() }
+
+    // The window: messages at `rate` a second, message k due at start + k / rate.
     let errorsBefore = crowd.snapshot.errors
     let cpuBefore = try cpuSeconds(of: pid)
+    let ownBefore = try cpuSeconds(of: getpid())
     let start = ContinuousClock.now
     let total = Int(Double(options.rate) * options.window)
     try await withThrowingTaskGroup(of: Void.self) { group in
         for (index, backend) in backends.enumerated() {
-            let sender = senders[index]
             let mine = members.indices.filter { $0 % senders.count == index }
             let rate = Double(options.rate)
             guard !mine.isEmpty else { continue }
@@ -96,15 +122,13 @@ struct CapacityOptions {
                     tally.lateness.withLock { $0 = max($0, late) }
                     let client = mine[turn % mine.count]
                     turn += 1
-                    var message = Record(id: try RecordID(zone: members[client].zone, name: "m.\(OwnershipRule.identityHash(sender.identity)).\(k)"), type: "Message", fields: [
-                        "speaker": .string(sender.identity), "listener": .string(members[client].identity),
-                        "content": .string("message \(k), about as long as a chat line, sent by the capacity bench"),
-                        "spokenAt": .date(milliseconds: Int64(Date().timeIntervalSince1970 * 1000)),
-                    ])
-                    try message.sign(with: sender.key, clock: clock.now())
+                    let record = try message(k, from: index, to: client)
                     tally.scheduled.withLock { $0[client].append(due) }
                     do {
-                        _ = try await backend.save([message])[0].get()
+                        let sent = ContinuousClock.now
+                        _ = try await backend.save([record])[0].get()
+                        let took = secondsIn(ContinuousClock.now - sent)
+                        tally.saves.withLock { $0.append(took) }
                     } catch {
                         tally.sendErrors.withLock { if $0.count < 10 { $0.append("\(error)") } }
                     }
@@ -120,6 +144,7 @@ struct CapacityOptions {
         try await Task.sleep(for: .milliseconds(50))
     }
     let cpu = try cpuSeconds(of: pid) - cpuBefore
+    let own = try cpuSeconds(of: getpid()) - ownBefore
     let elapsed = secondsIn(ContinuousClock.now - start)
     let stats = crowd.snapshot
     await crowd.stop()
@@ -130,8 +155,10 @@ struct CapacityOptions {
                          members.count, options.churn > 0 ? String(format: " (%.0f %% reconnecting every 2-4 s)", options.churn * 100) : "",
                          total, options.rate, options.window, Double(total) / sending, tally.lateness.withLock { $0 }, times.count,
                          percentile(0.5), percentile(0.99), (times.last ?? .nan) * 1000))
-    reporter.note(String(format: "capacity: convkitd CPU %.0f %% of one core over the window (%d cores); client errors %d during the window (%d reconnections in all), send errors %d%@",
-                         cpu / elapsed * 100, ProcessInfo.processInfo.activeProcessorCount, stats.errors - errorsBefore, stats.connections - members.count, failures.count,
+    let saves = tally.saves.withLock { $0 }.sorted()
+    reporter.note(String(format: "capacity: a save's round trip in the window: median %.2f ms, p99 %.2f ms; CPU over the window: convkitd %.0f %% of one core, the bench's clients %.0f %% (%d cores); client errors %d during the window (%d reconnections in all), send errors %d%@",
+                         saves.isEmpty ? .nan : saves[saves.count / 2] * 1000, saves.isEmpty ? .nan : saves[saves.count * 99 / 100] * 1000,
+                         cpu / elapsed * 100, own / elapsed * 100, ProcessInfo.processInfo.activeProcessorCount, stats.errors - errorsBefore, stats.connections - members.count, failures.count,
                          (stats.firstErrors + failures).isEmpty ? "" : ": " + (stats.firstErrors + failures).prefix(3).joined(separator: "; ")))
 }
 
@@ -142,6 +169,8 @@ final class CapacityTally: Sendable {
     /// Seconds from each message's scheduled time to its fetch.
     let latencies = Mutex([Double]())
     let sendErrors = Mutex([String]())
+    /// Each save's round trip in the window.
+    let saves = Mutex([Double]())
     /// How far behind its time the latest send went.
     let lateness = Mutex(0.0)
 

@@ -104,16 +104,21 @@ public final class HTTPServer: Sendable {
         var port = 0
         var deadline = ContinuousClock.now
         var listeningWaiters: [CheckedContinuation<Int, any Error>] = []
-        /// The handlers running, each an unstructured task (a task group's children would cost
-        /// O(children) each to remove: with ten thousand long polls waiting, every answer walked
-        /// them all).
-        var running: [UInt64: Task<Void, Never>] = [:]
-        var nextID: UInt64 = 0
         var stoppedWaiters: [CheckedContinuation<Void, Never>] = []
     }
-    /// Guards the daemon: a handler resumes its connection under this lock and only while the
-    /// daemon runs, so none touches a connection the daemon has freed.
     private let state = Mutex(State())
+    /// Whether requests are handed to handlers (from listening until the stop begins). The daemon
+    /// is stopped only once every handler has resumed its connection, so none touches a
+    /// connection the daemon has freed.
+    private let accepting = Atomic(false)
+    /// The handlers running, each an unstructured task (a task group's children would cost
+    /// O(children) each to remove: with ten thousand long polls waiting, every answer walked
+    /// them all), for cancelling at the stop deadline or when a client goes away.
+    private struct Running {
+        var tasks: [UInt64: Task<Void, Never>] = [:]
+        var nextID: UInt64 = 0
+    }
+    private let running = Mutex(Running())
 
     public init(service: any HTTPService, limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, counters: HTTPCounters = HTTPCounters()) {
         self.service = service
@@ -216,6 +221,7 @@ public final class HTTPServer: Sendable {
         state.withLock { state in
             state.daemon = Daemon(pointer: started, pressure: Pressure(pointer: pressure), disconnects: DisconnectWatch { [weak self] in self?.clientGone($0) })
             state.phase = .listening
+            accepting.store(true, ordering: .sequentiallyConsistent)
             state.port = bound
         }
         counters.pressure.withLock { $0 = Pressure(pointer: pressure) }
@@ -253,7 +259,7 @@ public final class HTTPServer: Sendable {
         while counters.runningHandlerCount > 0, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(5))
         }
-        let late = state.withLock { Array($0.running.values) }
+        let late = running.withLock { Array($0.tasks.values) }
         if !late.isEmpty {
             logger.info("handlers still running at the stop deadline were cancelled")
             late.forEach { $0.cancel() }
@@ -282,16 +288,14 @@ public final class HTTPServer: Sendable {
         let watched = watch?.add(pending.connection, id: pending.id)
         pending.exchange.response = await service.respond(to: request)
         if let watched { watch?.remove(watched) }
-        state.withLock { state in
-            state.running[pending.id] = nil
-            if state.daemon != nil { MHD_resume_connection(pending.connection) }
-        }
-        counters.handlers.subtract(1, ordering: .relaxed)
+        running.withLock { _ = $0.tasks.removeValue(forKey: pending.id) }
+        MHD_resume_connection(pending.connection)
+        counters.handlers.subtract(1, ordering: .sequentiallyConsistent)
     }
 
     /// The client of request `id` went away: its handler is cancelled.
     fileprivate func clientGone(_ id: UInt64) {
-        guard let task = state.withLock({ $0.running[id] }) else { return }
+        guard let task = running.withLock({ $0.tasks[id] }) else { return }
         counters.abandoned.add(1, ordering: .relaxed)
         task.cancel()
     }
@@ -302,6 +306,7 @@ public final class HTTPServer: Sendable {
             if state.phase == .idle { state.phase = .stopped }
             guard state.phase == .listening else { return nil }
             state.phase = .stopping
+            accepting.store(false, ordering: .sequentiallyConsistent)
             state.deadline = ContinuousClock.now.advanced(by: timeout)
             return state.daemon
         }
@@ -384,17 +389,20 @@ public final class HTTPServer: Sendable {
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
                                   headers: exchange.headers, body: exchange.body)
         counters.inFlight.add(1, ordering: .relaxed)
-        let handed = state.withLock { state in
-            guard state.phase == .listening else { return false }
+        // Counted before the check, the stop after its flag (both in one total order): either
+        // the stop waits for this handler, or this request sees the stop and is refused.
+        counters.handlers.add(1, ordering: .sequentiallyConsistent)
+        let handed = accepting.load(ordering: .sequentiallyConsistent)
+        if handed {
             MHD_suspend_connection(connection)
-            counters.handlers.add(1, ordering: .relaxed)
-            state.nextID &+= 1
-            let pending = Pending(exchange: exchange, request: request, connection: connection, id: state.nextID)
-            // Under the lock: the handler removes itself under it too, so never before this.
-            state.running[pending.id] = Task(executorPreference: executor) { await self.handle(pending) }
-            return true
-        }
-        if !handed {
+            running.withLock { running in
+                running.nextID &+= 1
+                let pending = Pending(exchange: exchange, request: request, connection: connection, id: running.nextID)
+                // Under the lock: the handler removes itself under it too, so never before this.
+                running.tasks[pending.id] = Task(executorPreference: executor) { await self.handle(pending) }
+            }
+        } else {
+            counters.handlers.subtract(1, ordering: .sequentiallyConsistent)
             exchange.response = Self.error(503, .serviceUnavailable, "the server is stopping", headers: [("Retry-After", "1"), ("Connection", "close")])
             return queue(exchange.response ?? HTTPResponse(status: 503), on: connection)
         }
