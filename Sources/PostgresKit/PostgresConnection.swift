@@ -128,12 +128,12 @@ public final class PostgresConnection {
     /// refuses.
     public init(_ conninfo: String) throws(PostgresError) {
         // Deadlines on the link, unless the connection string says otherwise (its values come
-        // after): a host that does not answer fails after 10 s (libpq's default waits for the
+        // after): a host that does not answer fails after 5 s (libpq's default waits for the
         // system's TCP timeout); a link that falls silent is found dead within about 5 s —
         // TCP keepalives after 2 s idle, every second, 3 unanswered, and sent data left
         // unacknowledged for 5 s — instead of the kernel's ~15 minutes.
         let keywords = ["connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout", "dbname"]
-        let values = ["10", "1", "2", "1", "3", "5000", conninfo]
+        let values = ["5", "1", "2", "1", "3", "5000", conninfo]
         let made: OpaquePointer? = Self.withCStrings(keywords) { keywords in Self.withCStrings(values) { values in PQconnectdbParams(keywords, values, 1) } }
         guard let connection = made else { throw PostgresError(sqlState: "", message: "libpq could not allocate a connection") }
         guard PQstatus(connection) == CONNECTION_OK else {
@@ -162,6 +162,15 @@ public final class PostgresConnection {
 
     /// Whether the connection still works as far as libpq knows.
     public var isOK: Bool { PQstatus(connection) == CONNECTION_OK }
+
+    /// Cuts the link under a call that waits for the server (from another thread): the call
+    /// fails at once as a connection failure, and the connection is done. For a server that
+    /// stopped answering on a link the kernel still calls alive (a stalled proxy, a hung
+    /// backend), which neither keepalives nor `tcp_user_timeout` notice.
+    public func cut() {
+        let socket = PQsocket(connection)
+        if socket >= 0 { shutdown(socket, Int32(SHUT_RDWR)) }
+    }
 
     /// Whether an idle connection (one that is not listening) may be used again, looked at
     /// without a round trip: a server that ends a connection (a restart, an administrator)

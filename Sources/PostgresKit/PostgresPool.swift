@@ -39,16 +39,20 @@ public final class PostgresPool: Sendable {
     public let size: Int
     /// How long a caller waits for a connection while every one is lent.
     public let borrowTimeout: Duration
+    /// How long one ``withConnection(_:)`` body may wait for the database before its connection
+    /// is cut (``PostgresConnection/cut()``) and it fails; nil: no limit.
+    public let workDeadline: Duration?
     private let setup: @Sendable (PostgresConnection) throws(PostgresError) -> Void
     private let state: Mutex<State>
     private let queue = DispatchQueue(label: "convkit.postgres", attributes: .concurrent)
 
     /// - Parameter setup: runs once on each new connection (session settings).
-    public init(conninfo: String, size: Int, borrowTimeout: Duration = .seconds(5),
+    public init(conninfo: String, size: Int, borrowTimeout: Duration = .seconds(5), workDeadline: Duration? = nil,
                 setup: @escaping @Sendable (PostgresConnection) throws(PostgresError) -> Void = { _ in }) {
         self.conninfo = conninfo
         self.size = max(1, size)
         self.borrowTimeout = borrowTimeout
+        self.workDeadline = workDeadline
         self.setup = setup
         state = Mutex(State(statistics: Statistics(size: max(1, size), open: 0, inUse: 0, waiting: 0, acquired: 0, waited: 0, broken: 0, connectFailures: 0)))
     }
@@ -85,13 +89,53 @@ public final class PostgresPool: Sendable {
                     continuation.resume(throwing: error)
                     return
                 }
-                let result = Result { try body(connection) }
+                let watch = self.watch(connection)
+                var result = Result { try body(connection) }
                 var broken = !connection.isOK
+                if watch?.finish() == true {
+                    broken = true
+                    if case .failure = result { result = .failure(PostgresError(sqlState: "", message: "the database did not answer within \(Self.seconds(self.workDeadline)) s")) }
+                }
                 if case .failure(let error as PostgresError) = result, error.isConnectionFailure { broken = true }
                 self.release(broken ? nil : Lent(connection), broken: broken)
                 continuation.resume(with: result)
             }
         }
+    }
+
+    /// A body's deadline: cuts its connection if it is still running then.
+    private final class Watch: Sendable {
+        private let state = Mutex((done: false, cut: false))
+        let connection: Lent
+        init(_ connection: Lent) { self.connection = connection }
+
+        func expire() {
+            state.withLock { state in
+                guard !state.done else { return }
+                state.cut = true
+                connection.connection.cut()
+            }
+        }
+
+        /// Ends the watch. - Returns: whether the connection was cut.
+        func finish() -> Bool {
+            state.withLock { state in
+                state.done = true
+                return state.cut
+            }
+        }
+    }
+
+    private func watch(_ connection: PostgresConnection) -> Watch? {
+        guard let workDeadline else { return nil }
+        let watch = Watch(Lent(connection))
+        queue.asyncAfter(deadline: .now() + Self.seconds(workDeadline)) { watch.expire() }
+        return watch
+    }
+
+    private static func seconds(_ duration: Duration?) -> Double {
+        guard let duration else { return .infinity }
+        return Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     /// An idle connection, or nil when the caller may open a new one; waits while every
@@ -133,8 +177,7 @@ public final class PostgresPool: Sendable {
         let waiter = state.withLock { state in
             state.waiters.firstIndex { $0.id == id }.map { state.waiters.remove(at: $0).continuation }
         }
-        let seconds = Double(borrowTimeout.components.seconds) + Double(borrowTimeout.components.attoseconds) / 1e18
-        waiter?.resume(returning: .failure(PostgresError(sqlState: "", message: "no connection to the database was free within \(seconds) s")))
+        waiter?.resume(returning: .failure(PostgresError(sqlState: "", message: "no connection to the database was free within \(Self.seconds(borrowTimeout)) s")))
     }
 
     /// Hands a connection to the next waiter or back to the pool; nil: the slot is free (the

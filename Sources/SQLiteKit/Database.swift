@@ -85,6 +85,26 @@ public final class Database {
         }
     }
 
+    /// Runs `body` in a savepoint inside the open transaction: what it wrote is undone if it
+    /// throws (the rest of the transaction stands).
+    public func savepoint<T>(_ body: () throws -> T) throws -> T {
+        try execute("SAVEPOINT grouped")
+        do {
+            let result = try body()
+            try execute("RELEASE grouped")
+            return result
+        } catch {
+            if !isAutocommit {
+                try? execute("ROLLBACK TO grouped")
+                try? execute("RELEASE grouped")
+            }
+            throw error
+        }
+    }
+
+    /// Whether no transaction is open (SQLite rolls one back by itself after some errors).
+    public var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
+
     /// `PRAGMA user_version`, the schema version migrations key on.
     public var userVersion: Int {
         get throws(SQLiteError) { Int(try first("PRAGMA user_version") { $0.int(0) } ?? 0) }

@@ -23,6 +23,47 @@ public final class DatabaseQueue: Sendable {
             queue = DispatchQueue(label: label, qos: .userInitiated)
         }
 
+        /// Runs, on the queue, every job waiting in `group` in one transaction.
+        func runGroup(_ group: Group) {
+            queue.async {
+                let jobs = group.pending.withLock { pending in
+                    defer { pending = [] }
+                    return pending
+                }
+                var waiting = [@Sendable (Result<Void, any Error>) -> Void]()
+                func end(_ outcome: Result<Void, any Error>) {
+                    waiting.forEach { $0(outcome) }
+                    waiting = []
+                }
+                func commit() {
+                    guard !self.database.isAutocommit else { return }
+                    do {
+                        try self.database.execute("COMMIT")
+                        end(.success(()))
+                    } catch {
+                        try? self.database.execute("ROLLBACK")
+                        end(.failure(error))
+                    }
+                }
+                for job in jobs {
+                    if self.database.isAutocommit {
+                        do { try self.database.execute("BEGIN IMMEDIATE") } catch {
+                            // Not even a transaction: this job cannot run; the next may.
+                            job.refuse(error)
+                            continue
+                        }
+                    }
+                    let ran = job.run(self.database)
+                    if let ran { waiting.append(ran.finish) }
+                    // An error SQLite answers by rolling the whole transaction back (a full
+                    // disk, an I/O error) took the jobs before it along: they fail too.
+                    if self.database.isAutocommit { end(.failure(SQLiteError(code: 1, message: "the transaction was rolled back by an error of a write grouped with it"))) }
+                    if ran?.commitNow == true { commit() }
+                }
+                commit()
+            }
+        }
+
         func sync<T>(_ body: (Database) throws -> T) rethrows -> T {
             try queue.sync { try body(database) }
         }
@@ -61,6 +102,19 @@ public final class DatabaseQueue: Sendable {
     }
 
     private enum JobState { case waiting, running, done, cancelled }
+
+    /// Writes waiting to share the writer's next transaction (``writeGrouped(_:afterCommit:)``).
+    private final class Group: Sendable {
+        /// A job runs its body (in a savepoint) and returns what to do once the transaction's
+        /// fate is known, or nil when it failed or was cancelled (and has answered already);
+        /// or it is refused without running.
+        struct Job: Sendable {
+            let run: @Sendable (Database) -> (finish: @Sendable (Result<Void, any Error>) -> Void, commitNow: Bool)?
+            let refuse: @Sendable (any Error) -> Void
+        }
+        let pending = Mutex<[Job]>([])
+    }
+    private let group = Group()
 
     private let writer: Serialized
     private let reader: Serialized
@@ -126,6 +180,67 @@ public final class DatabaseQueue: Sendable {
             return result
         }
     }
+
+    /// ``write(_:afterCommit:)``, sharing its transaction — and so its commit and fsync — with
+    /// the other grouped writes that arrived while the writer was busy (group commit: under many
+    /// concurrent writers, one sync serves them all instead of each waiting for its own). Each
+    /// runs in a savepoint: one that throws is undone alone and gets its error; the others
+    /// commit together, in arrival order, each seeing what those before it wrote, and each
+    /// `afterCommit` runs after the commit, in that order — so a job whose `afterCommit` changes
+    /// what the next job must see (key pins it binds) says so with `commitsAlone`: the
+    /// transaction commits right after it, its `afterCommit` runs, and the jobs after it go into
+    /// the next transaction. When the commit fails, all fail. A
+    /// cancelled job not started yet never runs; one running is not interrupted (an interrupt
+    /// would roll back the jobs before it too).
+    public func writeGrouped<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T, afterCommit: @escaping @Sendable (T) -> Void,
+                                          commitsAlone: @escaping @Sendable (T) -> Bool) async throws -> T {
+        let job = Mutex(JobState.waiting)
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+                let run: @Sendable (Database) -> (finish: @Sendable (Result<Void, any Error>) -> Void, commitNow: Bool)? = { db in
+                    let start = job.withLock { state -> Bool in
+                        guard state == .waiting else { return false }
+                        state = .running
+                        return true
+                    }
+                    guard start else {
+                        continuation.resume(throwing: CancellationError())
+                        return nil
+                    }
+                    let result = Result { try db.savepoint { try body(db) } }
+                    job.withLock { $0 = .done }
+                    switch result {
+                    case .failure(let error):
+                        continuation.resume(throwing: error)
+                        return nil
+                    case .success(let value):
+                        return ({ committed in
+                            switch committed {
+                            case .success:
+                                afterCommit(value)
+                                continuation.resume(returning: value)
+                            case .failure(let error):
+                                continuation.resume(throwing: error)
+                            }
+                        }, commitsAlone(value))
+                    }
+                }
+                let first = group.pending.withLock { pending in
+                    pending.append(Group.Job(run: run, refuse: { error in
+                        job.withLock { $0 = .done }
+                        continuation.resume(throwing: error)
+                    }))
+                    return pending.count == 1
+                }
+                if first { writer.runGroup(group) }
+            }
+        } onCancel: {
+            job.withLock { if $0 == .waiting { $0 = .cancelled } }
+        }
+    }
+
+    /// Grouped writes waiting for the writer's next transaction.
+    public var groupedWaitingCount: Int { group.pending.withLock { $0.count } }
 
     /// Runs `body` in a read transaction on the reader's queue: one consistent snapshot.
     public func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {

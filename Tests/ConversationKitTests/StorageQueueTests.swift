@@ -8,6 +8,8 @@ import TestSupport
 
 /// SQLite work runs on each connection's own queue, never on Swift's cooperative pool: writes
 /// that wait for another process's lock hold no task thread.
+private struct GroupedJobFailed: Error {}
+
 @Suite struct StorageQueueTests {
     /// Cancelling a task that waits on the database reaches SQLite: the statement it runs (minutes
     /// of work) fails as interrupted (its transaction rolls back), a job queued behind it and cancelled
@@ -46,6 +48,52 @@ import TestSupport
         #expect(try await queue.read { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 0, "the interrupted transaction was kept")
         try await queue.write { db in try db.execute("INSERT INTO t VALUES (3)") }
         #expect(try await queue.read { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 1)
+    }
+
+    /// Grouped writes that arrive while the writer is busy share one transaction (one commit,
+    /// one sync): each sees what those before it wrote, one that throws is undone alone, and one
+    /// that says it commits alone ends its group, so its `afterCommit` runs before the next
+    /// job's body.
+    @Test func groupedWritesShareACommitAndOneThatFailsIsUndoneAlone() async throws {
+        let directory = try TemporaryDirectory("grouped")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")])
+        final class Shared: Sendable {
+            let log = Mutex([String]())
+            let release = Mutex(false)
+        }
+        let shared = Shared()
+        let blocker = Task {
+            try await queue.write { _ in
+                while !shared.release.withLock({ $0 }) { usleep(1000) }
+            }
+        }
+        var jobs = [Task<Int64, any Error>]()
+        for i in 1...40 {
+            jobs.append(Task {
+                try await queue.writeGrouped({ db in
+                    let seen = try db.first("SELECT count(*) FROM t") { $0.int(0) } ?? -1
+                    shared.log.withLock { $0.append("body \(i) saw \(seen)") }
+                    try db.execute("INSERT INTO t VALUES (?)", [Int64(i)])
+                    if i == 7 { throw GroupedJobFailed() }
+                    return Int64(i)
+                }, afterCommit: { i in shared.log.withLock { $0.append("after \(i)") } }, commitsAlone: { $0 == 20 })
+            })
+            // In order: each job is queued before the next one starts.
+            while queue.groupedWaitingCount < i { try await Task.sleep(for: .milliseconds(1)) }
+        }
+        shared.release.withLock { $0 = true }
+        try await blocker.value
+        for (index, job) in jobs.enumerated() {
+            if index + 1 == 7 {
+                await #expect(throws: GroupedJobFailed.self) { try await job.value }
+            } else {
+                #expect(try await job.value == Int64(index + 1))
+            }
+        }
+        let bodies = { (range: ClosedRange<Int>) in range.map { "body \($0) saw \($0 <= 7 ? $0 - 1 : $0 - 2)" } }
+        let afters = { (range: ClosedRange<Int>) in range.filter { $0 != 7 }.map { "after \($0)" } }
+        #expect(shared.log.withLock { $0 } == bodies(1...20) + afters(1...20) + bodies(21...40) + afters(21...40))
+        #expect(try queue.readNow { db in try db.rows("SELECT x FROM t ORDER BY x") { $0.int(0) } } == (1...40).filter { $0 != 7 }.map(Int64.init))
     }
 
     /// Another process holds the write lock of the store's and the server's databases. Writes

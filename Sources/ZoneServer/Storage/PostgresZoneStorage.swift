@@ -93,11 +93,15 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     /// - Parameters:
     ///   - conninfo: a libpq connection string or `postgres://` URL.
     ///   - poolSize: connections this server opens at most.
+    ///   - deadline: how long one piece of a request's database work may wait for PostgreSQL
+    ///     before its connection is cut and the request is answered 503 (a request also waits
+    ///     at most 5 s for a free connection).
     /// - Throws: ``RecordZoneError/Code/ioError`` when the database cannot be reached or migrated.
-    public init(conninfo: String, poolSize: Int = 8, policy: RecordPolicy, indexedFields: [String: Set<String>] = [:]) async throws(RecordZoneError) {
+    public init(conninfo: String, poolSize: Int = 8, deadline: Duration = .seconds(5), policy: RecordPolicy,
+                indexedFields: [String: Set<String>] = [:]) async throws(RecordZoneError) {
         self.policy = policy
         queryIndex = QueryIndex(indexedFields)
-        pool = PostgresPool(conninfo: conninfo, size: poolSize) { connection throws(PostgresError) in
+        pool = PostgresPool(conninfo: conninfo, size: poolSize, workDeadline: deadline) { connection throws(PostgresError) in
             // A statement that runs away (a lock never released) fails instead of holding a
             // connection forever.
             try connection.execute("SET statement_timeout = '60s'")

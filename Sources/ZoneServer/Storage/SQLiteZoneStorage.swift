@@ -199,7 +199,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         let instance = self.instance
         let feedPosition = token.flatMap { try? TokenContents.databasePosition($0, backend: Self.kind, instance: instance) }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let (answer, touched, _) = try await write({ db in
+        let (answer, touched, _) = try await writeGrouped({ db in
             var results = [Result<Record, RecordZoneError>]()
             // Each zone's sequence is read once and written back once, after the batch.
             var zones = [ZoneName: (incarnation: String, before: Int64)](), sequences = [ZoneName: Int64]()
@@ -259,7 +259,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
                 catchUp.database = try Self.feed(since: feedPosition, isInitial: false, instance: instance, in: db)
             }
             return (SaveAnswer(results: results, catchUp: catchUp), touched, plan.pins)
-        }, afterCommit: { policy.pins.publish($0.2) })
+        }, afterCommit: { policy.pins.publish($0.2) }, commitsAlone: { !$0.2.isEmpty })
         touched.forEach(waiters.wake)
         return SaveAnswer(results: answer.results, catchUp: answer.catchUp.filteringFeed(isVisible))
     }
@@ -394,6 +394,13 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     /// Runs on the writer's queue, off Swift's cooperative pool.
     private func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T, afterCommit: @escaping @Sendable (T) -> Void = { _ in }) async throws(RecordZoneError) -> T {
         do { return try await queue.write(body, afterCommit: afterCommit) } catch { throw Self.storageError(error) }
+    }
+
+    /// ``write(_:afterCommit:)`` in the writer's next group commit (saves from many clients at
+    /// once share one sync); one that binds keys commits alone, so the next save sees them.
+    private func writeGrouped<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T, afterCommit: @escaping @Sendable (T) -> Void,
+                                           commitsAlone: @escaping @Sendable (T) -> Bool) async throws(RecordZoneError) -> T {
+        do { return try await queue.writeGrouped(body, afterCommit: afterCommit, commitsAlone: commitsAlone) } catch { throw Self.storageError(error) }
     }
 
     /// A full disk (`SQLITE_FULL`) is transient for clients: 503 with `Retry-After`, so they
