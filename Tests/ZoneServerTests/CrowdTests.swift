@@ -69,4 +69,42 @@ import ZoneServer
         let open = try await Self.gauge("convkitd_open_connections", port: port)
         #expect(open <= openBefore, "\(open) connections still open (\(openBefore) before the crowd)")
     }
+
+    /// A reconnect storm: a fifth of a thousand online clients close their connection and open a
+    /// new one every half second to second, while messages flow to all of them. No honest
+    /// client sees an error (a refused or reset connection, an answer other than 200), and
+    /// every message reaches its client.
+    @Test func aReconnectStormGivesHonestClientsNoError() async throws {
+        let data = try TemporaryDirectory("convkitd-churn")
+        let (server, port) = try await startServe(["--data", data.path, "--rate-limit", "1000000"])
+        defer { server.kill(SIGTERM) }
+        let url = try #require(URL(string: "http://127.0.0.1:\(port)"))
+        let alice = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy())
+        let members = try (0..<1000).map { index in
+            Crowd.Member(identity: "c\(index)", key: SigningKey.generate(), zone: try conversationZone("alice", "c\(index)"),
+                         source: "127.1.\(index % 50).\(2 + index / 50)")
+        }
+        for member in members { try await alice.createZone(member.zone) }
+        let crowd = try Crowd(port: port, members: members, waitSeconds: 60, churn: Crowd.Churn(share: 0.2, every: 0.5...1))
+        crowd.start()
+        let online = try await Self.waitUntil(seconds: 120) { crowd.snapshot.waiting >= 990 }
+        #expect(online != nil, "\(crowd.snapshot)")
+        var sent = 0
+        for round in 0..<8 {
+            // 50 messages to 50 clients, then a pause: churn goes on meanwhile.
+            let records = try (0..<50).map { index in
+                let client = (round * 50 + index) * 7 % members.count
+                return try message(members[client].zone, "r\(round)-\(index)", from: "alice", to: "c\(client)", key: Keys.alice)
+            }
+            for record in records { _ = try await alice.save([record])[0].get() }
+            sent += records.count
+            try await Task.sleep(for: .milliseconds(500))
+        }
+        let delivered = try await Self.waitUntil(seconds: 60) { crowd.snapshot.fetched >= sent }
+        let stats = crowd.snapshot
+        await crowd.stop()
+        #expect(delivered != nil, "\(stats.fetched) of \(sent) messages reached their clients")
+        #expect(stats.connections - members.count > 300, "the storm was too small to mean anything: \(stats.connections - members.count) reconnections")
+        #expect(stats.errors == 0, "\(stats.errors) errors: \(stats.firstErrors)")
+    }
 }
