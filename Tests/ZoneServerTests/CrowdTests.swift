@@ -107,4 +107,28 @@ import ZoneServer
         #expect(stats.connections - members.count > 300, "the storm was too small to mean anything: \(stats.connections - members.count) reconnections")
         #expect(stats.errors == 0, "\(stats.errors) errors: \(stats.firstErrors)")
     }
+
+    /// Every connection of the main listener held by clients in long polls: the operator's
+    /// address (`--operator-listen`) still answers `/healthz` and `/metrics` — and only those.
+    @Test func theOperatorsAddressAnswersWhenClientsHoldEveryConnection() async throws {
+        let data = try TemporaryDirectory("convkitd-operator")
+        let (server, port) = try await startServe(["--data", data.path, "--rate-limit", "1000000", "--max-connections", "16", "--operator-listen", "127.0.0.1:0"])
+        defer { server.kill(SIGTERM) }
+        let listening = await server.waitUntil(seconds: 30) { $0.standardError.components(separatedBy: "listening on 127.0.0.1:").count >= 3 }
+        try #require(listening, "\(server.standardError)")
+        let operatorPort = try #require(server.standardError.components(separatedBy: "listening on 127.0.0.1:").last.flatMap { Int($0.prefix { $0.isNumber }) })
+        let zone = try conversationZone("alice", "bob")
+        let bob = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        try await bob.createZone(zone)
+        let crowd = try Crowd(port: port, members: Self.members(40, zone: zone), waitSeconds: 60)
+        crowd.start()
+        let full = try await Self.waitUntil(seconds: 60) { try await Self.gauge("convkitd_long_polls_waiting", port: operatorPort) >= 15 }
+        #expect(full != nil)
+        #expect(try await Self.gauge("convkitd_open_connections", port: operatorPort) == 16, "the main listener is full")
+        let health = try await RawConnection.exchange(port: operatorPort, method: "GET", path: "/healthz")
+        #expect(health.status == 200)
+        let other = try await RawConnection.exchange(port: operatorPort, method: "GET", path: "/v1/zones")
+        #expect(other.status == 404 && other.text.contains("routeNotFound"), "\(other.status) \(other.text)")
+        await crowd.vanish()
+    }
 }

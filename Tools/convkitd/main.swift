@@ -26,6 +26,7 @@ let serveCommand = Command(
         .valued("storage", "url", "A PostgreSQL database (postgres://user@host/db, or libpq's key=value form) shared by several servers."),
         .valued("pool-size", "n", "Connections to PostgreSQL this server opens at most (with --storage). (default: 8)"),
         .valued("listen", "host:port", "The address (IPv4, [IPv6] or a host name) and port to listen on; port 0 picks a free port. (default: 127.0.0.1:8080)"),
+        .valued("operator-listen", "host:port", "Also serve GET /healthz and GET /metrics, and nothing else, on this address (loopback or a management network), with connections of its own that clients cannot take."),
         .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; debug logs one line per request. (default: info)"),
         .valued("max-body-bytes", "n", "The largest request body. (default: 50331648)"),
         .valued("max-connections", "n", "The most connections at once (the descriptor limit is raised to fit, up to the hard limit). (default: 16384)"),
@@ -51,9 +52,20 @@ func fail(_ message: String, usage: String?) -> Never {
     exitWithError(message, help: usage, tool: "convkitd")
 }
 
+/// `host:port`, `[IPv6]:port` or `name:port`.
+func hostAndPort(_ address: String, option: String) throws(UsageError) -> (host: String, port: Int) {
+    guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]), (0...65535).contains(port) else {
+        throw UsageError("--\(option) takes <host:port>, e.g. 127.0.0.1:8080, [::]:8443 or example.org:8080")
+    }
+    var host = String(address[..<colon])
+    if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }  // [::]:8443
+    return (host, port)
+}
+
 func serve(_ rawArguments: [String]) async {
     let arguments: ParsedArguments
     let listen: (host: String, port: Int)
+    let operatorListen: (host: String, port: Int)?
     let configuration: ZoneServerConfiguration
     let storageChoice: StorageChoice
     do throws(UsageError) {
@@ -63,13 +75,8 @@ func serve(_ rawArguments: [String]) async {
             exit(0)
         }
         storageChoice = try StorageChoice(arguments)
-        let address = arguments.value("listen") ?? "127.0.0.1:8080"
-        guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]), (0...65535).contains(port) else {
-            throw UsageError("--listen takes <host:port>, e.g. 127.0.0.1:8080, [::]:8443 or example.org:8080")
-        }
-        var host = String(address[..<colon])
-        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }  // [::]:8443
-        listen = (host, port)
+        listen = try hostAndPort(arguments.value("listen") ?? "127.0.0.1:8080", option: "listen")
+        operatorListen = try arguments.value("operator-listen").map { address throws(UsageError) in try hostAndPort(address, option: "operator-listen") }
         var settings = ZoneServerConfiguration()
         let levelName = arguments.value("log-level") ?? "info"
         guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
@@ -105,6 +112,7 @@ func serve(_ rawArguments: [String]) async {
             try TLSIdentity(certificateFile: certificate, keyFile: arguments.value("tls-key") ?? "")
         }
         try server.start(host: listen.host, port: listen.port, tls: tls)
+        if let operatorListen { try server.startOperator(host: operatorListen.host, port: operatorListen.port) }
     } catch {
         logger.error("cannot start: \(error)")
         fail("\(error)", usage: nil)

@@ -39,11 +39,28 @@ public struct ZoneServerConfiguration: Sendable {
 public final class ZoneServer: Sendable {
     public let api: ZoneAPI
     let http: HTTPServer
+    /// The operator's listener (``startOperator(host:port:)``): `/healthz` and `/metrics` only,
+    /// with connections of its own, so a crowd of clients holding every connection of the main
+    /// listener never keeps the operator out.
+    let operatorHTTP: HTTPServer
 
     public init(storage: any ZoneStorage, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration()) {
         let counters = HTTPCounters()
         api = ZoneAPI(storage: storage, access: access, configuration: configuration, counters: counters)
         http = HTTPServer(service: api, limits: configuration.limits, logger: configuration.logger, counters: counters)
+        var operatorLimits = HTTPLimits()
+        operatorLimits.maximumConnections = 32
+        operatorLimits.maximumConnectionsPerAddress = 32
+        operatorLimits.maximumBodyBytes = 0
+        operatorHTTP = HTTPServer(service: OperatorAPI(api: api), limits: operatorLimits, logger: configuration.logger)
+    }
+
+    /// Listens for the operator on an address of its own (a loopback or management address):
+    /// `GET /healthz` and `GET /metrics`, nothing else, on 32 connections no client can take.
+    /// Stopped with the server. - Returns: the port bound.
+    @discardableResult
+    public func startOperator(host: String, port: Int) throws(RecordZoneError) -> Int {
+        try operatorHTTP.start(host: host, port: port)
     }
 
     public var storage: any ZoneStorage { api.storage }
@@ -97,6 +114,7 @@ public final class ZoneServer: Sendable {
     public func stop(timeout: Duration = .seconds(10)) async {
         storage.releaseWaiters()
         await http.stop(timeout: timeout)
+        await operatorHTTP.stop(timeout: .seconds(1))
         await stopStorageWork()
         api.configuration.logger.info("stopped")
     }
@@ -105,5 +123,20 @@ public final class ZoneServer: Sendable {
         storageWork.withLock { $0?.cancel() }
         storage.releaseWaiters()
         http.abandon()
+        operatorHTTP.abandon()
     }
+}
+
+/// The operator's routes of a ``ZoneAPI``: `/healthz` and `/metrics`; anything else is a 404.
+struct OperatorAPI: HTTPService {
+    let api: ZoneAPI
+
+    func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? {
+        guard let route = try? Route.match(method: method, path: path).route, route == .health || route == .metrics else {
+            return APIError(.routeNotFound, "the operator's address serves GET /healthz and GET /metrics only").response
+        }
+        return nil
+    }
+
+    func respond(to request: HTTPRequest) async -> HTTPResponse { await api.respond(to: request) }
 }
