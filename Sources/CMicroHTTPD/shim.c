@@ -75,7 +75,10 @@ static struct cmhd_tracked *tracked_of(struct MHD_Connection *connection) {
 static void relieve(struct cmhd_pressure *p) {
     for (struct cmhd_tracked *t = p->head; t != NULL && t != p->tail && p->open - p->giving_way >= p->high_water; t = t->next) {
         if (t->in_request || t->giving_way) continue;
-        MHD_set_connection_option(t->connection, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+        /* Its reading side shut: the thread that owns it (with a pool, perhaps not this one)
+         * reads the end at once and closes it. */
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(t->connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (info != NULL) shutdown(info->connect_fd, SHUT_RD);
         t->giving_way = 1;
         p->giving_way++;
         p->evicted++;
@@ -158,7 +161,7 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
                               MHD_AccessHandlerCallback handler, void *handler_cls,
                               MHD_RequestCompletedCallback completed, void *completed_cls,
                               unsigned int connection_limit, unsigned int per_address_limit, unsigned int high_water,
-                              unsigned int connection_timeout_seconds, size_t connection_memory_limit,
+                              unsigned int connection_timeout_seconds, size_t connection_memory_limit, unsigned int threads,
                               const char *tls_key_pem, const char *tls_certificate_pem, struct cmhd_pressure **pressure_out) {
     *pressure_out = NULL;
     struct cmhd_pressure *pressure = calloc(1, sizeof(*pressure));
@@ -197,15 +200,17 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
         {MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape, NULL},
         {MHD_OPTION_CONNECTION_TIMEOUT, connection_timeout_seconds, NULL},
         {MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)connection_memory_limit, NULL},
+        {MHD_OPTION_THREAD_POOL_SIZE, threads > 1 ? threads : 0, NULL},
         {MHD_OPTION_END, 0, NULL},  /* the TLS options go here and after */
+        {MHD_OPTION_END, 0, NULL},
         {MHD_OPTION_END, 0, NULL},
         {MHD_OPTION_END, 0, NULL},
     };
     if (tls_key_pem != NULL && tls_certificate_pem != NULL) {
         if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) { cmhd_stop_unstarted(pressure); errno = ENOTSUP; return NULL; }
         flags |= MHD_USE_TLS;
-        options[8] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key_pem};
-        options[9] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)tls_certificate_pem};
+        options[9] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)tls_key_pem};
+        options[10] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)tls_certificate_pem};
     }
     struct MHD_Daemon *daemon = MHD_start_daemon(flags, port, NULL, NULL, tracked_access, pressure, MHD_OPTION_ARRAY, options, MHD_OPTION_END);
     if (daemon == NULL) {

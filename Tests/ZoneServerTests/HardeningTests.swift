@@ -345,13 +345,18 @@ extension HardeningTests {
 }
 
 extension HardeningTests {
-    /// Headers over the limit get a JSON 431 like every other refusal (not libmicrohttpd's HTML).
+    /// Headers over the limit get a JSON 431 like every other refusal (not libmicrohttpd's HTML);
+    /// headers that do not even fit a connection's memory (32 KiB, so that ten thousand
+    /// connections cost little) get libmicrohttpd's own 431.
     @Test func oversizedHeadersGetAJSON431() async throws {
         let fixture = try ServerFixture()
-        for size in [20_000, 100_000, 200_000] {
+        let answer = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz",
+                                                      headers: ["X-Padding": String(repeating: "a", count: 20_000)])
+        #expect(answer.status == 431 && answer.errorCode == "limitExceeded", "\(answer.status) \(answer.text.prefix(200))")
+        for size in [100_000, 200_000] {
             let answer = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz",
                                                           headers: ["X-Padding": String(repeating: "a", count: size)])
-            #expect(answer.status == 431 && answer.errorCode == "limitExceeded", "\(size): \(answer.status) \(answer.text.prefix(200))")
+            #expect(answer.status == 431, "\(size): \(answer.status) \(answer.text.prefix(200))")
         }
         #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
     }

@@ -209,7 +209,8 @@ public final class Crowd: @unchecked Sendable {
         if let token = client.token { query.append(("token", token)) }
         let authorization = RequestSignature.authorization(method: "GET", path: path, query: query, body: Data(),
                                                            identity: client.member.identity, key: client.member.key, now: Date())
-        let text = "GET \(path)?\(RequestSignature.canonicalQuery(query)) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: \(authorization)\r\n\r\n"
+        // Changes in the binary form, as the store's own client asks for them.
+        let text = "GET \(path)?\(RequestSignature.canonicalQuery(query)) HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: \(Wire.recordsType)\r\nAuthorization: \(authorization)\r\n\r\n"
         client.out = Array(text.utf8)
         client.sent = 0
     }
@@ -257,14 +258,18 @@ public final class Crowd: @unchecked Sendable {
             ask(client, fetching: false)
             return
         }
-        let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any]
         if client.fetching {
-            let count = (object?["records"] as? [Any])?.count ?? 0
-            if let token = object?["token"] as? String { client.token = token }
-            stats.withLock { $0.fetched += count }
-            if count > 0 { onFetched(client.index, count) }
-            ask(client, fetching: object?["moreComing"] as? Bool == true)
+            guard let changes = try? Wire.decode(Wire.Changes.self, from: Data(body), binary: true) else {
+                fail(client, "an unreadable page of changes", reconnect: false)
+                ask(client, fetching: false)
+                return
+            }
+            client.token = changes.token.base64
+            stats.withLock { $0.fetched += changes.records.count }
+            if !changes.records.isEmpty { onFetched(client.index, changes.records.count) }
+            ask(client, fetching: changes.moreComing)
         } else {
+            let object = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any]
             let changed = object?["changed"] as? Bool == true
             if changed { stats.withLock { $0.wakes += 1 } }
             ask(client, fetching: changed)

@@ -31,7 +31,7 @@ struct CapacityOptions {
     let pid = process.processIdentifier
 
     // Setup (not timed): the senders, a zone per client, the clients' keys.
-    let senders = (0..<options.senders).map { index in
+    let senders = (0..<min(options.senders, options.clients)).map { index in
         (identity: "s\(index)", key: SigningKey.generate())
     }
     let backends = senders.map { HTTPBackend(url: url, identity: $0.identity, key: $0.key, policy: ConversationStore.recordPolicy()) }

@@ -24,6 +24,7 @@ let command = Command(
         .valued("only", "section", "Run one section: records, store, server, registration, images, postgres or capacity (run only when asked for)."),
         .valued("clients", "n", "capacity: clients online, each holding a long poll. (default: 10000)"),
         .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
+        .valued("senders", "n", "capacity: senders, each sending one message at a time. (default: 10)"),
         .valued("churn", "share", "capacity: the share of clients (0 to 1) that reconnect every 2-4 s. (default: 0)"),
         .valued("window", "s", "capacity: how long the senders send. (default: 30)"),
         .valued("postgres", "conninfo", "A PostgreSQL cluster whose role may create databases: adds the postgres section (scripts/bench.sh starts one)."),
@@ -55,6 +56,7 @@ func parseOptions() -> Options {
         }
         options.capacity.clients = try parsed.int("clients", default: options.capacity.clients, range: 10...100_000)
         options.capacity.rate = try parsed.int("rate", default: options.capacity.rate, range: 1...100_000)
+        options.capacity.senders = try parsed.int("senders", default: options.capacity.senders, range: 1...1_000)
         if let text = parsed.value("churn") {
             guard let value = Double(text), (0...1).contains(value) else { throw UsageError("--churn takes a share from 0 to 1, e.g. 0.2") }
             options.capacity.churn = value

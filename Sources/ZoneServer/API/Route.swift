@@ -44,6 +44,9 @@ enum Route: CaseIterable {
         var isAuthenticated: Bool { route.isAuthenticated }
     }
 
+    /// Each route with its template's segments, split once.
+    private static let templates = allCases.map { ($0, $0.template.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)) }
+
     /// Finds the route for a request: 400 for a path holding a control character (a decoded
     /// `%00` included), 404 for an unknown path, 405 (with `Allow`) for a known path with another
     /// method.
@@ -51,17 +54,16 @@ enum Route: CaseIterable {
         guard !path.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
             throw APIError(.invalidArguments, "the path holds a control character")
         }
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
         var allowed = [String]()
-        for route in allCases {
-            let template = route.template.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        for (route, template) in templates {
             guard template.count == parts.count else { continue }
             var parameters = [String: String]()
             var matches = true
             for (expected, actual) in zip(template, parts) {
                 if expected.hasPrefix("{") {
                     guard !actual.isEmpty else { matches = false; break }
-                    parameters[String(expected.dropFirst().dropLast())] = actual
+                    parameters[String(expected.dropFirst().dropLast())] = String(actual)
                 } else if expected != actual {
                     matches = false
                     break

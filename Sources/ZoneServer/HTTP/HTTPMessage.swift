@@ -82,13 +82,20 @@ public struct HTTPLimits: Sendable {
     public var maximumConnectionsPerAddress: UInt32 = 64
     /// Seconds a connection may stay idle (a slow client) before it is closed.
     public var connectionTimeoutSeconds: UInt32 = 15
-    /// Bytes of memory each connection may use for headers and buffers (reserved, touched only
-    /// as used): room for headers far past ``maximumHeaderBytes``, so that they get the JSON 431.
-    public var connectionMemoryBytes = 256 << 10
+    /// Bytes of memory each connection may use for headers and buffers: room for headers past
+    /// ``maximumHeaderBytes``, so that they get the JSON 431. libmicrohttpd clears a connection's
+    /// whole pool after each request, so this is what a busy connection costs: with 256 KiB,
+    /// ten thousand clients grew the server by gigabytes and spent a few per cent of its CPU on
+    /// clearing memory.
+    public var connectionMemoryBytes = 32 << 10
     /// The most header bytes (names and values) a request may carry; more get a JSON 431. (A
     /// request whose headers do not even fit `connectionMemoryBytes` is refused by libmicrohttpd
     /// itself: a 431 with its own small HTML body.)
     public var maximumHeaderBytes = 16 << 10
+    /// Threads that accept, read and write connections (libmicrohttpd's polling threads, each
+    /// with its share of the connections and of the connection limit); nil: one per core.
+    /// Handlers run on threads of their own either way.
+    public var pollingThreads: UInt32? = nil
 
     public init() {}
 }

@@ -202,7 +202,7 @@ public final class HTTPServer: Sendable {
         let giveWayAt = min(limits.idleConnectionsGiveWayAt ?? (connections - connections / 8), connections)
         guard let started = cmhd_start(UInt16(port), host, accessHandler, context, completedHandler, context,
                                        connections, limits.maximumConnectionsPerAddress, giveWayAt, limits.connectionTimeoutSeconds,
-                                       limits.connectionMemoryBytes, tls?.keyPEM, tls?.certificatePEM, &pressure),
+                                       limits.connectionMemoryBytes, limits.pollingThreads ?? UInt32(ProcessInfo.processInfo.activeProcessorCount), tls?.keyPEM, tls?.certificatePEM, &pressure),
             let pressure
         else {
             let code = errno
