@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <ctype.h>
+#include <malloc.h>
 #include <errno.h>
 #include <stdio.h>
 #include <netinet/in.h>
@@ -45,6 +46,7 @@ struct cmhd_pressure {
     pthread_mutex_t lock;
     struct cmhd_tracked *head, *tail;
     unsigned int open, giving_way, high_water;
+    unsigned int peak;   /* the most open since cmhd_take_peak */
     unsigned long long evicted;
     MHD_AccessHandlerCallback handler;
     void *handler_cls;
@@ -95,6 +97,7 @@ static void notify_connection(void *cls, struct MHD_Connection *connection, void
         pthread_mutex_lock(&p->lock);
         append_tracked(p, t);
         p->open++;
+        if (p->open > p->peak) p->peak = p->open;
         relieve(p);
         pthread_mutex_unlock(&p->lock);
     } else {
@@ -223,6 +226,14 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
     return daemon;
 }
 
+unsigned int cmhd_take_peak(struct cmhd_pressure *pressure) {
+    pthread_mutex_lock(&pressure->lock);
+    unsigned int peak = pressure->peak;
+    pressure->peak = pressure->open;
+    pthread_mutex_unlock(&pressure->lock);
+    return peak;
+}
+
 unsigned int cmhd_open_count(struct cmhd_pressure *pressure) {
     pthread_mutex_lock(&pressure->lock);
     unsigned int count = pressure->open;
@@ -311,4 +322,8 @@ void cmhd_watch_stop(struct cmhd_watch *w) {
     close(w->epoll);
     close(w->wakeup);
     free(w);
+}
+
+void cmhd_release_free_memory(void) {
+    malloc_trim(0);
 }

@@ -65,7 +65,9 @@ struct CapacityOptions {
     crowd.start()
     defer { Task { await crowd.stop() } }
     let onlineStart = ContinuousClock.now
-    while crowd.snapshot.waiting < members.count {
+    // Online: every client connected and waiting (with churn, those reconnecting at that moment
+    // aside: 95 % of them).
+    while crowd.snapshot.connections < members.count || crowd.snapshot.waiting < members.count * (options.churn > 0 ? 95 : 100) / 100 {
         try await Task.sleep(for: .milliseconds(50))
         if ContinuousClock.now - onlineStart > .seconds(300) { throw RawError("only \(crowd.snapshot.waiting) of \(members.count) clients got online: \(crowd.snapshot.firstErrors)") }
     }
@@ -147,7 +149,11 @@ struct CapacityOptions {
     let own = try cpuSeconds(of: getpid()) - ownBefore
     let elapsed = secondsIn(ContinuousClock.now - start)
     let stats = crowd.snapshot
+    let busyRSS = try residentKilobytes(of: pid)
     await crowd.stop()
+    // Gone clients are gone: their polls end at once, and what they held is given back.
+    try await Task.sleep(for: .seconds(6))
+    let afterRSS = try residentKilobytes(of: pid)
     let times = tally.latencies.withLock { $0 }.sorted()
     let percentile = { (p: Double) in times.isEmpty ? .nan : times[min(times.count - 1, Int(Double(times.count) * p))] * 1000 }
     let failures = tally.sendErrors.withLock { $0 }
@@ -156,6 +162,8 @@ struct CapacityOptions {
                          total, options.rate, options.window, Double(total) / sending, tally.lateness.withLock { $0 }, times.count,
                          percentile(0.5), percentile(0.99), (times.last ?? .nan) * 1000))
     let saves = tally.saves.withLock { $0 }.sorted()
+    reporter.note(String(format: "capacity: convkitd resident memory %d MB at the end of the window, %d MB six seconds after every client left (%d MB idle before they came)",
+                         busyRSS / 1024, afterRSS / 1024, idleRSS / 1024))
     reporter.note(String(format: "capacity: a save's round trip in the window: median %.2f ms, p99 %.2f ms; CPU over the window: convkitd %.0f %% of one core, the bench's clients %.0f %% (%d cores); client errors %d during the window (%d reconnections in all), send errors %d%@",
                          saves.isEmpty ? .nan : saves[saves.count / 2] * 1000, saves.isEmpty ? .nan : saves[saves.count * 99 / 100] * 1000,
                          cpu / elapsed * 100, own / elapsed * 100, ProcessInfo.processInfo.activeProcessorCount, stats.errors - errorsBefore, stats.connections - members.count, failures.count,

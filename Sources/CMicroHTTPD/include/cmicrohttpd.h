@@ -30,6 +30,9 @@ void cmhd_stop(struct MHD_Daemon *daemon, struct cmhd_pressure *pressure);
 /* How many idle connections were made to give way so far. */
 unsigned long long cmhd_evicted_count(struct cmhd_pressure *pressure);
 
+/* The most connections open at once since the last call (which starts again from now). */
+unsigned int cmhd_take_peak(struct cmhd_pressure *pressure);
+
 /* How many connections are open. */
 unsigned int cmhd_open_count(struct cmhd_pressure *pressure);
 
@@ -49,5 +52,9 @@ int cmhd_watch_add(struct cmhd_watch *watch, struct MHD_Connection *connection, 
 void cmhd_watch_remove(struct cmhd_watch *watch, int fd);
 /* Stops the thread, if it runs (after its current callback), and frees the watch. */
 void cmhd_watch_stop(struct cmhd_watch *watch);
+
+/* Gives the memory malloc holds free back to the system (malloc_trim): what a crowd of
+ * connections used stays in glibc's arenas after they close, otherwise. */
+void cmhd_release_free_memory(void);
 
 #endif

@@ -254,7 +254,9 @@ public final class HTTPServer: Sendable {
     /// handlers still running until the deadline, cancels the rest and waits for them, then
     /// stops the daemon. (Requests are handed to their handlers by the polling thread itself.)
     private func serve() async {
+        let trimming = Task(executorPreference: executor) { await self.releaseMemoryAfterCrowds() }
         for await _ in stopping {}
+        trimming.cancel()
         let deadline = state.withLock { $0.deadline }
         while counters.runningHandlerCount > 0, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(5))
@@ -279,6 +281,19 @@ public final class HTTPServer: Sendable {
         }
         if let daemon { stopDaemon(daemon) }
         waiters.forEach { $0.resume() }
+    }
+
+    /// Every 5 s: when at least 256 connections closed since the last look, gives the memory
+    /// they used back to the system. glibc keeps freed memory in its arenas, so without this a
+    /// crowd that came and went (a reconnect storm, a network change) left the server hundreds
+    /// of megabytes larger for good.
+    private func releaseMemoryAfterCrowds() async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .seconds(5))
+            let open = counters.openConnectionCount
+            let peak = counters.pressure.withLock { $0.map { Int(cmhd_take_peak($0.pointer)) } ?? 0 }
+            if peak - open >= 256 { cmhd_release_free_memory() }
+        }
     }
 
     private func handle(_ pending: Pending) async {

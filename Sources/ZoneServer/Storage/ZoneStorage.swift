@@ -51,27 +51,36 @@ public protocol ZoneStorage: RecordZoneBackend {
     func run() async
 }
 
-/// The nonces a single server has seen, in memory (``SQLiteZoneStorage``: one server per file).
+/// The nonces a single server has seen, in memory (``SQLiteZoneStorage``: one server per file),
+/// in one set per minute of the requests' signed times. A replay carries the request's own
+/// time (the signature covers both), so a claim looks in one set; sets whose minute is past the
+/// horizon by the server's clock are dropped whole. Claiming and forgetting cost the same at a
+/// hundred requests a second or ten thousand (a map pruned by a scan of every entry, every
+/// 1,024 requests, held a million entries at 4,000 requests a second and copied them four times
+/// a second).
 final class NonceMemory: Sendable {
     private struct State {
-        var seen: [Data: Date] = [:]
-        var insertsSincePrune = 0
+        var minutes: [Int64: Set<Data>] = [:]
+        var prunedAt: Int64 = .min
     }
     private let state = Mutex(State())
 
-    func claim(_ nonce: Data, at time: Date, horizon: TimeInterval) -> Bool {
-        state.withLock { state in
-            if state.seen[nonce] != nil { return false }
-            state.seen[nonce] = time
-            state.insertsSincePrune += 1
-            if state.insertsSincePrune >= 1024 {
-                let oldest = time.addingTimeInterval(-horizon)
-                state.seen = state.seen.filter { $0.value > oldest }
-                state.insertsSincePrune = 0
+    func claim(_ nonce: Data, at time: Date, horizon: TimeInterval, now: Date = Date()) -> Bool {
+        let minute = Int64((time.timeIntervalSince1970 / 60).rounded(.down))
+        let current = Int64((now.timeIntervalSince1970 / 60).rounded(.down))
+        return state.withLock { state in
+            guard state.minutes[minute, default: []].insert(nonce).inserted else { return false }
+            if current > state.prunedAt {
+                state.prunedAt = current
+                let oldest = current - Int64((horizon / 60).rounded(.up)) - 1
+                state.minutes = state.minutes.filter { $0.key >= oldest }
             }
             return true
         }
     }
+
+    /// How many nonces are kept (for tests).
+    var count: Int { state.withLock { $0.minutes.values.reduce(0) { $0 + $1.count } } }
 }
 
 extension ZoneStorage {
