@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (installs missing Debian packages), builds with warnings as errors, runs every test,
-# (with a private PostgreSQL cluster for the PostgreSQL storage tests), then the latency test alone, the server's stop tests under AddressSanitizer, a short bounded
+# (with a private PostgreSQL cluster for the PostgreSQL storage tests), then the latency test alone, the server's stop tests and
+# vanishing long polls under AddressSanitizer, the capacity bench's short form (scripts/bench-capacity.sh --short), a short bounded
 # run of each libFuzzer target (scripts/fuzz.sh --runs 20000) and of the API
 # fuzzer against a real convkitd on each storage (scripts/fuzz-api.sh --max-examples 10 [--postgres]), and the folder kill soak
 # (scripts/soak-folder.sh --kills 50).
@@ -21,7 +22,9 @@ CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter hostileBodiesCostTheServ
 # (Leak checking is off: the test harness and Foundation keep a few hundred bytes to the end.)
 swift build --build-tests --build-path .build/asan -Xswiftc -sanitize=address
 ASAN_OPTIONS=detect_leaks=0 swift test --skip-build --build-path .build/asan \
-  --filter "stopDuringLongPollsAndUploadsEndsCleanly|aServerDroppedWithoutStopStopsCleanly"
+  --filter "stopDuringLongPollsAndUploadsEndsCleanly|aServerDroppedWithoutStopStopsCleanly|pollsOfClientsThatVanishEndAtOnce"
+# The capacity bench, short: 500 online clients, a fifth reconnecting, no error, every message.
+./scripts/bench-capacity.sh --short
 ./scripts/fuzz.sh --runs 20000
 ./scripts/fuzz-api.sh --max-examples 10
 ./scripts/fuzz-api.sh --max-examples 10 --postgres

@@ -101,7 +101,11 @@ struct CapacityOptions {
     alone.sort()
     reporter.note(String(format: "capacity: a save's round trip with %d clients online and one sender: median %.2f ms, p90 %.2f ms (200 saves)",
                          members.count, alone[100] * 1000, alone[180] * 1000))
-    try await Task.sleep(for: .milliseconds(500))
+    // Those 200 arrive before the window starts.
+    let aloneSent = ContinuousClock.now
+    while tally.latencies.withLock({ $0.count }) < alone.count, ContinuousClock.now - aloneSent < .seconds(30) {
+        try await Task.sleep(for: .milliseconds(20))
+    }
     tally.latencies.withLock { $0.removeAll() }
 
     // The window: messages at `rate` a second, message k due at start + k / rate.
@@ -168,6 +172,10 @@ struct CapacityOptions {
                          saves.isEmpty ? .nan : saves[saves.count / 2] * 1000, saves.isEmpty ? .nan : saves[saves.count * 99 / 100] * 1000,
                          cpu / elapsed * 100, own / elapsed * 100, ProcessInfo.processInfo.activeProcessorCount, stats.errors - errorsBefore, stats.connections - members.count, failures.count,
                          (stats.firstErrors + failures).isEmpty ? "" : ": " + (stats.firstErrors + failures).prefix(3).joined(separator: "; ")))
+    // A capacity that loses messages or fails clients is no capacity: the run fails.
+    guard stats.errors == 0, failures.isEmpty, times.count == total else {
+        throw RawError("capacity: \(stats.errors) client errors, \(failures.count) send errors, \(total - times.count) of \(total) messages not delivered")
+    }
 }
 
 /// What the senders and the crowd's thread note down.
