@@ -141,9 +141,8 @@ public final class HTTPServer: Sendable {
     }
 
     /// Listens (as ``start(host:port:tls:)``) and serves in the caller's task until
-    /// ``stop(timeout:)``: each handler is a child of one task group; after a stop, the handlers
-    /// still running get until the deadline, are then cancelled, and all have ended before the
-    /// daemon stops and this returns.
+    /// ``stop(timeout:)``: after a stop, the handlers still running get until the deadline, are
+    /// then cancelled, and all have ended before the daemon stops and this returns.
     public func run(host: String, port: Int, tls: TLSIdentity? = nil) async throws(RecordZoneError) {
         try listen(host: host, port: port, tls: tls)
         await withTaskExecutorPreference(executor) { await serve() }
@@ -315,7 +314,7 @@ public final class HTTPServer: Sendable {
         task.cancel()
     }
 
-    /// Stops accepting and ends the serving loop's intake; the loop then finishes the stop.
+    /// Stops accepting and tells the serving loop, which then finishes the stop.
     private func beginStopping(timeout: Duration) {
         let daemon = state.withLock { state -> Daemon? in
             if state.phase == .idle { state.phase = .stopped }
