@@ -37,7 +37,7 @@ final class Metrics: Sendable {
         return state.withLock { state in state.requests.filter { name == nil || $0.key.split(separator: ",").dropFirst().first.map(String.init) == name }.values.reduce(0, +) }
     }
 
-    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0, openConnections: Int = 0, abandoned: Int = 0) -> String {
+    func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0, openConnections: Int = 0, abandoned: Int = 0, memoryReleases: Int = 0) -> String {
         let snapshot = state.withLock { $0 }
         var out = """
             # HELP convkitd_requests_total HTTP requests answered, by method, route (none: no route matched) and status.
@@ -70,6 +70,9 @@ final class Metrics: Sendable {
             # HELP convkitd_requests_abandoned_total Requests (long polls) ended early because their client went away.
             # TYPE convkitd_requests_abandoned_total counter
             convkitd_requests_abandoned_total \(abandoned)
+            # HELP convkitd_memory_releases_total Times free memory was given back to the system after many connections closed.
+            # TYPE convkitd_memory_releases_total counter
+            convkitd_memory_releases_total \(memoryReleases)
             # HELP convkitd_request_duration_seconds Time to answer a request.
             # TYPE convkitd_request_duration_seconds histogram
 

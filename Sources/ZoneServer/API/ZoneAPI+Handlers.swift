@@ -12,7 +12,7 @@ extension ZoneAPI {
         case .metrics:
             let body = metrics.render(recordsStored: (try? await storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: counters.inFlightCount,
                                       idleGivenWay: counters.idleConnectionsGivenWayCount, openConnections: counters.openConnectionCount,
-                                      abandoned: counters.abandonedCount)
+                                      abandoned: counters.abandonedCount, memoryReleases: counters.memoryReleaseCount)
                 + storage.metricsText()
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:

@@ -31,6 +31,7 @@ public final class HTTPCounters: Sendable {
     let inFlight = Atomic<Int>(0)
     let handlers = Atomic<Int>(0)
     let abandoned = Atomic<Int>(0)
+    let memoryReleases = Atomic<Int>(0)
     /// The listening daemon's idle-connection tracking (nil when not listening).
     let pressure = Mutex<HTTPServer.Pressure?>(nil)
 
@@ -43,6 +44,8 @@ public final class HTTPCounters: Sendable {
 
     /// Handlers cancelled because their client went away while they waited (``HTTPService/mayWait(method:path:)``).
     public var abandonedCount: Int { abandoned.load(ordering: .relaxed) }
+    /// How many times memory was given back to the system after a crowd of connections closed.
+    public var memoryReleaseCount: Int { memoryReleases.load(ordering: .relaxed) }
     /// Connections open now.
     public var openConnectionCount: Int {
         pressure.withLock { $0.map { Int(cmhd_open_count($0.pointer)) } ?? 0 }
@@ -291,7 +294,10 @@ public final class HTTPServer: Sendable {
             try? await Task.sleep(for: .seconds(5))
             let open = counters.openConnectionCount
             let peak = counters.pressure.withLock { $0.map { Int(cmhd_take_peak($0.pointer)) } ?? 0 }
-            if peak - open >= 256 { cmhd_release_free_memory() }
+            if peak - open >= 256 {
+                cmhd_release_free_memory()
+                counters.memoryReleases.add(1, ordering: .relaxed)
+            }
         }
     }
 
