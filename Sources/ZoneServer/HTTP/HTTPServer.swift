@@ -85,7 +85,7 @@ public final class HTTPServer: Sendable {
         let exchange: Exchange
         let request: HTTPRequest
         let connection: OpaquePointer
-        /// Its key in ``State/running``.
+        /// Its key in ``running``.
         let id: UInt64
     }
     /// Ends when the server begins stopping.
