@@ -61,7 +61,9 @@ import TestSupport
             Issue.record("no notAccepted activity: \(String(describing: activity))")
             return
         }
-        #expect(code == .notAuthenticated && reason.contains("3600 s behind"), "\(reason)")
+        // 3600 s, and the request's own transit on a loaded machine (rounded: 3601 s happens).
+        let behind = reason.components(separatedBy: " s behind").first?.split(separator: " ").last.flatMap { Int($0) }
+        #expect(code == .notAuthenticated && behind.map { abs($0 - 3600) <= 30 } == true, "\(reason)")
     }
 
     /// The same skew seen from outside: the 401's body carries the reason and the skew.
