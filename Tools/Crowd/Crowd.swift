@@ -78,6 +78,8 @@ public final class Crowd: @unchecked Sendable {
     private let churn: Churn?
     private let clients: [Client]
     private let epoll: Int32
+    /// What `recv` reads into (the crowd's thread only).
+    private var chunk = [UInt8](repeating: 0, count: 16 << 10)
     private let stats = Mutex(Stats())
     private let stopping = Atomic(0)  // 1: stop; 2: vanish (reset every connection) and stop
     private let finished = Mutex<CheckedContinuation<Void, Never>?>(nil)
@@ -147,6 +149,7 @@ public final class Crowd: @unchecked Sendable {
         var pending = clients[...]
         var data = [UInt64](repeating: 0, count: 256)
         var ready = [UInt32](repeating: 0, count: 256)
+        var nextChurnLook = ContinuousClock.now
         while stopping.load(ordering: .acquiring) == 0 {
             // Connect in steps, so that the server's accept queue is not flooded.
             var opened = 0
@@ -159,8 +162,11 @@ public final class Crowd: @unchecked Sendable {
                 let client = clients[Int(data[i])]
                 step(client, ready[i])
             }
-            if let churn, churn.share > 0 {
+            // Reconnections are due every few seconds: a look at every client ten times a second
+            // is enough (not at each of the loop's thousands of turns).
+            if let churn, churn.share > 0, ContinuousClock.now >= nextChurnLook {
                 let now = ContinuousClock.now
+                nextChurnLook = now + .milliseconds(100)
                 for client in clients {
                     if let due = client.churnAt, due <= now {
                         client.churnAt = now + .seconds(Double.random(in: churn.every))
@@ -238,7 +244,6 @@ public final class Crowd: @unchecked Sendable {
             return
         }
         guard client.phase == .reading else { return }
-        var chunk = [UInt8](repeating: 0, count: 16 << 10)
         while true {
             let n = chunk.withUnsafeMutableBytes { recv(client.fd, $0.baseAddress, $0.count, 0) }
             if n > 0 {
