@@ -96,6 +96,42 @@ private struct GroupedJobFailed: Error {}
         #expect(try queue.readNow { db in try db.rows("SELECT x FROM t ORDER BY x") { $0.int(0) } } == (1...40).filter { $0 != 7 }.map(Int64.init))
     }
 
+    /// A group whose commit fails (here a deferred constraint, checked only at the commit) fails
+    /// every write in it: none is acknowledged, none's `afterCommit` runs, nothing is stored —
+    /// and the next write goes on as before.
+    @Test func aGroupWhoseCommitFailsFailsEveryWriteInIt() async throws {
+        let directory = try TemporaryDirectory("grouped-commit")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: """
+            CREATE TABLE t (x INTEGER) STRICT;
+            CREATE TABLE parent (id INTEGER PRIMARY KEY) STRICT;
+            CREATE TABLE child (parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED) STRICT;
+            """)])
+        final class Shared: Sendable {
+            let committed = Mutex([Int]())
+            let release = Mutex(false)
+        }
+        let shared = Shared()
+        let blocker = Task { try await queue.write { _ in while !shared.release.withLock({ $0 }) { usleep(1000) } } }
+        let valid = Task {
+            try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (1)"); return 1 },
+                                         afterCommit: { i in shared.committed.withLock { $0.append(i) } }, commitsAlone: { _ in false })
+        }
+        while queue.groupedWaitingCount < 1 { try await Task.sleep(for: .milliseconds(1)) }
+        let orphan = Task {
+            try await queue.writeGrouped({ db in try db.execute("INSERT INTO child VALUES (42)"); return 2 },
+                                         afterCommit: { i in shared.committed.withLock { $0.append(i) } }, commitsAlone: { _ in false })
+        }
+        while queue.groupedWaitingCount < 2 { try await Task.sleep(for: .milliseconds(1)) }
+        shared.release.withLock { $0 = true }
+        try await blocker.value
+        await #expect(throws: SQLiteError.self) { try await valid.value }
+        await #expect(throws: SQLiteError.self) { try await orphan.value }
+        #expect(shared.committed.withLock { $0 }.isEmpty)
+        #expect(try queue.readNow { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 0)
+        try await queue.write { db in try db.execute("INSERT INTO t VALUES (3)") }
+        #expect(try queue.readNow { db in try db.rows("SELECT x FROM t") { $0.int(0) } } == [3])
+    }
+
     /// Another process holds the write lock of the store's and the server's databases. Writes
     /// to both — more than the pool has threads — wait for it; meanwhile 20 concurrent store
     /// reads and server requests complete, before the lock is let go. Then the writes land.
