@@ -107,7 +107,9 @@ import TestSupport
         try await alice.createZone(zone)
         let token = try await alice.fetchChanges(in: zone, since: nil, limit: 10).token
         async let poll = alice.waitForChanges(in: zone, since: token, timeout: .seconds(20))
-        try await Task.sleep(for: .milliseconds(200))
+        // The poll is waiting in the server (a request not read yet looks idle and may give way).
+        let waiting = try await CrowdTests.waitUntil(seconds: 20) { try await CrowdTests.gauge("convkitd_long_polls_waiting", port: fixture.port) == 1 }
+        #expect(waiting != nil)
         // Sixteen idle connections from two addresses, eight each (their cap).
         let idle = (0..<16).compactMap { index in try? RawConnection(port: fixture.port, source: index < 8 ? "127.0.0.3" : "127.0.0.4") }
         #expect(idle.count == 16)
