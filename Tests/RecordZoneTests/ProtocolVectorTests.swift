@@ -1,3 +1,4 @@
+import ChatSchema
 import Foundation
 import Testing
 @testable import RecordZone
@@ -39,6 +40,32 @@ import Testing
             var signedHex: String
             var text: String
         }
+        /// A group's changes (§3.1) in the order they arrived, and what every reader decides.
+        struct GroupVector: Codable, Equatable {
+            struct Change: Codable, Equatable {
+                var name: String
+                /// The record's clock, the unsigned 64-bit integer in decimal.
+                var clock: String
+                var actor: String
+                var action: String
+                var targets: [String]
+                var groupName: String?
+            }
+            struct MemberAt: Codable, Equatable {
+                var speaker: String
+                var clock: String
+                var member: Bool
+            }
+            var description: String
+            var zone: String
+            var arrived: [Change]
+            /// Names in the order decided, with the decision.
+            var decided: [String]
+            var accepted: [Bool]
+            var roles: [String: String]
+            var groupName: String?
+            var memberAt: [MemberAt]
+        }
         /// Bytes every reader refuses, and why (the decoder's words).
         struct RefusedVector: Codable, Equatable {
             var description: String
@@ -48,10 +75,42 @@ import Testing
         var records: [RecordVector]
         var requests: [RequestVector]
         var introductions: [IntroductionVector]
+        var groups: [GroupVector]
         var refused: [RefusedVector]
     }
 
     static func key(_ byte: UInt8) throws -> SigningKey { try SigningKey(seed: Data(repeating: byte, count: 32)) }
+
+    /// Carol's group: two admins who remove each other, a change dated before the creation, a
+    /// creation by someone the zone does not name, a removal of the creator, a change by a
+    /// demoted admin, a rename, a leave — arriving newest first.
+    static func groupVector() throws -> Vectors.GroupVector {
+        let zone = try #require(GroupMembership.zone(creator: "carol", random: "00112233aabbccdd"))
+        var salt = 0
+        func change(_ actor: String, _ ms: UInt64, _ action: GroupChange.Action, _ targets: [String] = [], name: String? = nil) -> GroupChange {
+            salt += 1
+            let clock = RecordClock(milliseconds: 1_700_000_000_000 + ms, counter: 0)
+            return GroupChange(name: GroupChange.recordName(actor: actor, clock: clock, random: String(format: "%016x", salt)), actor: actor, clock: clock,
+                               action: action, targets: targets, groupName: name)
+        }
+        let changes = [
+            change("carol", 100, .create, ["alice", "bob"], name: "Trip"), change("carol", 110, .promote, ["alice"]), change("carol", 111, .promote, ["bob"]),
+            change("alice", 200, .remove, ["bob"]), change("bob", 201, .remove, ["alice"]), change("mallory", 90, .create, ["mallory"], name: "Mine"),
+            change("carol", 95, .add, ["dave"]), change("dave", 210, .add, ["erin"]), change("carol", 220, .demote, ["alice"]),
+            change("alice", 221, .add, ["frank"]), change("alice", 150, .remove, ["carol"]), change("alice", 160, .add, ["dave"]),
+            change("dave", 230, .leave), change("alice", 170, .rename, name: "Trip 2027"),
+        ]
+        let arrived = Array(changes.reversed())
+        let group = try #require(GroupMembership(zone: zone, changes: arrived))
+        let at = { (ms: UInt64) in String(RecordClock(milliseconds: 1_700_000_000_000 + ms, counter: 0).rawValue) }
+        let memberAt = [("bob", 150, true), ("bob", 200, false), ("dave", 160, false), ("dave", 161, true), ("dave", 230, false), ("alice", 300, true), ("erin", 300, false)]
+        return .init(description: "carol's group g-<h(carol)>-00112233aabbccdd, its changes arriving newest first",
+                     zone: zone.rawValue,
+                     arrived: arrived.map { .init(name: $0.name, clock: String($0.clock.rawValue), actor: $0.actor, action: $0.action.rawValue, targets: $0.targets, groupName: $0.groupName) },
+                     decided: group.decisions.map(\.change.name), accepted: group.decisions.map { $0.decision == .accepted },
+                     roles: group.roles.mapValues(\.rawValue), groupName: group.name,
+                     memberAt: memberAt.map { .init(speaker: $0.0, clock: at(UInt64($0.1)), member: group.isMember($0.0, at: RecordClock(milliseconds: 1_700_000_000_000 + UInt64($0.1), counter: 0))) })
+    }
 
     static func computed() throws -> Vectors {
         let alice = try key(1)
@@ -117,7 +176,7 @@ import Testing
             .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
                   introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,
                   signedHex: Introduction.signed(introduced: "bob", key: bob.publicKey, introducer: "alice").hexString, text: introduction.text),
-        ], refused: [
+        ], groups: [try groupVector()], refused: [
             refused("a field key not in NFC: e + U+0301 (65 CC 81)", handmade([([0x65, 0xCC, 0x81], "a")])),
             refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
             refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
@@ -144,6 +203,27 @@ import Testing
         for vector in stored.introductions {
             let introduction = try Introduction(text: vector.text)
             #expect(introduction.introduced == vector.introduced && introduction.key.hexString == vector.keyHex)
+        }
+        // The group vector as the rule decides it by hand (§3.1): carol and alice remain, alice
+        // demoted; bob's removal of alice, mallory's creation, the change before the creation,
+        // dave's add, alice's add after her demotion and her removal of carol refused.
+        for vector in stored.groups {
+            #expect(vector.roles == ["carol": "creator", "alice": "member"] && vector.groupName == "Trip 2027")
+            let refusedActions = zip(vector.decided, vector.accepted).filter { !$0.1 }.compactMap { name in vector.arrived.first { $0.name == name.0 } }
+            #expect(refusedActions.map { "\($0.actor) \($0.action)" } == ["mallory create", "carol add", "alice remove", "bob remove", "dave add", "alice add"])
+            #expect(vector.memberAt.map(\.member) == [true, false, false, true, false, true, false])
+            // Decoded from the readable values alone, as another client would.
+            let changes = try vector.arrived.map { change in
+                var record = Record(id: try RecordID(zone: try ZoneName(vector.zone), name: change.name), type: GroupChange.recordType, fields: [
+                    "actor": .string(change.actor), "action": .string(change.action),
+                ])
+                if !change.targets.isEmpty { record.fields["targets"] = .list(change.targets.map { .string($0) }) }
+                if let name = change.groupName { record.fields["name"] = .string(name) }
+                record.clock = RecordClock(rawValue: try #require(UInt64(change.clock)))
+                return try GroupChange(record: record)
+            }
+            let group = try #require(GroupMembership(zone: try ZoneName(vector.zone), changes: changes))
+            #expect(group.decisions.map(\.change.name) == vector.decided && group.roles.mapValues(\.rawValue) == vector.roles)
         }
         for vector in stored.refused {
             #expect(throws: RecordDecodingError.self, "\(vector.description)") { try Record(canonical: try #require(Data(hexString: vector.hex))) }
