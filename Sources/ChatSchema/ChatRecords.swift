@@ -16,6 +16,10 @@ import RecordZone
 /// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
 ///   `message`, `readAt`.
 ///
+/// - `GroupChange` in a group's zone `g-<h(creator)>-<16 hex random>`, named
+///   `gc.<h(actor)>.<16 hex clock>-<16 hex random>` (``GroupChange``); messages and receipts
+///   there as in a pair conversation, a message without `listener`.
+///
 /// A conversation's zone is `c-<h(a)>-<h(b)>`, where h is the first 8 bytes of the SHA-256
 /// of an identifier in hex and the two are sorted: both sides derive the same zone, and anyone
 /// (a server, a store) can tell from the name alone whether an identifier takes part.
@@ -38,7 +42,14 @@ package enum ChatRecords {
         OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
         OwnershipRule(recordType: messageType, zones: .prefixed("c-"), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
+        // Groups (`g-<h(creator)>-<random>`): their changes, and messages and receipts as in a pair.
+        OwnershipRule(recordType: GroupChange.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: GroupChange.namePrefix, field: "actor")),
+        OwnershipRule(recordType: messageType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
+        OwnershipRule(recordType: receiptType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
     ]
+
+    /// Whether a zone is a group's (`g-<h(creator)>-<16 hex random>`).
+    package static func isGroupZone(_ zone: ZoneName) -> Bool { GroupMembership.creatorHash(of: zone) != nil }
 
     /// The chat's policy: the rules above, and every record must have an owner.
     package static func policy(pinnedKeys: [String: KeyChain] = [:]) -> RecordPolicy {

@@ -81,6 +81,17 @@ enum StoreSchema {
         Migration(version: 6, sql: "ALTER TABLE ck_quarantine ADD COLUMN restated INTEGER NOT NULL DEFAULT 0;"),
         // Version 7: an outbox entry's last failure keeps its code (``OutboxEntry/lastErrorCode``).
         Migration(version: 7, sql: "ALTER TABLE ck_outbox ADD COLUMN last_error_code TEXT;"),
+        // Version 8: groups (docs/PROTOCOL.md §3.1). A group's conversation row has `other` = ''
+        // and the group's name; its members now with their roles; each speaker's runs of
+        // membership (from the clock of the change that began one to the one that ended it),
+        // which decide the group's messages. All three follow the group's GroupChange records in
+        // ck_records, decided again whenever one arrives. A group message has `listener` = ''.
+        Migration(version: 8, sql: """
+            ALTER TABLE conversations ADD COLUMN group_name TEXT;
+            CREATE TABLE group_members (zone TEXT NOT NULL, speaker TEXT NOT NULL, role TEXT NOT NULL, PRIMARY KEY (zone, speaker)) STRICT, WITHOUT ROWID;
+            CREATE TABLE group_runs (zone TEXT NOT NULL, speaker TEXT NOT NULL, from_clock INTEGER NOT NULL, until_clock INTEGER) STRICT;
+            CREATE INDEX group_runs_by_speaker ON group_runs (zone, speaker);
+            """),
     ]
 }
 

@@ -1,11 +1,11 @@
 import Foundation
 
-/// The one conversation between the local speaker and another speaker.
+/// A conversation: the one between the local speaker and another speaker, or a group.
 public struct Conversation: Sendable, Hashable, Identifiable {
-    /// The conversation's zone name, derived from the pair of speakers, so both sides name the
-    /// same conversation even when both start it offline.
+    /// The conversation's zone name: derived from the pair of speakers (so both sides name the
+    /// same conversation even when both start it offline), or a group's (`g-…`).
     public let id: String
-    /// The other speaker's identifier.
+    /// The other speaker's identifier; empty for a group.
     public let nonLocalSpeaker: String
     /// Who started it: the participant whose join came first (by clock, then identifier).
     public let startedBy: String?
@@ -13,6 +13,17 @@ public struct Conversation: Sendable, Hashable, Identifiable {
     public let joinedBy: String?
     public let unreadCount: Int
     public let lastMessageAt: Date?
+    /// A group's name (nil for a pair).
+    public var groupName: String? = nil
+
+    /// Whether this is a group (``ConversationStore/createGroup(name:members:)``).
+    public var isGroup: Bool { groupName != nil }
+}
+
+/// Someone in a group, with their role.
+public struct GroupMember: Sendable, Hashable {
+    public let speaker: String
+    public let role: GroupMembership.Role
 }
 
 /// A page of a conversation's messages, oldest first.

@@ -42,6 +42,9 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         /// This device was revoked by the speaker's first device: what it signs is refused, and
         /// its messages that cannot reach anyone are marked ``SyncFailure/Code/deviceRevoked``.
         case deviceRevoked
+        /// The group's membership rule (docs/PROTOCOL.md §3.1) refuses the change as the store
+        /// holds the group now: not an admin, not in the group, the creator as a target.
+        case notAllowedInGroup
     }
 
     public var code: Code

@@ -87,8 +87,8 @@ extension ConversationStore {
         let local = try requireIdentity()
         return try read { db in
             try Self.requireConversation(db, conversation)
-            return Int(try db.first("SELECT count(*) FROM messages WHERE listener = ? AND zone = ? AND read_at IS NULL AND is_deleted = 0",
-                             [local.identifier, conversation]) { $0.int(0) } ?? 0)
+            return Int(try db.first("SELECT count(*) FROM messages m WHERE m.zone = ? AND \(Self.unreadToLocal)",
+                             [conversation, local.identifier, local.identifier]) { $0.int(0) } ?? 0)
         }
     }
 
@@ -96,7 +96,7 @@ extension ConversationStore {
     public func totalUnreadCount() throws(ConversationError) -> Int {
         let local = try requireIdentity()
         return try read { db in
-            Int(try db.first("SELECT count(*) FROM messages WHERE listener = ? AND read_at IS NULL AND is_deleted = 0", [local.identifier]) { $0.int(0) } ?? 0)
+            Int(try db.first("SELECT count(*) FROM messages m WHERE \(Self.unreadToLocal)", [local.identifier, local.identifier]) { $0.int(0) } ?? 0)
         }
     }
 
@@ -167,7 +167,7 @@ extension ConversationStore {
         let local = try requireIdentity()
         let unread = try read { db in
             try Self.requireConversation(db, conversation)
-            return try db.rows("SELECT name FROM messages WHERE listener = ? AND zone = ? AND read_at IS NULL AND is_deleted = 0", [local.identifier, conversation]) {
+            return try db.rows("SELECT m.name FROM messages m WHERE m.zone = ? AND \(Self.unreadToLocal)", [conversation, local.identifier, local.identifier]) {
                 MessageID(conversation: conversation, name: $0.text(0))
             }
         }
@@ -180,11 +180,12 @@ extension ConversationStore {
         try await write { applier in
             for id in ids {
                 let message = try Self.message(applier.db, id)
-                guard message.listener == local.identifier else {
-                    throw ConversationError(.notYourMessage, "only the listener can mark \(id) as read")
+                let isGroup = message.listener.isEmpty
+                guard isGroup ? message.speaker != local.identifier : message.listener == local.identifier else {
+                    throw ConversationError(.notYourMessage, "only \(isGroup ? "the others in the group" : "the listener") can mark \(id) as read")
                 }
                 guard message.readAt == nil else { continue }
-                let zone = ChatRecords.conversationZone(message.speaker, message.listener)
+                let zone = try ZoneName(id.conversation)
                 try self.commitLocal(try ChatRecords.receipt(zone: zone, message: id.name, reader: local.identifier, readAt: readAt), as: local, in: &applier)
             }
         }
@@ -287,14 +288,19 @@ extension ConversationStore {
         return message
     }
 
+    /// Messages to the local speaker (bound twice) not read: a pair's said to it, a group's
+    /// (`listener` empty) said by anyone else.
+    static let unreadToLocal = "(m.listener = ? OR (m.listener = '' AND m.speaker != ?)) AND m.read_at IS NULL AND m.is_deleted = 0"
+
     static func conversations(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String) throws -> [Conversation] {
         try db.rows("""
             SELECT c.zone, c.other, c.started_by, c.joined_by, c.last_message_at,
-                (SELECT count(*) FROM messages m WHERE m.listener = ? AND m.zone = c.zone AND m.read_at IS NULL AND m.is_deleted = 0)
+                (SELECT count(*) FROM messages m WHERE m.zone = c.zone AND \(unreadToLocal)),
+                c.group_name
             FROM conversations c WHERE \(condition) ORDER BY coalesce(c.last_message_at, 0) DESC, c.zone
-            """, [local] + values) { row in
+            """, [local, local] + values) { row in
             Conversation(id: row.text(0), nonLocalSpeaker: row.text(1), startedBy: row.optionalText(2), joinedBy: row.optionalText(3),
-                         unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date))
+                         unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date), groupName: row.optionalText(6))
         }
     }
 

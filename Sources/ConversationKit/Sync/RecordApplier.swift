@@ -18,6 +18,9 @@ struct RecordApplier {
     /// Conversations already ensured in this transaction, and their newest message time.
     private var ensured = Set<String>()
     private var newestMessage: [String: Int64] = [:]
+    /// Groups whose changes moved in this transaction: their membership, and their messages,
+    /// are decided again in ``finish()``.
+    private var changedGroups = Set<String>()
 
     init(db: Database, localSpeaker: String?) {
         self.db = db
@@ -52,6 +55,7 @@ struct RecordApplier {
         case ChatRecords.memberType: try projectMember(record)
         case ChatRecords.messageType: try projectMessage(record, origin: origin)
         case ChatRecords.receiptType: try projectReceipt(record)
+        case GroupChange.recordType: changedGroups.insert(zone)  // decided in finish(), with all the group's changes
         default: break  // a type from a newer version: kept in ck_records, not shown
         }
         return true
@@ -151,6 +155,23 @@ struct RecordApplier {
             guard participants.contains(speaker) else { return "member is not a participant" }
             if let local = localSpeaker, !participants.contains(local) { return "a conversation the local speaker is not in" }
             return nil
+        case GroupChange.recordType:
+            guard ChatRecords.isGroupZone(zone) else { return "a group change outside a group's zone" }
+            do { _ = try GroupChange(record: record) } catch { return error.description }
+            return nil
+        case ChatRecords.messageType where ChatRecords.isGroupZone(zone):
+            // Whether its speaker was in the group at its clock is decided when it is shown.
+            guard record.string("speaker") != nil else { return "message without a speaker" }
+            if record.isDeleted { return nil }
+            guard let content = record.string("content"), record.milliseconds("spokenAt") != nil else { return "message without content or spokenAt" }
+            guard content.utf8.count <= Message.maximumContentBytes else { return "message content over 64 KiB" }
+            return nil
+        case ChatRecords.receiptType where ChatRecords.isGroupZone(zone):
+            guard record.string("reader") != nil else { return "receipt without a reader" }
+            if !record.isDeleted, record.string("message") == nil || record.milliseconds("readAt") == nil {
+                return "receipt without message or readAt"
+            }
+            return nil
         case ChatRecords.messageType:
             guard let speaker = record.string("speaker") else { return "message without a speaker" }
             if record.isDeleted {
@@ -227,6 +248,19 @@ struct RecordApplier {
 
     private mutating func projectMessage(_ record: Record, origin: Origin) throws {
         let zone = record.id.zone.rawValue, name = record.id.name
+        if ChatRecords.isGroupZone(record.id.zone) {
+            // A group's message shows only if its speaker was a member at its clock; with the
+            // group's changes moving in this transaction, that is decided in finish().
+            if changedGroups.contains(zone) { return }
+            guard try isGroupMember(record.string("speaker") ?? "", zone: zone, at: record.clock) else {
+                try holdBack(record, origin: origin, speakerWasMember: false)
+                return
+            }
+            guard let local = localSpeaker, try isGroupMember(local, zone: zone, at: record.clock) else {
+                try holdBack(record, origin: origin, speakerWasMember: true)
+                return
+            }
+        }
         let state = origin == .local ? SyncStateColumn.pending : .synced
         let exists = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, name]) { _ in true } ?? false
         if record.isDeleted {
@@ -235,7 +269,8 @@ struct RecordApplier {
             if exists { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
             return
         }
-        guard let speaker = record.string("speaker"), let listener = record.string("listener"),
+        let isGroup = ChatRecords.isGroupZone(record.id.zone)
+        guard let speaker = record.string("speaker"), let listener = isGroup ? "" : record.string("listener"),
             let content = record.string("content"), let spokenAt = record.milliseconds("spokenAt")
         else { return }
         try db.execute("""
@@ -243,9 +278,8 @@ struct RecordApplier {
             VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
                 spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
-            """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, listener, state.rawValue])
-        let other = speaker == localSpeaker ? listener : speaker
-        try ensureConversation(zone: zone, other: other)
+            """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener, state.rawValue])
+        if !isGroup { try ensureConversation(zone: zone, other: speaker == localSpeaker ? listener : speaker) }
         newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
     }
@@ -259,16 +293,98 @@ struct RecordApplier {
             INSERT INTO receipts (zone, message, reader, read_at) VALUES (?, ?, ?, ?)
             ON CONFLICT (zone, message, reader) DO UPDATE SET read_at = excluded.read_at
             """, [zone, message, reader, readAt])
-        try db.execute("UPDATE messages SET read_at = ? WHERE zone = ? AND name = ? AND listener = ?", [readAt, zone, message, reader])
-        if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: message))) }
+        // A message shows as read by the listener's receipt in a pair, by the local speaker's own
+        // in a group (the others' are counted from the receipts table).
+        var marked = false
+        if !ChatRecords.isGroupZone(record.id.zone) {
+            try db.execute("UPDATE messages SET read_at = ? WHERE zone = ? AND name = ? AND listener = ?", [readAt, zone, message, reader])
+            marked = db.changes > 0
+        } else if reader == localSpeaker {
+            try db.execute("UPDATE messages SET read_at = ? WHERE zone = ? AND name = ?", [readAt, zone, message])
+            marked = db.changes > 0
+        }
+        if marked { events.append(.messageChanged(MessageID(conversation: zone, name: message))) }
     }
 
     /// Writes what was gathered over the transaction; call once, before the commit.
     mutating func finish() throws {
+        let groups = changedGroups
+        changedGroups.removeAll()
+        for zone in groups.sorted() { try decideGroup(zone) }
         for (zone, newest) in newestMessage {
             try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
         }
         newestMessage.removeAll()
+    }
+
+    // MARK: Groups
+
+    /// Whether `speaker` was in the group at `clock` (its runs of membership, as last decided).
+    func isGroupMember(_ speaker: String, zone: String, at clock: RecordClock) throws -> Bool {
+        let at = Int64(bitPattern: clock.rawValue)
+        return try db.first("""
+            SELECT 1 FROM group_runs WHERE zone = ? AND speaker = ? AND from_clock < ? AND (until_clock IS NULL OR ? < until_clock)
+            """, [zone, speaker, at, at]) { _ in true } ?? false
+    }
+
+    /// A group message not shown: kept (a change that decides otherwise may still come). When
+    /// its speaker was not a member at its clock, it is in the quarantine to say why; when only
+    /// the local speaker was not (a message from before they joined or after they left), it is
+    /// simply not theirs to see.
+    private mutating func holdBack(_ record: Record, origin: Origin, speakerWasMember: Bool) throws {
+        let zone = record.id.zone.rawValue, name = record.id.name
+        let held = try db.first("SELECT 1 FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, name]) { _ in true } ?? false
+        if speakerWasMember, held {
+            try db.execute("DELETE FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, name])
+        } else if !speakerWasMember, !held {
+            try quarantine(RejectedRecord(recordID: record.id, reason: .notAMember(identity: record.string("speaker") ?? ""),
+                                          source: origin == .local ? "local" : "pull", data: try? record.encoded()))
+        }
+        try db.execute("DELETE FROM messages WHERE zone = ? AND name = ?", [zone, name])
+        if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
+    }
+
+    /// Decides a group again from every change it holds (``GroupMembership``): its members and
+    /// runs, its conversation (shown once the local speaker has been in it), and every message,
+    /// shown or held back by its speaker's membership at its clock — so the view is the same
+    /// whatever order the changes and messages came in.
+    private mutating func decideGroup(_ zone: String) throws {
+        guard let zoneName = try? ZoneName(zone) else { return }
+        let changes = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND is_deleted = 0", [zone, GroupChange.recordType]) { row in
+            (try? Record(canonical: row.blob(0))).flatMap { try? GroupChange(record: $0) }
+        }.compactMap { $0 }
+        guard let group = GroupMembership(zone: zoneName, changes: changes) else { return }
+        try db.execute("DELETE FROM group_members WHERE zone = ?", [zone])
+        for (speaker, role) in group.roles {
+            try db.execute("INSERT INTO group_members (zone, speaker, role) VALUES (?, ?, ?)", [zone, speaker, role.rawValue])
+        }
+        try db.execute("DELETE FROM group_runs WHERE zone = ?", [zone])
+        for (speaker, runs) in group.runs {
+            for run in runs {
+                try db.execute("INSERT INTO group_runs (zone, speaker, from_clock, until_clock) VALUES (?, ?, ?, ?)",
+                               [zone, speaker, Int64(bitPattern: run.from.rawValue), run.until.map { Int64(bitPattern: $0.rawValue) }])
+            }
+            try follow(speaker)
+        }
+        if let local = localSpeaker, group.runs[local] != nil {
+            try db.execute("INSERT INTO conversations (zone, other, group_name) VALUES (?, '', ?) ON CONFLICT (zone) DO UPDATE SET group_name = excluded.group_name",
+                           [zone, group.name])
+        }
+        events.append(.conversationChanged(zone))
+        // Every message again, by the runs just decided.
+        let messages = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [zone, ChatRecords.messageType]) { try? Record(canonical: $0.blob(0)) }
+        for case let message? in messages {
+            let speakerWasMember = group.isMember(message.string("speaker") ?? "", at: message.clock)
+            if speakerWasMember, let local = localSpeaker, group.isMember(local, at: message.clock) {
+                try db.execute("DELETE FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, message.id.name])
+                let shown = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
+                // Shown again: pending if it is still in the outbox (never "synced" before it is).
+                let queued = try db.first("SELECT 1 FROM ck_outbox WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
+                if !shown || message.isDeleted { try projectMessage(message, origin: queued ? .local : .remote) }
+            } else {
+                try holdBack(message, origin: .remote, speakerWasMember: speakerWasMember)
+            }
+        }
     }
 
     /// Follows a speaker: its own zone (profile, devices, revocations) is pulled from now on.

@@ -61,7 +61,7 @@ extension SyncEngine {
     /// of the zones in `advanced`. - Returns: nil when there is nothing to fetch at all; the
     /// pull is then finished in this transaction (the feed's token stored).
     nonisolated func startPull(_ changes: DatabaseChanges, advanced: Set<ZoneName>, localSpeaker: String, applier: inout RecordApplier) throws -> PullPlan? {
-        let conversations = changes.changedZones.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
+        let conversations = changes.changedZones.filter { Self.isFollowedConversation($0, localSpeaker) }
         let changed = Set(changes.changedZones).subtracting(advanced)
         try applier.follow(localSpeaker)
         for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
@@ -76,8 +76,14 @@ extension SyncEngine {
 
     /// The conversations to read again from the start: created, taking part, and no token.
     static func refetched(_ localSpeaker: String, in db: Database) throws -> [ZoneName] {
-        try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 'c-%' AND token IS NULL AND is_created = 1") { $0.text(0) }
-            .compactMap { try? ZoneName($0) }.filter { ChatRecords.isParticipant(localSpeaker, in: $0) }
+        try db.rows("SELECT zone FROM ck_zone_state WHERE (zone LIKE 'c-%' OR zone LIKE 'g-%') AND token IS NULL AND is_created = 1") { $0.text(0) }
+            .compactMap { try? ZoneName($0) }.filter { isFollowedConversation($0, localSpeaker) }
+    }
+
+    /// The conversation zones a store reads: its pairs (by name), and every group the backend
+    /// lets it see — whether the local speaker is in one is decided from the group's changes.
+    static func isFollowedConversation(_ zone: ZoneName, _ localSpeaker: String) -> Bool {
+        ChatRecords.isParticipant(localSpeaker, in: zone) || ChatRecords.isGroupZone(zone)
     }
 
     /// The end of a whole pull: the feed's token, and when it was read.

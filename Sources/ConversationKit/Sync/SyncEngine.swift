@@ -286,7 +286,7 @@ actor SyncEngine {
                 // Only zones this store pulls (its followed speakers' own zones, its
                 // conversations): never the directory it writes its profile into but only queries.
                 var advanced = Set<ZoneName>()
-                for advance in advances where ChatRecords.isSpeakerZone(advance.zone) || ChatRecords.isParticipant(localSpeaker, in: advance.zone) {
+                for advance in advances where ChatRecords.isSpeakerZone(advance.zone) || Self.isFollowedConversation(advance.zone, localSpeaker) {
                     try applier.db.execute("UPDATE ck_zone_state SET token = ? WHERE zone = ? AND token IS ?", [advance.to.data, advance.zone.rawValue, advance.from?.data])
                     if applier.db.changes > 0 { advanced.insert(advance.zone) }
                 }

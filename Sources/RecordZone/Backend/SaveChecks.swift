@@ -70,7 +70,7 @@ package enum SaveChecks {
         let code: RecordZoneError.Code
         switch reason {
         case .unsigned, .invalidSignature: code = .invalidSignature
-        case .notOwnedByID, .ownerFieldMissing, .ownerFieldMismatch, .keyConflict, .identityConflict, .deviceNotCertified, .deviceRevoked: code = .notAuthorized
+        case .notOwnedByID, .ownerFieldMissing, .ownerFieldMismatch, .keyConflict, .identityConflict, .deviceNotCertified, .deviceRevoked, .notAMember: code = .notAuthorized
         case .malformed, .corruptSegment, .refusedByBackend: code = .malformed
         case .schemaViolation: code = .invalidArguments
         }

@@ -31,11 +31,14 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
     /// Signed and owned as it should be, but against its schema's rules (a chat record with
     /// fields that do not match its zone, say): the schema's own words.
     case schemaViolation(String)
+    /// A group's record (a message) by someone who was not in the group at the record's clock:
+    /// held back, and shown if a change that makes them one at that clock comes.
+    case notAMember(identity: String)
 
     /// The reasons, as codes (stored and sent).
     public enum Code: String, Sendable, Hashable, Codable, CaseIterable {
         case malformed, unsigned, invalidSignature, notOwnedByID, ownerFieldMissing, ownerFieldMismatch, keyConflict, identityConflict,
-            deviceNotCertified, deviceRevoked, corruptSegment, refusedByBackend, schemaViolation
+            deviceNotCertified, deviceRevoked, corruptSegment, refusedByBackend, schemaViolation, notAMember
     }
 
     public var description: String {
@@ -53,6 +56,7 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .corruptSegment(let why): "corrupt segment: \(why)"
         case .refusedByBackend(let why): "refused by the backend: \(why)"
         case .schemaViolation(let why): why
+        case .notAMember(let identity): "'\(identity)' was not a member of the group at the record's clock"
         }
     }
 
@@ -81,6 +85,7 @@ public enum RejectionReason: Error, Hashable, Sendable, CustomStringConvertible 
         case .corruptSegment: .corruptSegment
         case .refusedByBackend: .refusedByBackend
         case .schemaViolation: .schemaViolation
+        case .notAMember: .notAMember
         }
     }
 
@@ -112,6 +117,7 @@ extension RejectionReason: Codable {
         case "deviceRevoked": self = .deviceRevoked(identity: detail)
         case "corruptSegment": self = .corruptSegment(detail)
         case "schemaViolation": self = .schemaViolation(detail)
+        case "notAMember": self = .notAMember(identity: detail)
         default: self = .refusedByBackend(detail)
         }
     }
@@ -123,7 +129,8 @@ extension RejectionReason: Codable {
         case .unsigned, .invalidSignature: break
         case .malformed(let detail), .corruptSegment(let detail), .refusedByBackend(let detail),
             .notOwnedByID(let detail), .ownerFieldMissing(let detail), .ownerFieldMismatch(let detail), .keyConflict(let detail),
-            .identityConflict(let detail), .deviceNotCertified(let detail), .deviceRevoked(let detail), .schemaViolation(let detail):
+            .identityConflict(let detail), .deviceNotCertified(let detail), .deviceRevoked(let detail), .schemaViolation(let detail),
+            .notAMember(let detail):
             try c.encode(detail, forKey: .detail)
         }
     }
