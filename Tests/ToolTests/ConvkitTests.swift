@@ -22,7 +22,8 @@ import TestSupport
 
     static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "read", "edit", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
-                           "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo"]
+                           "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
+                           "group create", "group add", "group remove", "group leave", "group role", "group rename", "group members", "group list"]
 
     @Test func everySubcommandHasGeneratedHelpAndRefusesUnknownOptions() async throws {
         for command in Self.commands {
@@ -35,7 +36,7 @@ import TestSupport
             #expect(bad.status == 64 && bad.err.hasPrefix("Error: unknown option '--no-such-option'") && bad.err.contains("USAGE: convkit \(command)"), "\(command): \(bad.err)")
             #expect(bad.out.isEmpty)
         }
-        for group in [["records"], ["avatar"], ["device"], ["token"]] {
+        for group in [["records"], ["avatar"], ["device"], ["token"], ["group"]] {
             let help = try await Self.convkit(group + ["--help"])
             #expect(help.status == 0 && help.out.contains("SUBCOMMANDS:"), "\(group)")
             #expect(try await Self.convkit(group).status == 64)

@@ -14,11 +14,11 @@ enum ChatCommands {
         ToolCommand(Command("convkit whoami", "Show the store's local speaker, its fingerprint and backend.", options: [Targets.store, Targets.json]), run: whoami),
         ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
                             discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
-                            positionals: [Positional("id", "The speaker to send to."), Positional("text", "The message.")],
-                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, Targets.json]), run: send),
+                            positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."), Positional("text", "The message.")],
+                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag, Targets.json]), run: send),
         ToolCommand(Command("convkit messages", "List a conversation's newest messages, oldest first.",
-                            positionals: [Positional("id", "The other speaker.")],
-                            options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), Targets.json]),
+                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")],
+                            options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), groupFlag, Targets.json]),
                     run: messages),
         ToolCommand(Command("convkit conversations", "List the conversations, with unread counts.", options: [Targets.store, Targets.json]), run: conversations),
         ToolCommand(Command("convkit conversations remove", "Remove a conversation from this store (not from the backend; unsent messages are dropped).",
@@ -68,6 +68,8 @@ enum ChatCommands {
 
     /// Refuses a recipient nobody knows (a typo would make a conversation with nobody), unless
     /// `--new` says it is meant.
+    static let groupFlag = Option.flag("group", "<id> is a group, named by its id or its name.")
+
     static func requireKnown(_ identifier: String, in store: ConversationStore, _ context: Context) async throws {
         if context.arguments.has("new") { return }
         if try store.existingConversation(with: identifier) != nil { return }
@@ -144,8 +146,13 @@ enum ChatCommands {
     static func send(_ context: Context) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
-        try await requireKnown(to, in: store, context)
-        var message = try await store.send(text, to: to)
+        var message: Message
+        if let group = try group(to, store, context) {
+            message = try await store.send(text, toGroup: group.id)
+        } else {
+            try await requireKnown(to, in: store, context)
+            message = try await store.send(text, to: to)
+        }
         // Committed: from here on the message is reported, whatever the sync says.
         if context.arguments.has("sync") {
             var note: String? = nil
@@ -173,6 +180,13 @@ enum ChatCommands {
         return "\(name) (\(identifier))"
     }
 
+    /// The group `text` names, when it names one: a group id (g-…), or with --group a group's
+    /// id or name.
+    static func group(_ text: String, _ store: ConversationStore, _ context: Context) throws -> Conversation? {
+        guard context.arguments.has("group") || ((try? ZoneName(text)).flatMap(GroupMembership.creatorHash(of:)) != nil) else { return nil }
+        return try GroupCommands.resolve(text, in: store)
+    }
+
     static func conversation(_ store: ConversationStore, with other: String) throws -> Conversation {
         guard let conversation = try store.existingConversation(with: other) else { throw ToolFailure("no conversation with '\(other)'") }
         return conversation
@@ -188,7 +202,8 @@ enum ChatCommands {
             guard parts.count == 2, let time = Int64(parts[0]) else { throw UsageError("--before takes a cursor as printed ('<time>:<name>')") }
             cursor = MessageCursor(spokenAt: time, name: String(parts[1]))
         }
-        let page = try store.messages(in: try conversation(store, with: other).id, limit: limit, before: cursor)
+        let id = try group(other, store, context)?.id ?? conversation(store, with: other).id
+        let page = try store.messages(in: id, limit: limit, before: cursor)
         let older = page.olderCursor.map { "\($0.spokenAt):\($0.name)" }
         if context.json {
             var value: [String: Any] = ["messages": page.messages.map(messageJSON)]
@@ -209,11 +224,17 @@ enum ChatCommands {
         let store = try context.store(readOnly: true)
         let list = try store.conversations()
         if context.json {
-            try Output.json(list.map { ["id": $0.id, "with": $0.nonLocalSpeaker, "unread": $0.unreadCount, "lastMessageAt": $0.lastMessageAt.map(Output.time) ?? ""] as [String: Any] })
+            try Output.json(list.map { conversation in
+                var value: [String: Any] = ["id": conversation.id, "with": conversation.nonLocalSpeaker, "unread": conversation.unreadCount,
+                                            "lastMessageAt": conversation.lastMessageAt.map(Output.time) ?? ""]
+                if let name = conversation.groupName { value["group"] = name }
+                return value
+            })
             return
         }
         for conversation in list {
-            Output.line("\(conversation.nonLocalSpeaker)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")  \(conversation.id)")
+            let title = conversation.groupName.map { "\($0) (group)" } ?? conversation.nonLocalSpeaker
+            Output.line("\(title)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")  \(conversation.id)")
         }
     }
 

@@ -1,0 +1,48 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// Groups from the terminal, with the real `convkit` over a shared folder: carol creates one
+/// with alice and bob, everyone talks, carol makes alice an admin, alice adds dave, bob leaves,
+/// and a plain member's add is refused with the rule's reason (exit 1).
+@Suite struct GroupCommandTests {
+    @Test func aGroupFromCreationToALeave() async throws {
+        let dir = try TemporaryDirectory("convkit-group")
+        let folder = dir.path + "/shared"
+        func store(_ name: String) -> [String] { ["--store", dir.path + "/" + name] }
+        func ok(_ arguments: [String]) async throws -> ConvkitTests.Run {
+            let run = try await ConvkitTests.convkit(arguments)
+            #expect(run.status == 0, "\(arguments): \(run.err)")
+            return run
+        }
+        for name in ["carol", "alice", "bob", "dave"] {
+            _ = try await ok(["init", "--id", name, "--name", name.capitalized, "--zone-dir", folder] + store(name))
+        }
+        let created = try await ok(["group", "create", "--name", "Trip", "--member", "alice", "--member", "bob", "--sync", "--json"] + store("carol"))
+        let id = try #require((created.json as? [String: Any])?["id"] as? String)
+        #expect(id.hasPrefix("g-"))
+        for name in ["alice", "bob", "dave"] { _ = try await ok(["sync"] + store(name)) }
+        #expect(try await ok(["group", "list"] + store("alice")).out.contains("Trip  0 unread  \(id)"))
+        #expect(try await ok(["group", "list"] + store("dave")).out.isEmpty)
+        _ = try await ok(["send", id, "Who brings the tent?", "--sync"] + store("carol"))
+        _ = try await ok(["sync"] + store("alice"))
+        _ = try await ok(["send", "Trip", "I do", "--group", "--sync"] + store("alice"))
+        // A plain member cannot add anyone: the rule's reason, exit 1.
+        let refused = try await ConvkitTests.convkit(["group", "add", "Trip", "--member", "dave"] + store("alice"))
+        #expect(refused.status == 1 && refused.err.contains("only an admin may add"), "\(refused.err)")
+        _ = try await ok(["group", "role", id, "alice", "admin", "--sync"] + store("carol"))
+        _ = try await ok(["sync"] + store("alice"))
+        _ = try await ok(["group", "add", "Trip", "--member", "dave", "--sync"] + store("alice"))
+        _ = try await ok(["sync"] + store("bob"))
+        _ = try await ok(["group", "leave", "Trip", "--sync"] + store("bob"))
+        for name in ["carol", "alice", "dave"] { _ = try await ok(["sync"] + store(name)) }
+        let members = try await ok(["group", "members", "Trip", "--json"] + store("dave"))
+        let roles = (members.json as? [[String: Any]])?.compactMap { member in (member["id"] as? String).map { "\($0) \(member["role"] as? String ?? "")" } }
+        #expect(roles == ["carol creator", "alice admin", "dave member"])
+        let history = try await ok(["messages", id] + store("carol")).out
+        #expect(history.contains("Carol (carol): Who brings the tent?") && history.contains("Alice (alice): I do"), "\(history)")
+        // Dave joined after both: from when he was added, he sees nothing of before.
+        #expect(!(try await ok(["messages", id] + store("dave")).out.contains("tent")))
+        #expect(try await ok(["conversations"] + store("carol")).out.contains("Trip (group)"))
+    }
+}
