@@ -62,6 +62,9 @@ import TestSupport
             ["records", "verify"] + none, ["changes", "--zone", "z", "--zone-dir", dir.path + "/missing"], ["token", "decode", "AAAA"], ["outbox"] + none,
             ["quarantine"] + none, ["refetch", "z"] + none, ["stats"] + none, ["chat", "bob"] + none, ["demo", "--dir", file],
             ["init", "--id", "_bad", "--name", "Bad", "--zone-dir", dir.path + "/zones", "--store", dir.path + "/bad"],
+            ["group", "create", "--name", "Trip"] + none, ["group", "add", "Trip", "--member", "bob"] + none, ["group", "remove", "Trip", "bob"] + none,
+            ["group", "leave", "Trip"] + none, ["group", "role", "Trip", "bob", "admin"] + none, ["group", "rename", "Trip", "Trip 2"] + none,
+            ["group", "members", "Trip"] + none, ["group", "list"] + none,
         ]
         var covered = Set<String>()
         for arguments in failures {

@@ -41,6 +41,11 @@ import TestSupport
         #expect(roles == ["carol creator", "alice admin", "dave member"])
         let history = try await ok(["messages", id] + store("carol")).out
         #expect(history.contains("Carol (carol): Who brings the tent?") && history.contains("Alice (alice): I do"), "\(history)")
+        // Membership in the timeline, in order with the messages; the refused add is not there.
+        let lines = history.split(separator: "\n").map { $0.split(separator: " ", maxSplits: 1).last.map(String.init) ?? "" }
+        let timeline = lines.filter { $0.hasPrefix("— ") || $0.contains(": ") }.map { $0.components(separatedBy: "  ").first ?? $0 }
+        #expect(timeline == ["— carol created the group Trip with alice, bob", "Carol (carol): Who brings the tent?", "Alice (alice): I do",
+                             "— carol made alice an admin", "— alice added dave", "— bob left"], "\(history)")
         // Dave joined after both: from when he was added, he sees nothing of before.
         #expect(!(try await ok(["messages", id] + store("dave")).out.contains("tent")))
         #expect(try await ok(["conversations"] + store("carol")).out.contains("Trip (group)"))

@@ -202,21 +202,36 @@ enum ChatCommands {
             guard parts.count == 2, let time = Int64(parts[0]) else { throw UsageError("--before takes a cursor as printed ('<time>:<name>')") }
             cursor = MessageCursor(spokenAt: time, name: String(parts[1]))
         }
-        let id = try group(other, store, context)?.id ?? conversation(store, with: other).id
+        let group = try group(other, store, context)
+        let id = try group?.id ?? conversation(store, with: other).id
         let page = try store.messages(in: id, limit: limit, before: cursor)
         let older = page.olderCursor.map { "\($0.spokenAt):\($0.name)" }
+        // A group's membership changes, in the page's span: from its first message (from the
+        // start on the oldest page) to its last (to now on the newest).
+        let from = page.olderCursor == nil ? Date.distantPast : page.messages.first?.spokenAt ?? .distantPast
+        let until = cursor == nil ? Date.distantFuture : page.messages.last?.spokenAt ?? .distantFuture
+        var events = try group.map { try store.groupEvents(in: $0.id).filter { $0.at >= from && $0.at <= until } } ?? []
         if context.json {
             var value: [String: Any] = ["messages": page.messages.map(messageJSON)]
+            if group != nil { value["events"] = events.map { ["at": Output.time($0.at), "actor": $0.actor, "action": $0.action.rawValue, "targets": $0.targets, "summary": $0.summary] as [String: Any] } }
             if let older { value["older"] = older }
             try Output.json(value)
             return
         }
+        func printEvents(until time: Date) {
+            while let event = events.first, event.at <= time {
+                Output.line("\(Output.time(event.at)) — \(event.summary)")
+                events.removeFirst()
+            }
+        }
         for message in page.messages {
+            printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
             let flags = [message.editedAt != nil ? "edited" : nil, message.readAt != nil ? "read" : nil,
                          message.syncState == .synced ? nil : state(message.syncState)].compactMap { $0 }
             Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
         }
+        printEvents(until: .distantFuture)
         if let older { Output.line("older: --before \(older)") }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import RecordZone
 
 /// A conversation: the one between the local speaker and another speaker, or a group.
 public struct Conversation: Sendable, Hashable, Identifiable {
@@ -40,5 +41,33 @@ public struct MessageCursor: Sendable, Hashable, Codable {
     public init(spokenAt: Int64, name: String) {
         self.spokenAt = spokenAt
         self.name = name
+    }
+}
+
+/// A change to a group's membership that took effect, for a conversation's timeline: "alice
+/// added carol", "bob left" (``ConversationStore/groupEvents(in:)``).
+public struct GroupEvent: Sendable, Hashable {
+    public let actor: String
+    public let action: GroupChange.Action
+    /// Who it was about (add: everyone it added; remove, promote, demote: one; else none).
+    public let targets: [String]
+    /// The group's name, for create and rename.
+    public let groupName: String?
+    public let at: Date
+    /// Where it falls among the messages (their version clocks).
+    public let clock: RecordClock
+
+    /// In words, e.g. "alice added carol, dave".
+    public var summary: String {
+        let who = targets.joined(separator: ", ")
+        return switch action {
+        case .create: "\(actor) created the group \(groupName ?? "")" + (targets.isEmpty ? "" : " with \(who)")
+        case .add: "\(actor) added \(who)"
+        case .remove: "\(actor) removed \(who)"
+        case .promote: "\(actor) made \(who) an admin"
+        case .demote: "\(actor) made \(who) a member"
+        case .leave: "\(actor) left"
+        case .rename: "\(actor) named the group \(groupName ?? "")"
+        }
     }
 }

@@ -69,6 +69,24 @@ extension ConversationStore {
         }
     }
 
+    /// The group's membership changes that took effect, oldest first: "alice added carol" and
+    /// the like, for a timeline beside ``messages(in:limit:before:)`` (ordered by their clocks
+    /// as the messages are by theirs). Refused changes are not in it.
+    public func groupEvents(in group: String) throws(ConversationError) -> [GroupEvent] {
+        let zone = try Self.groupZone(group)
+        return try read { db in
+            try Self.requireConversation(db, group)
+            let changes = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [group, GroupChange.recordType]) { row in
+                (try? Record(canonical: row.blob(0))).flatMap { try? GroupChange(record: $0) }
+            }.compactMap { $0 }
+            let decided = GroupMembership(zone: zone, changes: changes)?.decisions ?? []
+            return decided.filter { $0.decision == .accepted }.map { change, _ in
+                GroupEvent(actor: change.actor, action: change.action, targets: change.targets, groupName: change.groupName,
+                           at: Date(timeIntervalSince1970: Double(change.clock.milliseconds) / 1000), clock: change.clock)
+            }
+        }
+    }
+
     /// Sends a message to a group: committed locally with its outbox entry and returned at once.
     /// - Throws: ``ConversationError/Code/notAllowedInGroup`` when the local speaker is not in
     ///   the group; the content errors of ``send(_:to:)``.
