@@ -1,5 +1,6 @@
 import CSQLite
 import Foundation
+import Synchronization
 
 /// One SQLite connection (`sqlite3*`): not `Sendable`; its owner serializes access
 /// (``DatabaseQueue``). Statements are prepared once and cached by their SQL.
@@ -8,6 +9,15 @@ public final class Database {
     let handle: OpaquePointer
     public let path: String
     private var statements: [String: Statement] = [:]
+    /// Set while the job using the connection is cancelled (``DatabaseQueue``): every statement
+    /// then stops within a thousand virtual-machine steps (SQLite's progress handler) with
+    /// ``ResultCode/interrupted`` — one that starts after the cancellation too, which
+    /// `sqlite3_interrupt` alone does not reach (it is lost between two statements of a job).
+    let stopRequested = StopFlag()
+
+    final class StopFlag: Sendable {
+        let value = Atomic(false)
+    }
 
     /// Opens (or creates) the database at `path`.
     /// - Parameter readOnly: open without write access (the reader connection).
@@ -25,6 +35,10 @@ public final class Database {
         self.path = path
         sqlite3_extended_result_codes(db, 1)
         sqlite3_busy_timeout(db, 5000)
+        sqlite3_progress_handler(db, 1000, { context in
+            guard let context else { return 0 }
+            return Unmanaged<StopFlag>.fromOpaque(context).takeUnretainedValue().value.load(ordering: .relaxed) ? 1 : 0
+        }, Unmanaged.passUnretained(stopRequested).toOpaque())
     }
 
     deinit {

@@ -71,8 +71,9 @@ public final class DatabaseQueue: Sendable {
         /// Runs `body` on the queue. Cancelling the waiting task reaches SQLite, as GRDB's
         /// does: a job not started yet never runs (`CancellationError`); one running has its
         /// statement interrupted (`sqlite3_interrupt`: it fails with ``ResultCode/interrupted``
-        /// and its transaction rolls back). The interrupt is made under the job's lock, while
-        /// the job runs, so it never reaches the next job on the connection.
+        /// and its transaction rolls back), and every statement it starts after that too (the
+        /// connection's stop flag). Both are made under the job's lock, while the job runs, and
+        /// the flag is cleared under it when the job ends, so neither reaches the next job.
         func async<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
             let job = Mutex(JobState.waiting)
             return try await withTaskCancellationHandler {
@@ -85,7 +86,10 @@ public final class DatabaseQueue: Sendable {
                         }
                         guard start else { return continuation.resume(throwing: CancellationError()) }
                         let result = Result { try body(self.database) }
-                        job.withLock { $0 = .done }
+                        job.withLock { state in
+                            state = .done
+                            self.database.stopRequested.value.store(false, ordering: .relaxed)
+                        }
                         continuation.resume(with: result)
                     }
                 }
@@ -93,7 +97,11 @@ public final class DatabaseQueue: Sendable {
                 job.withLock { state in
                     switch state {
                     case .waiting: state = .cancelled
-                    case .running: sqlite3_interrupt(self.database.handle)  // thread-safe, by design
+                    case .running:
+                        // The statement running now, and any the job starts after (the flag,
+                        // cleared under this lock when the job ends, never reaches the next).
+                        self.database.stopRequested.value.store(true, ordering: .relaxed)
+                        sqlite3_interrupt(self.database.handle)  // thread-safe, by design
                     case .done, .cancelled: break
                     }
                 }

@@ -50,6 +50,36 @@ private struct GroupedJobFailed: Error {}
         #expect(try await queue.read { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 1)
     }
 
+    /// A cancellation that comes between two statements of a job stops the next one: SQLite's
+    /// interrupt reaches only a statement running at that moment, so the job's next statement
+    /// ran on (for minutes: a test run once hung at exit on it).
+    @Test func aCancellationBetweenTwoStatementsStopsTheNextOne() async throws {
+        let directory = try TemporaryDirectory("interrupt-between")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")])
+        let between = Mutex(false), cancelled = Mutex(false)
+        let job = Task {
+            try await queue.write { db in
+                try db.execute("INSERT INTO t VALUES (1)")
+                between.withLock { $0 = true }
+                while !cancelled.withLock({ $0 }) { usleep(1_000) }
+                // Tens of seconds of work if nothing stops it.
+                return try db.first("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300000000) SELECT count(*) FROM n") { $0.int(0) }
+            }
+        }
+        while !between.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        job.cancel()  // its handler has run when this returns: no statement was running
+        cancelled.withLock { $0 = true }
+        do {
+            _ = try await job.value
+            Issue.record("the statement after the cancellation ran to its end")
+        } catch let error as SQLiteError {
+            #expect(error.resultCode == .interrupted, "\(error)")
+        }
+        // The next job is not stopped by what was meant for this one.
+        try await queue.write { db in try db.execute("INSERT INTO t VALUES (2)") }
+        #expect(try await queue.read { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 1)
+    }
+
     /// Grouped writes that arrive while the writer is busy share one transaction (one commit,
     /// one sync): each sees what those before it wrote, one that throws is undone alone, and one
     /// that says it commits alone ends its group, so its `afterCommit` runs before the next
