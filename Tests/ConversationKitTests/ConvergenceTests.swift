@@ -169,26 +169,7 @@ import TestSupport
         order.shuffle(using: &random)
         let backend = try await backend(for: records)
         let path = directory + "/scheduled-\(seed)"
-        var bob = try await reader(path, backend)
-        var index = 0
-        while index < order.count {
-            let batch = Int(1 + random.next() % 4)
-            for record in order[index..<min(order.count, index + batch)] { try await backend.injectUnchecked(record.bytes, into: record.zone) }
-            index += batch
-            switch random.next() % 8 {
-            case 0: break  // no sync this time
-            case 1:  // a restart
-                bob.close()
-                bob = try ConversationStore(directory: path, backend: .memory(backend))
-                try await bob.sync()
-            case 2:
-                try await bob.clearAllCachedData()
-                try await bob.sync()
-            default: try await bob.sync()
-            }
-        }
-        try await bob.sync()
-        try await bob.sync()
+        let bob = try await deliverAtRandom(order, into: backend, store: try await reader(path, backend), path: path, random: &random)
         let views = (try view(reference), try view(bob))
         // Each seed's two stores go once compared: 100,000 seeds' would fill the disk.
         reference.close()

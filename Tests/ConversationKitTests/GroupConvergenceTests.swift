@@ -98,26 +98,7 @@ import TestSupport
         let backend = InMemoryBackend(policy: ConversationStore.recordPolicy())
         try await backend.createZone(zone)
         let path = directory + "/scheduled-\(seed)"
-        var bob = try await reader(path, backend)
-        var index = 0
-        while index < order.count {
-            let batch = Int(1 + random.next() % 4)
-            for record in order[index..<min(order.count, index + batch)] { try await backend.injectUnchecked(record, into: zone) }
-            index += batch
-            switch random.next() % 8 {
-            case 0: break
-            case 1:
-                bob.close()
-                bob = try ConversationStore(directory: path, backend: .memory(backend))
-                try await bob.sync()
-            case 2:
-                try await bob.clearAllCachedData()
-                try await bob.sync()
-            default: try await bob.sync()
-            }
-        }
-        try await bob.sync()
-        try await bob.sync()
+        let bob = try await deliverAtRandom(order.map { (zone: zone, bytes: $0) }, into: backend, store: try await reader(path, backend), path: path, random: &random)
         let views = (try view(reference), try view(bob))
         reference.close()
         bob.close()

@@ -153,3 +153,31 @@ func firstElement<T: Sendable>(of stream: AsyncStream<T>, seconds: Double = 30, 
 func awaitEvents(_ events: AsyncStream<StoreEvent>, seconds: Double = 30, until isDone: @escaping @Sendable (StoreEvent) -> Bool) async -> Bool {
     await firstElement(of: events, seconds: seconds, where: isDone) != nil
 }
+
+/// A convergence schedule: delivers `order` into `backend` in random batches of one to four,
+/// the store at `path` (reopened over `backend`) syncing, restarting or clearing its cache at
+/// random in between, then syncing twice. Returns the store as it ends.
+func deliverAtRandom(_ order: [(zone: ZoneName, bytes: Data)], into backend: InMemoryBackend, store: ConversationStore, path: String,
+                     random: inout some RandomNumberGenerator) async throws -> ConversationStore {
+    var store = store
+    var index = 0
+    while index < order.count {
+        let batch = Int(1 + random.next() % 4)
+        for record in order[index..<min(order.count, index + batch)] { try await backend.injectUnchecked(record.bytes, into: record.zone) }
+        index += batch
+        switch random.next() % 8 {
+        case 0: break  // no sync this time
+        case 1:  // a restart
+            store.close()
+            store = try ConversationStore(directory: path, backend: .memory(backend))
+            try await store.sync()
+        case 2:
+            try await store.clearAllCachedData()
+            try await store.sync()
+        default: try await store.sync()
+        }
+    }
+    try await store.sync()
+    try await store.sync()
+    return store
+}
