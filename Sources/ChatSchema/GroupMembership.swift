@@ -71,7 +71,7 @@ public struct GroupChange: Sendable, Hashable {
         let prefix = Self.namePrefix + ChatRecords.identityHash(actor) + "."
         let rest = record.id.name.dropFirst(prefix.count)
         guard record.id.name.hasPrefix(prefix), rest.count == 33, rest.dropFirst(16).first == "-",
-              let named = UInt64(rest.prefix(16), radix: 16), rest.prefix(16).allSatisfy(\.isHexDigit)
+              Self.isHex(rest.prefix(16)), Self.isHex(rest.suffix(16)), let named = UInt64(rest.prefix(16), radix: 16)
         else { throw .shape("the name is not gc.<h(actor)>.<16 hex clock>-<16 hex>") }
         guard named == record.clock.rawValue else { throw .shape("the clock in the name is not the clock the change is signed at") }
         guard let raw = record.fields["action"]?.stringValue, let action = Action(rawValue: raw) else {
@@ -99,6 +99,11 @@ public struct GroupChange: Sendable, Hashable {
         }
         self.init(name: record.id.name, actor: actor, clock: record.clock, action: action, targets: targets,
                   groupName: action == .create || action == .rename ? groupName : nil)
+    }
+
+    /// ASCII hex digits only (names compare bytewise in every language: no look-alike digits).
+    static func isHex(_ text: Substring) -> Bool {
+        text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
     }
 
     /// The record's fields for this change (what ``init(record:)`` reads back).
@@ -197,8 +202,8 @@ public struct GroupMembership: Sendable, Equatable {
     /// The hash of the creator a group zone names, or nil when `zone` is not a group's.
     public static func creatorHash(of zone: ZoneName) -> String? {
         let parts = zone.rawValue.split(separator: "-", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0] == "g", parts[1].count == 16, parts[2].count == 16,
-              parts[1].allSatisfy(\.isHexDigit), parts[2].allSatisfy(\.isHexDigit) else { return nil }
+        guard parts.count == 3, parts[0] == "g", parts[1].utf8.count == 16, parts[2].utf8.count == 16,
+              GroupChange.isHex(parts[1]), GroupChange.isHex(parts[2]) else { return nil }
         return String(parts[1])
     }
 
@@ -208,6 +213,17 @@ public struct GroupMembership: Sendable, Equatable {
         guard let creatorHash = Self.creatorHash(of: zone) else { return nil }
         var seen = Set<String>()
         self.init(creatorHash: creatorHash, ordered: changes.filter { seen.insert($0.name).inserted }.sorted(by: GroupChange.precedes))
+    }
+
+    /// The state after some changes, taken up again without them (a store that kept the roles,
+    /// whether the group was created and its name): ``insert(_:)`` then decides changes that
+    /// come after those in the order. Runs and decisions start empty.
+    public init?(zone: ZoneName, resumingWith roles: [String: Role], isCreated: Bool, name: String?) {
+        guard let creatorHash = Self.creatorHash(of: zone) else { return nil }
+        self.creatorHash = creatorHash
+        self.roles = roles
+        self.isCreated = isCreated
+        self.name = name
     }
 
     /// Takes one more change: decided at once when it comes after every change held (the usual

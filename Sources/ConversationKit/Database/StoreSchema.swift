@@ -84,13 +84,17 @@ enum StoreSchema {
         // Version 8: groups (docs/PROTOCOL.md §3.1). A group's conversation row has `other` = ''
         // and the group's name; its members now with their roles; each speaker's runs of
         // membership (from the clock of the change that began one to the one that ended it),
-        // which decide the group's messages. All three follow the group's GroupChange records in
-        // ck_records, decided again whenever one arrives. A group message has `listener` = ''.
+        // which decide the group's messages. All follow the group's GroupChange records in
+        // ck_records. A group message has `listener` = ''.
         Migration(version: 8, sql: """
             ALTER TABLE conversations ADD COLUMN group_name TEXT;
             CREATE TABLE group_members (zone TEXT NOT NULL, speaker TEXT NOT NULL, role TEXT NOT NULL, PRIMARY KEY (zone, speaker)) STRICT, WITHOUT ROWID;
             CREATE TABLE group_runs (zone TEXT NOT NULL, speaker TEXT NOT NULL, from_clock INTEGER NOT NULL, until_clock INTEGER) STRICT;
             CREATE INDEX group_runs_by_speaker ON group_runs (zone, speaker);
+            -- The last change decided (by the rule's order), so that one after it is decided
+            -- alone against the tables above; one before it decides the group again whole.
+            CREATE TABLE group_state (zone TEXT PRIMARY KEY, last_clock INTEGER NOT NULL, last_name TEXT NOT NULL,
+                is_created INTEGER NOT NULL, name TEXT) STRICT;
             """),
     ]
 }

@@ -126,11 +126,7 @@ extension ConversationStore {
             let clock = self.clock.now()
             let change = GroupChange(name: GroupChange.recordName(actor: local.identifier, clock: clock, random: Sodium.randomBytes(8).hexString),
                                      actor: local.identifier, clock: clock, action: action, targets: targets, groupName: groupName)
-            let held = try applier.db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [group, GroupChange.recordType]) { row in
-                (try? Record(canonical: row.blob(0))).flatMap { try? GroupChange(record: $0) }
-            }.compactMap { $0 }
-            guard let decided = GroupMembership(zone: zone, changes: held + [change]) else { throw ConversationError(.unknownConversation, "\(group) is not a group") }
-            if case .refused(let why) = decided.decisions.first(where: { $0.change.name == change.name })?.decision {
+            if case .refused(let why) = try applier.decision(of: change, in: zone) {
                 throw ConversationError(.notAllowedInGroup, "\(why) (\(group))")
             }
             var record = Record(id: try RecordID(zone: zone, name: change.name), type: GroupChange.recordType, fields: change.fields)

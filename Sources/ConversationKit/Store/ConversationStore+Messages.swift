@@ -51,7 +51,8 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "receipts", "conversation_members", "conversations"] {
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "receipts", "conversation_members", "conversations",
+                          "group_members", "group_runs", "group_state"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }
             try Outbox.remove(zone: zone, in: applier.db)

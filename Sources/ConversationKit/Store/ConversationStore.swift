@@ -394,6 +394,8 @@ enum CacheReset {
                 AND zone NOT IN (SELECT zone FROM messages) AND zone NOT IN (SELECT zone FROM conversation_members)
             """, values)
         try db.execute("UPDATE ck_zone_state SET token = NULL WHERE \(filter)", values)
+        // A group's next change decides it again whole, from the changes then held.
+        try db.execute("DELETE FROM group_state WHERE \(filter)", values)
         if zone == nil {
             try db.execute("DELETE FROM speaker_tags WHERE identifier != ?", [local])
             try db.execute("DELETE FROM speakers WHERE identifier != ?", [local])

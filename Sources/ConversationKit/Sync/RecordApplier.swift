@@ -55,7 +55,7 @@ struct RecordApplier {
         case ChatRecords.memberType: try projectMember(record)
         case ChatRecords.messageType: try projectMessage(record, origin: origin)
         case ChatRecords.receiptType: try projectReceipt(record)
-        case GroupChange.recordType: changedGroups.insert(zone)  // decided in finish(), with all the group's changes
+        case GroupChange.recordType: try applyGroupChange(record)
         default: break  // a type from a newer version: kept in ck_records, not shown
         }
         return true
@@ -344,6 +344,104 @@ struct RecordApplier {
         if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
     }
 
+    /// A group's change: after every change decided so far (the usual case), decided alone
+    /// against the group's tables, and only what it changed is written — the messages after its
+    /// clock decided again; otherwise (the first change held, or one dated before the last
+    /// decided) the group is decided again whole in ``finish()``. Both give the same tables.
+    private mutating func applyGroupChange(_ record: Record) throws {
+        let zone = record.id.zone.rawValue
+        guard !changedGroups.contains(zone), let zoneName = try? ZoneName(zone), let change = try? GroupChange(record: record),
+              let state = try db.first("SELECT last_clock, last_name, is_created, name FROM group_state WHERE zone = ?", [zone], { row in
+                  (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3))
+              }), (state.clock, state.name) < (change.clock.rawValue, change.name)
+        else {
+            changedGroups.insert(zone)
+            return
+        }
+        // The rule reads only the roles of the change's actor and targets.
+        let roles = try rolesOf([change.actor] + change.targets, in: zone)
+        guard var group = GroupMembership(zone: zoneName, resumingWith: roles, isCreated: state.isCreated, name: state.groupName) else { return }
+        group.insert(change)
+        let clock = Int64(bitPattern: change.clock.rawValue)
+        try db.execute("UPDATE group_state SET last_clock = ?, last_name = ?, is_created = ?, name = ? WHERE zone = ?",
+                       [clock, change.name, group.isCreated, group.name, zone])
+        guard group.decisions.last?.decision == .accepted else { return }
+        // What moved: roles, and runs begun or ended at this change's clock.
+        let moved = Set(roles.keys).union(group.roles.keys).filter { roles[$0] != group.roles[$0] }
+        for speaker in moved {
+            if let role = group.roles[speaker] {
+                try db.execute("INSERT INTO group_members (zone, speaker, role) VALUES (?, ?, ?) ON CONFLICT (zone, speaker) DO UPDATE SET role = excluded.role",
+                               [zone, speaker, role.rawValue])
+            } else {
+                try db.execute("DELETE FROM group_members WHERE zone = ? AND speaker = ?", [zone, speaker])
+            }
+            if roles[speaker] == nil {
+                try db.execute("INSERT INTO group_runs (zone, speaker, from_clock, until_clock) VALUES (?, ?, ?, NULL)", [zone, speaker, clock])
+                try follow(speaker)
+            } else if group.roles[speaker] == nil {
+                try db.execute("UPDATE group_runs SET until_clock = ? WHERE zone = ? AND speaker = ? AND until_clock IS NULL", [clock, zone, speaker])
+            }
+        }
+        if let local = localSpeaker, try db.first("SELECT 1 FROM group_runs WHERE zone = ? AND speaker = ?", [zone, local], { _ in true }) != nil {
+            try db.execute("INSERT INTO conversations (zone, other, group_name) VALUES (?, '', ?) ON CONFLICT (zone) DO UPDATE SET group_name = excluded.group_name",
+                           [zone, group.name])
+        }
+        events.append(.conversationChanged(zone))
+        // Messages after this clock were decided without it: those of the speakers whose
+        // membership began or ended (all of them when it is the local speaker's).
+        let joinedOrLeft = moved.filter { (roles[$0] == nil) != (group.roles[$0] == nil) }
+        guard !joinedOrLeft.isEmpty else { return }
+        let everyone = localSpeaker.map(joinedOrLeft.contains) ?? false
+        let later = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND clock > ?", [zone, ChatRecords.messageType, clock]) {
+            try? Record(canonical: $0.blob(0))
+        }
+        for case let message? in later where everyone || joinedOrLeft.contains(message.string("speaker") ?? "") {
+            try redecide(message, zone: zone)
+        }
+    }
+
+    /// The roles of `speakers` in the group now (those not in it left out).
+    private func rolesOf(_ speakers: [String], in zone: String) throws -> [String: GroupMembership.Role] {
+        var roles: [String: GroupMembership.Role] = [:]
+        for speaker in Set(speakers) {
+            if let role = try db.first("SELECT role FROM group_members WHERE zone = ? AND speaker = ?", [zone, speaker], { GroupMembership.Role(rawValue: $0.text(0)) }) ?? nil {
+                roles[speaker] = role
+            }
+        }
+        return roles
+    }
+
+    /// How the rule decides `change` against the group as this store holds it: after the last
+    /// change decided, from the group's tables; otherwise from every change held.
+    func decision(of change: GroupChange, in zone: ZoneName) throws -> GroupMembership.Decision? {
+        if let state = try db.first("SELECT last_clock, last_name, is_created, name FROM group_state WHERE zone = ?", [zone.rawValue], { row in
+               (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3))
+           }), (state.clock, state.name) < (change.clock.rawValue, change.name),
+           var group = GroupMembership(zone: zone, resumingWith: try rolesOf([change.actor] + change.targets, in: zone.rawValue),
+                                       isCreated: state.isCreated, name: state.groupName) {
+            group.insert(change)
+            return group.decisions.last?.decision
+        }
+        let held = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [zone.rawValue, GroupChange.recordType]) { row in
+            (try? Record(canonical: row.blob(0))).flatMap { try? GroupChange(record: $0) }
+        }.compactMap { $0 }
+        return GroupMembership(zone: zone, changes: held + [change])?.decisions.first { $0.change.name == change.name }?.decision
+    }
+
+    /// Shows or holds back one group message by the runs as they stand.
+    private mutating func redecide(_ message: Record, zone: String) throws {
+        let speakerWasMember = try isGroupMember(message.string("speaker") ?? "", zone: zone, at: message.clock)
+        if speakerWasMember, let local = localSpeaker, try isGroupMember(local, zone: zone, at: message.clock) {
+            try db.execute("DELETE FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, message.id.name])
+            let shown = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
+            // Shown again: pending if it is still in the outbox (never "synced" before it is).
+            let queued = try db.first("SELECT 1 FROM ck_outbox WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
+            if !shown || message.isDeleted { try projectMessage(message, origin: queued ? .local : .remote) }
+        } else {
+            try holdBack(message, origin: .remote, speakerWasMember: speakerWasMember)
+        }
+    }
+
     /// Decides a group again from every change it holds (``GroupMembership``): its members and
     /// runs, its conversation (shown once the local speaker has been in it), and every message,
     /// shown or held back by its speaker's membership at its clock — so the view is the same
@@ -370,21 +468,17 @@ struct RecordApplier {
             try db.execute("INSERT INTO conversations (zone, other, group_name) VALUES (?, '', ?) ON CONFLICT (zone) DO UPDATE SET group_name = excluded.group_name",
                            [zone, group.name])
         }
+        if let last = group.decisions.last?.change {
+            try db.execute("""
+                INSERT INTO group_state (zone, last_clock, last_name, is_created, name) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (zone) DO UPDATE SET last_clock = excluded.last_clock, last_name = excluded.last_name,
+                    is_created = excluded.is_created, name = excluded.name
+                """, [zone, Int64(bitPattern: last.clock.rawValue), last.name, group.isCreated, group.name])
+        }
         events.append(.conversationChanged(zone))
         // Every message again, by the runs just decided.
         let messages = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [zone, ChatRecords.messageType]) { try? Record(canonical: $0.blob(0)) }
-        for case let message? in messages {
-            let speakerWasMember = group.isMember(message.string("speaker") ?? "", at: message.clock)
-            if speakerWasMember, let local = localSpeaker, group.isMember(local, at: message.clock) {
-                try db.execute("DELETE FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, message.id.name])
-                let shown = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
-                // Shown again: pending if it is still in the outbox (never "synced" before it is).
-                let queued = try db.first("SELECT 1 FROM ck_outbox WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
-                if !shown || message.isDeleted { try projectMessage(message, origin: queued ? .local : .remote) }
-            } else {
-                try holdBack(message, origin: .remote, speakerWasMember: speakerWasMember)
-            }
-        }
+        for case let message? in messages { try redecide(message, zone: zone) }
     }
 
     /// Follows a speaker: its own zone (profile, devices, revocations) is pulled from now on.
