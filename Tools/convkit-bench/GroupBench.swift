@@ -1,0 +1,70 @@
+import ConversationKit
+import Foundation
+import RecordZone
+
+/// Groups in the store (over an in-memory backend: the store's own cost, not a server's), each
+/// figure beside the same work in the same run where the group is small or a pair: a message sent
+/// in a 1,000-member group against one in a pair; a member pulling 2,000 group messages against
+/// a pair's 2,000; one member added to a 10,000-member group against one added to a 10-member
+/// group. Ratios near 1 mean the group's size costs nothing on that path.
+@MainActor func groupBench(_ reporter: Reporter, seconds: Double) async throws {
+    reporter.header("Groups (the store, in-memory backend)")
+    let root = FileManager.default.temporaryDirectory.path + "/convkit-group-bench-\(UUID().uuidString.prefix(8))"
+    defer { try? FileManager.default.removeItem(atPath: root) }
+    let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
+    let content = "Hello there! This is a message about as long as a chat line usually is."
+    let carol = try ConversationStore(directory: root + "/carol", backend: .memory(server))
+    try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
+
+    // 1. Sends: a 1,000-member group against a pair.
+    let big = try await carol.createGroup(name: "Big", members: ["bob"] + (0..<999).map { "m\($0)" })
+    let groupSends = try await rateAsync(seconds: seconds, batch: 1) {
+        try await carol.send(content, toGroup: big.id)
+        return true
+    }
+    let pairSends = try await rateAsync(seconds: seconds, batch: 1) {
+        try await carol.send(content, to: "bob")
+        return true
+    }
+    reporter.report(Row(name: "send in a 1,000-member group", perSecond: groupSends, rawName: "send in a pair", rawPerSecond: pairSends))
+
+    // 2. A member's pull: 2,000 messages of a 1,000-member group, and 2,000 of a pair, each
+    // through a backend of its own (a store reads every group its backend shows).
+    let pull = 2_000
+    func pulled(_ identifier: String, sent: (ConversationStore) async throws -> Void) async throws -> Double {
+        let backend = InMemoryBackend(policy: ConversationStore.recordPolicy())
+        let sender = try ConversationStore(directory: root + "/sender-\(identifier)", backend: .memory(backend))
+        try await sender.setupLocalSpeaker(identifier: "carol", name: "Carol")
+        try await sent(sender)
+        try await sender.sync()
+        let store = try ConversationStore(directory: root + "/\(identifier)", backend: .memory(backend))
+        try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
+        let start = ContinuousClock.now
+        let report = try await store.sync()
+        return Double(report.pulled) / secondsIn(ContinuousClock.now - start)
+    }
+    let groupPull = try await pulled("dave") { sender in
+        let group = try await sender.createGroup(name: "Pull", members: ["dave"] + (0..<999).map { "p\($0)" })
+        for _ in 0..<pull { try await sender.send(content, toGroup: group.id) }
+    }
+    let pairPull = try await pulled("erin") { sender in
+        for _ in 0..<pull { try await sender.send(content, to: "erin") }
+    }
+    reporter.report(Row(name: "a member's pull of 2,000 group messages (records/s)", perSecond: groupPull, rawName: "of a pair's", rawPerSecond: pairPull))
+
+    // 3. One member added: to a 10,000-member group, against a 10-member group.
+    let huge = try await carol.createGroup(name: "Huge", members: (0..<9_999).map { "h\($0)" })
+    let small = try await carol.createGroup(name: "Small", members: (0..<9).map { "s\($0)" })
+    var next = 0
+    let addHuge = try await rateAsync(seconds: seconds, batch: 1) {
+        next += 1
+        try await carol.addMembers(["x\(next)"], to: huge.id)
+        return true
+    }
+    let addSmall = try await rateAsync(seconds: seconds, batch: 1) {
+        next += 1
+        try await carol.addMembers(["y\(next)"], to: small.id)
+        return true
+    }
+    reporter.report(Row(name: "add one member to a 10,000-member group", perSecond: addHuge, rawName: "to a 10-member group", rawPerSecond: addSmall))
+}
