@@ -6,7 +6,8 @@ import TestSupport
 
 /// Groups in the store, over a shared in-memory backend and a folder: created, messages from
 /// everyone, a member added (who sees what is said from then on), an admin promoted, a member
-/// removed (whose later message nobody shows, and everyone holds in the quarantine), a member
+/// removed (whose later message nobody else shows — everyone holds it in the quarantine — and
+/// their own store shows failed), a member
 /// who leaves — and every store ending with the same members and the same messages.
 @Suite struct GroupStoreTests {
     static let backends: [ChatBackend] = [.memory, .filesystem]
@@ -68,6 +69,12 @@ import TestSupport
             #expect(try store.quarantine().contains { $0.code == .notAMember && $0.zone == trip.id })
         }
         #expect(!(try dave.conversations().isEmpty))
-        #expect(!(try Self.view(dave, trip.id).contains("dave: Am I still here?")))
+        // Dave's own sees it failed, and why: nobody else shows it.
+        let late = try #require(try history(dave, trip.id).first { $0.content == "Am I still here?" })
+        guard case .failed(let failure) = late.syncState else {
+            Issue.record("dave's message after his removal is \(late.syncState)")
+            return
+        }
+        #expect(failure.code == .notInGroup)
     }
 }

@@ -49,6 +49,9 @@ public struct SyncFailure: Sendable, Hashable, CustomStringConvertible {
         case deviceRevoked
         /// The backend refused the version for good; ``SyncFailure/backendCode`` says why.
         case refused
+        /// A group message signed when the local speaker was no longer in the group (removed, or
+        /// left, before its clock): every reader holds it back, so nobody sees it.
+        case notInGroup
     }
 
     public let code: Code
@@ -75,8 +78,8 @@ public struct SyncFailure: Sendable, Hashable, CustomStringConvertible {
     /// From `messages.sync_error_code` and `sync_error` (rows from before the code: `refused`).
     init(storedCode: String?, message: String?) {
         let message = message ?? "refused"
-        if storedCode == Code.deviceRevoked.rawValue {
-            self.init(.deviceRevoked, message: message)
+        if let code = storedCode.flatMap(Code.init(rawValue:)), code != .refused {
+            self.init(code, message: message)
         } else {
             self.init(.refused, backendCode: storedCode.flatMap(RecordZoneError.Code.init(rawValue:)), message: message)
         }

@@ -246,9 +246,11 @@ struct RecordApplier {
         events.append(.conversationChanged(zone))
     }
 
-    private mutating func projectMessage(_ record: Record, origin: Origin) throws {
+    /// - Parameter gated: whether a group's message is first decided by membership (false: it
+    ///   was, and is shown as it is).
+    private mutating func projectMessage(_ record: Record, origin: Origin, gated: Bool = true) throws {
         let zone = record.id.zone.rawValue, name = record.id.name
-        if ChatRecords.isGroupZone(record.id.zone) {
+        if gated, ChatRecords.isGroupZone(record.id.zone) {
             // A group's message shows only if its speaker was a member at its clock; with the
             // group's changes moving in this transaction, that is decided in finish().
             if changedGroups.contains(zone) { return }
@@ -339,6 +341,13 @@ struct RecordApplier {
         } else if !speakerWasMember, !held {
             try quarantine(RejectedRecord(recordID: record.id, reason: .notAMember(identity: record.string("speaker") ?? ""),
                                           source: origin == .local ? "local" : "pull", data: try? record.encoded()))
+        }
+        // The local speaker's own: shown to them as failed (why nobody else sees it), not gone.
+        if !speakerWasMember, !record.isDeleted, let local = localSpeaker, record.string("speaker") == local {
+            try projectMessage(record, origin: origin, gated: false)
+            try fail(MessageID(conversation: zone, name: name),
+                     SyncFailure(.notInGroup, message: "\(local) was not in the group at this message's clock: nobody else sees it"))
+            return
         }
         try db.execute("DELETE FROM messages WHERE zone = ? AND name = ?", [zone, name])
         if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
@@ -433,10 +442,12 @@ struct RecordApplier {
         let speakerWasMember = try isGroupMember(message.string("speaker") ?? "", zone: zone, at: message.clock)
         if speakerWasMember, let local = localSpeaker, try isGroupMember(local, zone: zone, at: message.clock) {
             try db.execute("DELETE FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, message.id.name])
-            let shown = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
+            // Shown, and not as failed for want of membership (which it no longer is).
+            let shown = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ? AND sync_error_code IS NOT ?",
+                                     [zone, message.id.name, SyncFailure.Code.notInGroup.rawValue]) { _ in true } ?? false
             // Shown again: pending if it is still in the outbox (never "synced" before it is).
             let queued = try db.first("SELECT 1 FROM ck_outbox WHERE zone = ? AND name = ?", [zone, message.id.name]) { _ in true } ?? false
-            if !shown || message.isDeleted { try projectMessage(message, origin: queued ? .local : .remote) }
+            if !shown || message.isDeleted { try projectMessage(message, origin: queued ? .local : .remote, gated: false) }
         } else {
             try holdBack(message, origin: .remote, speakerWasMember: speakerWasMember)
         }
