@@ -77,4 +77,33 @@ import TestSupport
         }
         #expect(failure.code == .notInGroup)
     }
+
+    /// A change in the creator's name signed by someone else's key (planted past every save
+    /// check, as a hostile folder writer would): every store quarantines it and nobody's
+    /// membership moves; the same change signed again with another clock than its name says is
+    /// refused too.
+    @Test(arguments: backends)
+    func aForgedChangeInTheCreatorsNameMovesNobody(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let carol = try await fixture.store("carol"), alice = try await fixture.store("alice")
+        let trip = try await carol.createGroup(name: "Trip", members: ["alice"])
+        try await syncAll([carol, alice])
+        let zone = try ZoneName(trip.id)
+        let clock = RecordClock(milliseconds: UInt64(Date().timeIntervalSince1970 * 1000) + 1_000, counter: 0)
+        let forged = GroupChange(name: GroupChange.recordName(actor: "carol", clock: clock, random: "00000000000000aa"), actor: "carol",
+                                 clock: clock, action: .add, targets: ["mallory"])
+        var record = Record(id: try RecordID(zone: zone, name: forged.name), type: GroupChange.recordType, fields: forged.fields)
+        try record.sign(with: SigningKey.generate(), clock: clock)
+        try await fixture.plant(try record.encoded(), in: zone)
+        var rewritten = Record(id: try RecordID(zone: zone, name: GroupChange.recordName(actor: "carol", clock: clock, random: "00000000000000bb")),
+                               type: GroupChange.recordType, fields: forged.fields)
+        try rewritten.sign(with: try fixture.key(of: "carol"), clock: RecordClock(rawValue: clock.rawValue + 1))
+        try await fixture.plant(try rewritten.encoded(), in: zone)
+        try await syncAll([carol, alice])
+        for store in [carol, alice] {
+            #expect(try store.members(of: trip.id).map(\.speaker) == ["carol", "alice"])
+            let held = Set(try store.quarantine().compactMap { $0.zone == trip.id ? $0.name : nil })
+            #expect(held.isSuperset(of: [record.id.name, rewritten.id.name]), "\(held)")
+        }
+    }
 }

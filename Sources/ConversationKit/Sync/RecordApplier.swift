@@ -360,16 +360,12 @@ struct RecordApplier {
     private mutating func applyGroupChange(_ record: Record) throws {
         let zone = record.id.zone.rawValue
         guard !changedGroups.contains(zone), let zoneName = try? ZoneName(zone), let change = try? GroupChange(record: record),
-              let state = try db.first("SELECT last_clock, last_name, is_created, name FROM group_state WHERE zone = ?", [zone], { row in
-                  (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3))
-              }), (state.clock, state.name) < (change.clock.rawValue, change.name)
+              var group = try resumed(zoneName, before: change)
         else {
             changedGroups.insert(zone)
             return
         }
-        // The rule reads only the roles of the change's actor and targets.
-        let roles = try rolesOf([change.actor] + change.targets, in: zone)
-        guard var group = GroupMembership(zone: zoneName, resumingWith: roles, isCreated: state.isCreated, name: state.groupName) else { return }
+        let roles = group.roles
         group.insert(change)
         let clock = Int64(bitPattern: change.clock.rawValue)
         try db.execute("UPDATE group_state SET last_clock = ?, last_name = ?, is_created = ?, name = ? WHERE zone = ?",
@@ -420,14 +416,21 @@ struct RecordApplier {
         return roles
     }
 
+    /// The group as its tables hold it, ready to decide `change` — when `change` comes after the
+    /// last change decided (nil otherwise). The rule reads only the roles of the change's actor
+    /// and targets, so only those are loaded.
+    private func resumed(_ zone: ZoneName, before change: GroupChange) throws -> GroupMembership? {
+        guard let state = try db.first("SELECT last_clock, last_name, is_created, name FROM group_state WHERE zone = ?", [zone.rawValue], { row in
+                  (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3))
+              }), (state.clock, state.name) < (change.clock.rawValue, change.name)
+        else { return nil }
+        return GroupMembership(zone: zone, resumingWith: try rolesOf([change.actor] + change.targets, in: zone.rawValue), isCreated: state.isCreated, name: state.groupName)
+    }
+
     /// How the rule decides `change` against the group as this store holds it: after the last
     /// change decided, from the group's tables; otherwise from every change held.
     func decision(of change: GroupChange, in zone: ZoneName) throws -> GroupMembership.Decision? {
-        if let state = try db.first("SELECT last_clock, last_name, is_created, name FROM group_state WHERE zone = ?", [zone.rawValue], { row in
-               (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3))
-           }), (state.clock, state.name) < (change.clock.rawValue, change.name),
-           var group = GroupMembership(zone: zone, resumingWith: try rolesOf([change.actor] + change.targets, in: zone.rawValue),
-                                       isCreated: state.isCreated, name: state.groupName) {
+        if var group = try resumed(zone, before: change) {
             group.insert(change)
             return group.decisions.last?.decision
         }
