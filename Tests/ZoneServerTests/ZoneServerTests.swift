@@ -2,6 +2,7 @@ import ConversationKit
 import Foundation
 @testable import RecordZone
 import StorageTestSupport
+import Synchronization
 import Testing
 import TestSupport
 @testable import ZoneServer
@@ -14,6 +15,20 @@ extension Result where Failure == RecordZoneError {
 }
 
 @Suite struct ZoneServerTests {
+
+    /// A replay that reaches the server a minute later by its clock (still within the skew) is
+    /// refused: the nonce is kept under the request's signed time, which the replay carries, not
+    /// under the server's minute (a full run once answered such a replay 200).
+    @Test func aReplayAcrossAMinuteOfTheServersClockIsRefused() async throws {
+        let clock = Mutex(Date(timeIntervalSince1970: 1_800_000_059.5))
+        let fixture = try ServerFixture { $0.now = { clock.withLock { $0 } } }
+        let signedAt = clock.withLock { $0 }, nonce = Sodium.randomBytes(16)
+        let first = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice, now: signedAt, nonce: nonce)
+        #expect(first.status == 200)
+        clock.withLock { $0 = $0.addingTimeInterval(1) }
+        let replayed = try await fixture.signed("GET", "/v1/zones", identity: "alice", key: Keys.alice, now: signedAt, nonce: nonce)
+        #expect(replayed.status == 401 && replayed.errorCode == "notAuthenticated", "\(replayed.status) \(replayed.text)")
+    }
 
     @Test func everyAuthenticationFailureIs401() async throws {
         let fixture = try ServerFixture()

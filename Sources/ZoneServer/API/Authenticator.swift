@@ -30,6 +30,9 @@ final class Authenticator: Sendable {
         var key: Data
         /// The key and the request's nonce: seen twice, the request is a replay.
         var nonce: Data
+        /// The time the request was signed at (what the signature covers, so a replay carries
+        /// it too): the nonce is kept under it. The server's own clock would file a replay that
+        /// comes a minute later under another minute, where the nonce was never seen.
         var time: Date
     }
 
@@ -96,7 +99,8 @@ final class Authenticator: Sendable {
             return nil
         }
         if let outcome { throw outcome }
-        return Authenticated(identity: credentials.identity, key: credentials.publicKey, nonce: credentials.publicKey + credentials.nonce, time: clock)
+        return Authenticated(identity: credentials.identity, key: credentials.publicKey, nonce: credentials.publicKey + credentials.nonce,
+                             time: Date(timeIntervalSince1970: Double(credentials.timestamp) / 1000))
     }
 
     /// Admits the device certificate a newly linked device sends with its requests, so its key
