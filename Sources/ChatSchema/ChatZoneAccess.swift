@@ -4,7 +4,9 @@ import RecordZone
 /// and every speaker's own zone (`s-<h(identifier)>`: profile, devices, revocations); each
 /// speaker writes only its own zone and its own directory entry. A conversation zone is
 /// readable and writable only by its two participants (its name says who they are), who alone
-/// may delete it. Nobody deletes the directory or a speaker's zone. Anything else is closed,
+/// may delete it. A group's zone is read and written as its membership says (``GroupAccess``);
+/// only its creator makes it, and nobody deletes it. Nobody deletes the directory or a speaker's
+/// zone. Anything else is closed,
 /// and everything is to an identity that breaks the identifier rule
 /// (``ChatRecords/isValidIdentifier(_:)``): nobody can squat a look-alike of someone.
 public struct ChatZoneAccess: ZoneAccessPolicy {
@@ -12,7 +14,7 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
 
     public func canRead(zone: ZoneName, as identity: String) -> Bool {
         guard ChatRecords.isValidIdentifier(identity) else { return false }
-        return zone == ChatRecords.speakersZone || ChatRecords.isSpeakerZone(zone) || ChatRecords.isParticipant(identity, in: zone)
+        return zone == ChatRecords.speakersZone || ChatRecords.isSpeakerZone(zone) || ChatRecords.isParticipant(identity, in: zone) || ChatRecords.isGroupZone(zone)
     }
 
     public func canWrite(_ record: Record, as identity: String) -> Bool {
@@ -21,14 +23,18 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
             return record.recordType == ChatRecords.speakerType && record.id.name == identity
         }
         return record.id.zone == ChatRecords.speakerZone(identity) || ChatRecords.isParticipant(identity, in: record.id.zone)
+            || ChatRecords.isGroupZone(record.id.zone)
     }
 
     public func canCreate(zone: ZoneName, as identity: String) -> Bool {
         guard ChatRecords.isValidIdentifier(identity) else { return false }
         return zone == ChatRecords.speakersZone || zone == ChatRecords.speakerZone(identity) || ChatRecords.isParticipant(identity, in: zone)
+            || GroupMembership.creatorHash(of: zone) == ChatRecords.identityHash(identity)
     }
 
     public func canDelete(zone: ZoneName, as identity: String) -> Bool {
         ChatRecords.isValidIdentifier(identity) && ChatRecords.isParticipant(identity, in: zone)
     }
+
+    public var governance: (any ZoneGovernance)? { GroupAccess() }
 }

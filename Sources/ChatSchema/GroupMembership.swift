@@ -39,19 +39,23 @@ public struct GroupChange: Sendable, Hashable {
     public let targets: [String]
     /// The group's name, for create and rename.
     public let groupName: String?
+    /// What members added later may read, for create (nil: ``GroupMembership/History/sinceAdded``).
+    public let history: GroupMembership.History?
 
     public static let recordType = "GroupChange"
     public static let namePrefix = "gc."
     /// The longest group name, in UTF-8 bytes.
     public static let maximumNameBytes = 256
 
-    public init(name: String, actor: String, clock: RecordClock, action: Action, targets: [String] = [], groupName: String? = nil) {
+    public init(name: String, actor: String, clock: RecordClock, action: Action, targets: [String] = [], groupName: String? = nil,
+                history: GroupMembership.History? = nil) {
         self.name = name
         self.actor = actor
         self.clock = clock
         self.action = action
         self.targets = targets
         self.groupName = groupName
+        self.history = action == .create ? history : nil
     }
 
     /// The record name for a change by `actor` at `clock`, with `random` (16 hex characters)
@@ -97,8 +101,15 @@ public struct GroupChange: Sendable, Hashable {
                 throw .shape("\(raw) needs a name of 1-\(Self.maximumNameBytes) bytes")
             }
         }
+        var history: GroupMembership.History?
+        if let field = record.fields["history"] {
+            guard action == .create, let raw = field.stringValue, let setting = GroupMembership.History(rawValue: raw) else {
+                throw .shape("history is set only by create, to \(GroupMembership.History.allCases.map { "'\($0.rawValue)'" }.joined(separator: " or "))")
+            }
+            history = setting
+        }
         self.init(name: record.id.name, actor: actor, clock: record.clock, action: action, targets: targets,
-                  groupName: action == .create || action == .rename ? groupName : nil)
+                  groupName: action == .create || action == .rename ? groupName : nil, history: history)
     }
 
     /// ASCII hex digits only (names compare bytewise in every language: no look-alike digits).
@@ -111,6 +122,7 @@ public struct GroupChange: Sendable, Hashable {
         var fields: [String: FieldValue] = ["actor": .string(actor), "action": .string(action.rawValue)]
         if !targets.isEmpty { fields["targets"] = .list(targets.map { .string($0) }) }
         if let groupName { fields["name"] = .string(groupName) }
+        if let history { fields["history"] = .string(history.rawValue) }
         return fields
     }
 
@@ -158,6 +170,16 @@ public struct GroupMembership: Sendable, Equatable {
         private var rank: Int { switch self { case .member: 0; case .admin: 1; case .creator: 2 } }
     }
 
+    /// What a member reads of what was said outside their membership, set once by the group's
+    /// `create`: a reader (a store showing messages, a server serving them) applies it alike.
+    public enum History: String, Sendable, CaseIterable {
+        /// What was said while they were in the group: from the change that added them to the
+        /// one that ended their membership (the default).
+        case sinceAdded = "since-added"
+        /// Everything said before their membership ended, from the group's start.
+        case all
+    }
+
     /// How a change was decided.
     public enum Decision: Sendable, Equatable {
         case accepted
@@ -179,6 +201,8 @@ public struct GroupMembership: Sendable, Equatable {
     public private(set) var roles: [String: Role] = [:]
     /// The group's name now (nil before its creation).
     public private(set) var name: String?
+    /// What members read of what was said outside their membership (set by the `create`).
+    public private(set) var history: History = .sinceAdded
     /// Every change held, in the order decided, with its decision.
     public private(set) var decisions: [(change: GroupChange, decision: Decision)] = []
     /// Each speaker's runs of membership, in order.
@@ -187,7 +211,7 @@ public struct GroupMembership: Sendable, Equatable {
     private var held = Set<String>()
 
     public static func == (a: GroupMembership, b: GroupMembership) -> Bool {
-        a.creatorHash == b.creatorHash && a.isCreated == b.isCreated && a.roles == b.roles && a.name == b.name && a.runs == b.runs
+        a.creatorHash == b.creatorHash && a.isCreated == b.isCreated && a.roles == b.roles && a.name == b.name && a.history == b.history && a.runs == b.runs
             && a.decisions.map(\.change) == b.decisions.map(\.change) && a.decisions.map(\.decision) == b.decisions.map(\.decision)
     }
 
@@ -218,12 +242,13 @@ public struct GroupMembership: Sendable, Equatable {
     /// The state after some changes, taken up again without them (a store that kept the roles,
     /// whether the group was created and its name): ``insert(_:)`` then decides changes that
     /// come after those in the order. Runs and decisions start empty.
-    public init?(zone: ZoneName, resumingWith roles: [String: Role], isCreated: Bool, name: String?) {
+    public init?(zone: ZoneName, resumingWith roles: [String: Role], isCreated: Bool, name: String?, history: History = .sinceAdded) {
         guard let creatorHash = Self.creatorHash(of: zone) else { return nil }
         self.creatorHash = creatorHash
         self.roles = roles
         self.isCreated = isCreated
         self.name = name
+        self.history = history
     }
 
     /// Takes one more change: decided at once when it comes after every change held (the usual
@@ -250,6 +275,25 @@ public struct GroupMembership: Sendable, Equatable {
         runs[speaker]?.contains { $0.from < clock && ($0.until.map { clock < $0 } ?? true) } ?? false
     }
 
+    /// Whether `reader` reads a version of the group's (not a change: every change is read by
+    /// anyone who was ever in the group) at `clock`: inside one of its runs; or, when the group
+    /// keeps ``History/all``, at any clock before its last run ended. Nobody never in the group
+    /// reads anything.
+    public func mayRead(_ reader: String, at clock: RecordClock) -> Bool {
+        guard let runs = runs[reader], let last = runs.last else { return false }
+        switch history {
+        case .sinceAdded: return isMember(reader, at: clock)
+        case .all: return last.until.map { clock < $0 } ?? true
+        }
+    }
+
+    /// Whether a change of this name is held.
+    public func holds(_ changeName: String) -> Bool { held.contains(changeName) }
+
+    /// How `change` would be decided against the group as it stands after every change held —
+    /// what a server asks of a change when it arrives, beside the rule at its clock.
+    public func decisionNow(_ change: GroupChange) -> Decision { judge(change) }
+
     /// Admins now, the creator included.
     public var admins: Set<String> { Set(roles.filter { $0.value >= .admin }.keys) }
 
@@ -263,6 +307,7 @@ public struct GroupMembership: Sendable, Equatable {
         case .create:
             isCreated = true
             name = change.groupName
+            history = change.history ?? .sinceAdded
             join(change.actor, as: .creator, at: change.clock)
             for target in change.targets where roles[target] == nil { join(target, as: .member, at: change.clock) }
         case .add:

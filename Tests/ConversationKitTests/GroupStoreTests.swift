@@ -4,13 +4,14 @@ import Foundation
 import Testing
 import TestSupport
 
-/// Groups in the store, over a shared in-memory backend and a folder: created, messages from
+/// Groups in the store, over every backend (a shared in-memory one, a folder, a zone server on
+/// SQLite, two zone servers on one PostgreSQL database): created, messages from
 /// everyone, a member added (who sees what is said from then on), an admin promoted, a member
 /// removed (whose later message nobody else shows — everyone holds it in the quarantine — and
 /// their own store shows failed), a member
 /// who leaves — and every store ending with the same members and the same messages.
 @Suite struct GroupStoreTests {
-    static let backends: [ChatBackend] = [.memory, .filesystem]
+    static let backends = ChatBackend.allCases
 
     static func view(_ store: ConversationStore, _ group: String) throws -> [String] {
         try history(store, group).map { "\($0.speaker): \($0.content)" }
@@ -21,7 +22,8 @@ import TestSupport
         let fixture = try await ChatFixture(kind)
         let names = ["carol", "alice", "bob", "dave", "erin"]
         var stores: [String: ConversationStore] = [:]
-        for name in names { stores[name] = try await fixture.store(name) }
+        // With PostgreSQL, half the stores go through a second server on the same database.
+        for (index, name) in names.enumerated() { stores[name] = try await fixture.store(name, onSecondServer: index % 2 == 1) }
         let carol = try #require(stores["carol"]), alice = try #require(stores["alice"]), bob = try #require(stores["bob"])
         let dave = try #require(stores["dave"]), erin = try #require(stores["erin"])
         let all = names.compactMap { stores[$0] }
@@ -66,9 +68,13 @@ import TestSupport
         let shown = four + ["erin: Hello all"]
         for store in [carol, alice] {
             #expect(Set(try Self.view(store, trip.id)) == Set(shown))
-            #expect(try store.quarantine().contains { $0.code == .notAMember && $0.zone == trip.id })
+            // A folder or a shared backend carries it, and every reader holds it back; a zone
+            // server refuses it (dave is not in the group when it arrives): nobody gets it.
+            #expect(try store.quarantine().contains { $0.code == .notAMember && $0.zone == trip.id } == !kind.isServer)
         }
         #expect(!(try dave.conversations().isEmpty))
+        // What dave may still read: what was said while he was in the group (his store keeps it).
+        #expect(Set(try Self.view(dave, trip.id)) == Set(shown + ["dave: Am I still here?"]))
         // Dave's own sees it failed, and why: nobody else shows it.
         let late = try #require(try history(dave, trip.id).first { $0.content == "Am I still here?" })
         guard case .failed(let failure) = late.syncState else {
@@ -78,11 +84,34 @@ import TestSupport
         #expect(failure.code == .notInGroup)
     }
 
+    /// A group that keeps its history: bob, added later, reads what was said before (a zone
+    /// server serves it to him); alice, removed, keeps what she read and reads nothing said
+    /// after her removal.
+    @Test(arguments: backends)
+    func aGroupThatKeepsItsHistoryShowsItToThoseAddedLater(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let carol = try await fixture.store("carol"), alice = try await fixture.store("alice"), bob = try await fixture.store("bob", onSecondServer: true)
+        let club = try await carol.createGroup(name: "Club", members: ["alice"], history: .all)
+        try await carol.send("Before bob", toGroup: club.id)
+        try await alice.sync()
+        try await syncAll([carol, alice, bob])
+        #expect(try bob.conversations().isEmpty)
+        try await carol.addMembers(["bob"], to: club.id)
+        try await syncAll([carol, alice, bob])
+        #expect(try Self.view(bob, club.id) == ["carol: Before bob"])
+        try await carol.removeMember("alice", from: club.id)
+        try await carol.send("After alice", toGroup: club.id)
+        try await syncAll([carol, alice, bob])
+        #expect(try Self.view(bob, club.id) == ["carol: Before bob", "carol: After alice"])
+        #expect(try Self.view(alice, club.id) == ["carol: Before bob"])
+        #expect(try alice.members(of: club.id).map(\.speaker) == ["carol", "bob"])
+    }
+
     /// A change in the creator's name signed by someone else's key (planted past every save
     /// check, as a hostile folder writer would): every store quarantines it and nobody's
     /// membership moves; the same change signed again with another clock than its name says is
     /// refused too.
-    @Test(arguments: backends)
+    @Test(arguments: [ChatBackend.memory, .filesystem])
     func aForgedChangeInTheCreatorsNameMovesNobody(_ kind: ChatBackend) async throws {
         let fixture = try await ChatFixture(kind)
         let carol = try await fixture.store("carol"), alice = try await fixture.store("alice")
@@ -104,6 +133,58 @@ import TestSupport
             #expect(try store.members(of: trip.id).map(\.speaker) == ["carol", "alice"])
             let held = Set(try store.quarantine().compactMap { $0.zone == trip.id ? $0.name : nil })
             #expect(held.isSuperset(of: [record.id.name, rewritten.id.name]), "\(held)")
+        }
+    }
+
+    /// A zone server refuses each forgery a member or an outsider can send with its own key —
+    /// a plain member adding someone, a removed member adding themself back, someone never in
+    /// the group adding themself, a member promoting themself — and stores nothing of them;
+    /// an old `add` sent again after a removal is the same change, and moves nobody.
+    @Test(arguments: ChatBackend.allCases.filter(\.isServer))
+    func aServerRefusesEveryForgedChange(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let carol = try await fixture.store("carol"), alice = try await fixture.store("alice"), dave = try await fixture.store("dave")
+        let mallory = try await fixture.store("mallory")
+        let trip = try await carol.createGroup(name: "Trip", members: ["alice", "dave"])
+        try await syncAll([carol, alice, dave, mallory])
+        let zone = try ZoneName(trip.id)
+        let addDave = try #require(try await fixture.rawBackend("carol", key: try fixture.key(of: "carol")).fetchChanges(in: zone, since: nil, limit: 100)
+            .records.first { (try? GroupChange(record: $0))?.action == .create })
+        try await carol.removeMember("dave", from: trip.id)
+        try await syncAll([carol, alice, dave, mallory])
+
+        var random = 0
+        func change(_ actor: String, _ action: GroupChange.Action, _ targets: [String]) throws -> Record {
+            random += 1
+            let clock = RecordClock(milliseconds: UInt64(Date().timeIntervalSince1970 * 1000), counter: UInt16(random))
+            let change = GroupChange(name: GroupChange.recordName(actor: actor, clock: clock, random: String(format: "%016x", random)), actor: actor,
+                                     clock: clock, action: action, targets: targets)
+            var record = Record(id: try RecordID(zone: zone, name: change.name), type: GroupChange.recordType, fields: change.fields)
+            try record.sign(with: try fixture.key(of: actor), clock: clock)
+            return record
+        }
+        let forgeries = [("alice", try change("alice", .add, ["mallory"])), ("dave", try change("dave", .add, ["dave"])),
+                         ("mallory", try change("mallory", .add, ["mallory"])), ("alice", try change("alice", .promote, ["alice"]))]
+        for (sender, record) in forgeries {
+            let results = try await fixture.rawBackend(sender, key: try fixture.key(of: sender)).save([record], policy: .merge)
+            guard case .failure(let error) = try #require(results.first) else {
+                Issue.record("the server stored \(sender)'s \(record.id.name)")
+                continue
+            }
+            #expect(error.code == .notAuthorized, "\(sender): \(error)")
+        }
+        // The creation (which made dave a member) sent again by dave: held already, nothing new.
+        let replayed = try await fixture.rawBackend("dave", key: try fixture.key(of: "dave")).save([addDave], policy: .merge)
+        if case .failure(let error) = try #require(replayed.first) { Issue.record("the same change again was refused: \(error)") }
+        try await syncAll([carol, alice, dave, mallory])
+        for store in [carol, alice, dave] {
+            #expect(try store.members(of: trip.id).map(\.speaker) == ["carol", "alice"])
+            #expect(try store.members(of: trip.id).map(\.role) == [.creator, .member])
+        }
+        // Never in the group: mallory reads nothing of it, and is not told it exists.
+        #expect(try mallory.conversations().isEmpty)
+        await #expect(throws: RecordZoneError.self) {
+            _ = try await fixture.rawBackend("mallory", key: try fixture.key(of: "mallory")).fetchChanges(in: zone, since: nil, limit: 100)
         }
     }
 }

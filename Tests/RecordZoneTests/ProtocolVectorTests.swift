@@ -50,11 +50,19 @@ import Testing
                 var action: String
                 var targets: [String]
                 var groupName: String?
+                /// A `create`'s history setting, when it sets one.
+                var history: String?
             }
             struct MemberAt: Codable, Equatable {
                 var speaker: String
                 var clock: String
                 var member: Bool
+            }
+            /// Whether a reader reads a version of the group's (not a change) at a clock.
+            struct ReadAt: Codable, Equatable {
+                var reader: String
+                var clock: String
+                var reads: Bool
             }
             var description: String
             var zone: String
@@ -65,6 +73,7 @@ import Testing
             var roles: [String: String]
             var groupName: String?
             var memberAt: [MemberAt]
+            var readAt: [ReadAt]
         }
         /// Bytes every reader refuses, and why (the decoder's words).
         struct RefusedVector: Codable, Equatable {
@@ -84,14 +93,15 @@ import Testing
     /// Carol's group: two admins who remove each other, a change dated before the creation, a
     /// creation by someone the zone does not name, a removal of the creator, a change by a
     /// demoted admin, a rename, a leave — arriving newest first.
-    static func groupVector() throws -> Vectors.GroupVector {
+    /// - Parameter history: the creation's history setting (nil: none set, the default).
+    static func groupVector(history: GroupMembership.History? = nil) throws -> Vectors.GroupVector {
         let zone = try #require(GroupMembership.zone(creator: "carol", random: "00112233aabbccdd"))
         var salt = 0
         func change(_ actor: String, _ ms: UInt64, _ action: GroupChange.Action, _ targets: [String] = [], name: String? = nil) -> GroupChange {
             salt += 1
             let clock = RecordClock(milliseconds: 1_700_000_000_000 + ms, counter: 0)
             return GroupChange(name: GroupChange.recordName(actor: actor, clock: clock, random: String(format: "%016x", salt)), actor: actor, clock: clock,
-                               action: action, targets: targets, groupName: name)
+                               action: action, targets: targets, groupName: name, history: action == .create ? history : nil)
         }
         let changes = [
             change("carol", 100, .create, ["alice", "bob"], name: "Trip"), change("carol", 110, .promote, ["alice"]), change("carol", 111, .promote, ["bob"]),
@@ -104,12 +114,17 @@ import Testing
         let group = try #require(GroupMembership(zone: zone, changes: arrived))
         let at = { (ms: UInt64) in String(RecordClock(milliseconds: 1_700_000_000_000 + ms, counter: 0).rawValue) }
         let memberAt = [("bob", 150, true), ("bob", 200, false), ("dave", 160, false), ("dave", 161, true), ("dave", 230, false), ("alice", 300, true), ("erin", 300, false)]
-        return .init(description: "carol's group g-<h(carol)>-00112233aabbccdd, its changes arriving newest first",
+        let readAt = [("dave", 50, false), ("dave", 161, true), ("dave", 229, true), ("dave", 231, false), ("alice", 99, false), ("alice", 300, true),
+                      ("bob", 150, true), ("bob", 250, false), ("erin", 150, false), ("frank", 150, false)]
+        let clock = { (ms: Int) in RecordClock(milliseconds: 1_700_000_000_000 + UInt64(ms), counter: 0) }
+        return .init(description: "carol's group g-<h(carol)>-00112233aabbccdd\(history.map { " (history: \($0.rawValue))" } ?? ""), its changes arriving newest first",
                      zone: zone.rawValue,
-                     arrived: arrived.map { .init(name: $0.name, clock: String($0.clock.rawValue), actor: $0.actor, action: $0.action.rawValue, targets: $0.targets, groupName: $0.groupName) },
+                     arrived: arrived.map { .init(name: $0.name, clock: String($0.clock.rawValue), actor: $0.actor, action: $0.action.rawValue, targets: $0.targets,
+                                                  groupName: $0.groupName, history: $0.history?.rawValue) },
                      decided: group.decisions.map(\.change.name), accepted: group.decisions.map { $0.decision == .accepted },
                      roles: group.roles.mapValues(\.rawValue), groupName: group.name,
-                     memberAt: memberAt.map { .init(speaker: $0.0, clock: at(UInt64($0.1)), member: group.isMember($0.0, at: RecordClock(milliseconds: 1_700_000_000_000 + UInt64($0.1), counter: 0))) })
+                     memberAt: memberAt.map { .init(speaker: $0.0, clock: at(UInt64($0.1)), member: group.isMember($0.0, at: RecordClock(milliseconds: 1_700_000_000_000 + UInt64($0.1), counter: 0))) },
+                     readAt: readAt.map { .init(reader: $0.0, clock: String(clock($0.1).rawValue), reads: group.mayRead($0.0, at: clock($0.1))) })
     }
 
     static func computed() throws -> Vectors {
@@ -176,7 +191,7 @@ import Testing
             .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
                   introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,
                   signedHex: Introduction.signed(introduced: "bob", key: bob.publicKey, introducer: "alice").hexString, text: introduction.text),
-        ], groups: [try groupVector()], refused: [
+        ], groups: [try groupVector(), try groupVector(history: .all)], refused: [
             refused("a field key not in NFC: e + U+0301 (65 CC 81)", handmade([([0x65, 0xCC, 0x81], "a")])),
             refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
             refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
@@ -212,6 +227,11 @@ import Testing
             let refusedActions = zip(vector.decided, vector.accepted).filter { !$0.1 }.compactMap { name in vector.arrived.first { $0.name == name.0 } }
             #expect(refusedActions.map { "\($0.actor) \($0.action)" } == ["mallory create", "carol add", "alice remove", "bob remove", "dave add", "alice add"])
             #expect(vector.memberAt.map(\.member) == [true, false, false, true, false, true, false])
+            // Runs: alice and carol from 100 on, bob 100–200, dave 160–230. Since added: inside a
+            // run; all: before the reader's last run ended.
+            let history = vector.arrived.compactMap(\.history).first
+            #expect(vector.readAt.map(\.reads) == (history == "all" ? [true, true, true, false, true, true, true, false, false, false]
+                                                                     : [false, true, true, false, false, true, true, false, false, false]))
             // Decoded from the readable values alone, as another client would.
             let changes = try vector.arrived.map { change in
                 var record = Record(id: try RecordID(zone: try ZoneName(vector.zone), name: change.name), type: GroupChange.recordType, fields: [
@@ -219,11 +239,14 @@ import Testing
                 ])
                 if !change.targets.isEmpty { record.fields["targets"] = .list(change.targets.map { .string($0) }) }
                 if let name = change.groupName { record.fields["name"] = .string(name) }
+                if let history = change.history { record.fields["history"] = .string(history) }
                 record.clock = RecordClock(rawValue: try #require(UInt64(change.clock)))
                 return try GroupChange(record: record)
             }
             let group = try #require(GroupMembership(zone: try ZoneName(vector.zone), changes: changes))
             #expect(group.decisions.map(\.change.name) == vector.decided && group.roles.mapValues(\.rawValue) == vector.roles)
+            #expect(group.history.rawValue == (history ?? "since-added"))
+            #expect(vector.readAt.allSatisfy { group.mayRead($0.reader, at: RecordClock(rawValue: UInt64($0.clock) ?? 0)) == $0.reads })
         }
         for vector in stored.refused {
             #expect(throws: RecordDecodingError.self, "\(vector.description)") { try Record(canonical: try #require(Data(hexString: vector.hex))) }

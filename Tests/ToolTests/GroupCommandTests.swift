@@ -49,5 +49,14 @@ import TestSupport
         // Dave joined after both: from when he was added, he sees nothing of before.
         #expect(!(try await ok(["messages", id] + store("dave")).out.contains("tent")))
         #expect(try await ok(["conversations"] + store("carol")).out.contains("Trip (group)"))
+        // A group that keeps its history: dave, added later, reads what was said before.
+        let wrong = try await ConvkitTests.convkit(["group", "create", "--name", "Club", "--history", "some"] + store("carol"))
+        #expect(wrong.status == 64 && wrong.err.contains("--history is since-added or all"), "\(wrong.err)")
+        let club = try await ok(["group", "create", "--name", "Club", "--member", "alice", "--history", "all"] + store("carol")).out
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        _ = try await ok(["send", club, "Before dave", "--sync"] + store("carol"))
+        _ = try await ok(["group", "add", "Club", "--member", "dave", "--sync"] + store("carol"))
+        _ = try await ok(["sync"] + store("dave"))
+        #expect(try await ok(["messages", club] + store("dave")).out.contains("Carol (carol): Before dave"))
     }
 }

@@ -10,7 +10,8 @@ enum GroupCommands {
 
     static let all: [ToolCommand] = [
         ToolCommand(Command("convkit group create", "Create a group, with you as its creator.",
-                            options: [.valued("name", "name", "The group's name (required)."), .valued("member", "id", "A speaker to put in it.", repeats: true)]
+                            options: [.valued("name", "name", "The group's name (required)."), .valued("member", "id", "A speaker to put in it.", repeats: true),
+                                      .valued("history", "rule", "What members added later read: since-added (the default: from when they are added) or all (what was said before too). Set once.")]
                                 + Targets.storeOptions + [.flag("sync", "Sync right after."), Targets.json]), run: create),
         ToolCommand(Command("convkit group add", "Add speakers to a group (an admin's change).",
                             positionals: [group], options: [.valued("member", "id", "A speaker to add (required).", repeats: true)] + Targets.storeOptions + [.flag("sync", "Sync right after.")]),
@@ -58,7 +59,11 @@ enum GroupCommands {
     static func create(_ context: Context) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         guard let name = context.arguments.value("name") else { throw UsageError("--name is required") }
-        let group = try await store.createGroup(name: name, members: context.arguments.all("member"))
+        let history = try context.arguments.value("history").map { text in
+            guard let history = GroupMembership.History(rawValue: text) else { throw UsageError("--history is since-added or all") }
+            return history
+        } ?? .sinceAdded
+        let group = try await store.createGroup(name: name, members: context.arguments.all("member"), history: history)
         if context.arguments.has("sync") { try await store.sync() }
         if context.json { try Output.json(["id": group.id, "name": name]) } else { Output.line(group.id) }
     }

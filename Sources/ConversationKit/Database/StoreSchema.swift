@@ -96,6 +96,10 @@ enum StoreSchema {
             CREATE TABLE group_state (zone TEXT PRIMARY KEY, last_clock INTEGER NOT NULL, last_name TEXT NOT NULL,
                 is_created INTEGER NOT NULL, name TEXT) STRICT;
             """),
+        // Version 9: what members read of what was said outside their membership (§3.1 history).
+        Migration(version: 9, sql: """
+            ALTER TABLE group_state ADD COLUMN history TEXT NOT NULL DEFAULT 'since-added';
+            """),
     ]
 }
 

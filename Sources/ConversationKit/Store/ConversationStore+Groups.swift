@@ -16,16 +16,21 @@ import SQLiteKit
 /// from the changes they hold.
 extension ConversationStore {
     /// Creates a group named `name`, with the local speaker as its creator and `members` in it.
+    /// - Parameter history: what members added later read of what was said before they were
+    ///   added: nothing (``GroupMembership/History/sinceAdded``, the default, as Signal and
+    ///   WhatsApp groups) or everything (``GroupMembership/History/all``, as a Matrix room's
+    ///   shared history). Set once, for the group's life.
     /// - Throws: ``ConversationError/Code/invalidIdentifier`` for a member's identifier, or an
     ///   empty or over-long name (256 bytes).
     @discardableResult
-    public func createGroup(name: String, members: [String]) async throws(ConversationError) -> Conversation {
+    public func createGroup(name: String, members: [String], history: GroupMembership.History = .sinceAdded) async throws(ConversationError) -> Conversation {
         let local = try requireIdentity()
         for member in members { try ChatRecords.validate(identifier: member) }
         guard let zone = GroupMembership.zone(creator: local.identifier, random: Sodium.randomBytes(8).hexString) else {
             throw ConversationError(.database, "cannot name a group zone")
         }
-        try await change(.create, targets: Array(Set(members).subtracting([local.identifier])).sorted(), groupName: name, in: zone.rawValue)
+        try await change(.create, targets: Array(Set(members).subtracting([local.identifier])).sorted(), groupName: name,
+                         history: history == .sinceAdded ? nil : history, in: zone.rawValue)
         return try read { db in try Self.group(db, zone.rawValue, local: local.identifier) }
     }
 
@@ -116,7 +121,8 @@ extension ConversationStore {
 
     /// Signs one change at a clock of its own (the one its name carries), after checking it
     /// against the rule as the store holds the group, and commits it with its outbox entry.
-    private func change(_ action: GroupChange.Action, targets: [String] = [], groupName: String? = nil, in group: String) async throws(ConversationError) {
+    private func change(_ action: GroupChange.Action, targets: [String] = [], groupName: String? = nil, history: GroupMembership.History? = nil,
+                        in group: String) async throws(ConversationError) {
         let local = try requireIdentity()
         if let groupName, groupName.isEmpty || groupName.utf8.count > GroupChange.maximumNameBytes {
             throw ConversationError(.invalidIdentifier, "a group's name is 1-\(GroupChange.maximumNameBytes) bytes")
@@ -125,7 +131,7 @@ extension ConversationStore {
         try await write { applier in
             let clock = self.clock.now()
             let change = GroupChange(name: GroupChange.recordName(actor: local.identifier, clock: clock, random: Sodium.randomBytes(8).hexString),
-                                     actor: local.identifier, clock: clock, action: action, targets: targets, groupName: groupName)
+                                     actor: local.identifier, clock: clock, action: action, targets: targets, groupName: groupName, history: history)
             if case .refused(let why) = try applier.decision(of: change, in: zone) {
                 throw ConversationError(.notAllowedInGroup, "\(why) (\(group))")
             }

@@ -258,7 +258,7 @@ struct RecordApplier {
                 try holdBack(record, origin: origin, speakerWasMember: false)
                 return
             }
-            guard let local = localSpeaker, try isGroupMember(local, zone: zone, at: record.clock) else {
+            guard try localMayRead(zone: zone, at: record.clock) else {
                 try holdBack(record, origin: origin, speakerWasMember: true)
                 return
             }
@@ -329,6 +329,19 @@ struct RecordApplier {
             """, [zone, speaker, at, at]) { _ in true } ?? false
     }
 
+    /// Whether the local speaker reads a group's version at `clock` (``GroupMembership/mayRead(_:at:)``):
+    /// inside one of its runs, or — when the group keeps its whole history — before its last
+    /// run ended.
+    func localMayRead(zone: String, at clock: RecordClock) throws -> Bool {
+        guard let local = localSpeaker else { return false }
+        let history = try db.first("SELECT history FROM group_state WHERE zone = ?", [zone]) { GroupMembership.History(rawValue: $0.text(0)) } ?? nil
+        guard history == .all else { return try isGroupMember(local, zone: zone, at: clock) }
+        let at = Int64(bitPattern: clock.rawValue)
+        guard let last = try db.first("SELECT until_clock FROM group_runs WHERE zone = ? AND speaker = ? ORDER BY from_clock DESC LIMIT 1", [zone, local],
+                                      { $0.optionalInt(0) }) else { return false }
+        return last.map { at < $0 } ?? true
+    }
+
     /// A group message not shown: kept (a change that decides otherwise may still come). When
     /// its speaker was not a member at its clock, it is in the quarantine to say why; when only
     /// the local speaker was not (a message from before they joined or after they left), it is
@@ -397,7 +410,10 @@ struct RecordApplier {
         let joinedOrLeft = moved.filter { (roles[$0] == nil) != (group.roles[$0] == nil) }
         guard !joinedOrLeft.isEmpty else { return }
         let everyone = localSpeaker.map(joinedOrLeft.contains) ?? false
-        let later = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND clock > ?", [zone, ChatRecords.messageType, clock]) {
+        // With the whole history kept, the local speaker's joining again shows what was said
+        // before this clock too.
+        let from = everyone && group.history == .all ? Int64.min : clock
+        let later = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND clock > ?", [zone, ChatRecords.messageType, from]) {
             try? Record(canonical: $0.blob(0))
         }
         for case let message? in later where everyone || joinedOrLeft.contains(message.string("speaker") ?? "") {
@@ -420,11 +436,13 @@ struct RecordApplier {
     /// last change decided (nil otherwise). The rule reads only the roles of the change's actor
     /// and targets, so only those are loaded.
     private func resumed(_ zone: ZoneName, before change: GroupChange) throws -> GroupMembership? {
-        guard let state = try db.first("SELECT last_clock, last_name, is_created, name FROM group_state WHERE zone = ?", [zone.rawValue], { row in
-                  (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3))
+        guard let state = try db.first("SELECT last_clock, last_name, is_created, name, history FROM group_state WHERE zone = ?", [zone.rawValue], { row in
+                  (clock: UInt64(bitPattern: row.int(0)), name: row.text(1), isCreated: row.int(2) != 0, groupName: row.optionalText(3),
+                   history: GroupMembership.History(rawValue: row.text(4)) ?? .sinceAdded)
               }), (state.clock, state.name) < (change.clock.rawValue, change.name)
         else { return nil }
-        return GroupMembership(zone: zone, resumingWith: try rolesOf([change.actor] + change.targets, in: zone.rawValue), isCreated: state.isCreated, name: state.groupName)
+        return GroupMembership(zone: zone, resumingWith: try rolesOf([change.actor] + change.targets, in: zone.rawValue), isCreated: state.isCreated,
+                               name: state.groupName, history: state.history)
     }
 
     /// How the rule decides `change` against the group as this store holds it: after the last
@@ -443,7 +461,7 @@ struct RecordApplier {
     /// Shows or holds back one group message by the runs as they stand.
     private mutating func redecide(_ message: Record, zone: String) throws {
         let speakerWasMember = try isGroupMember(message.string("speaker") ?? "", zone: zone, at: message.clock)
-        if speakerWasMember, let local = localSpeaker, try isGroupMember(local, zone: zone, at: message.clock) {
+        if speakerWasMember, try localMayRead(zone: zone, at: message.clock) {
             try db.execute("DELETE FROM ck_quarantine WHERE zone = ? AND name = ? AND code = 'notAMember'", [zone, message.id.name])
             // Shown, and not as failed for want of membership (which it no longer is).
             let shown = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ? AND sync_error_code IS NOT ?",
@@ -484,10 +502,10 @@ struct RecordApplier {
         }
         if let last = group.decisions.last?.change {
             try db.execute("""
-                INSERT INTO group_state (zone, last_clock, last_name, is_created, name) VALUES (?, ?, ?, ?, ?)
+                INSERT INTO group_state (zone, last_clock, last_name, is_created, name, history) VALUES (?, ?, ?, ?, ?, ?)
                 ON CONFLICT (zone) DO UPDATE SET last_clock = excluded.last_clock, last_name = excluded.last_name,
-                    is_created = excluded.is_created, name = excluded.name
-                """, [zone, Int64(bitPattern: last.clock.rawValue), last.name, group.isCreated, group.name])
+                    is_created = excluded.is_created, name = excluded.name, history = excluded.history
+                """, [zone, Int64(bitPattern: last.clock.rawValue), last.name, group.isCreated, group.name, group.history.rawValue])
         }
         events.append(.conversationChanged(zone))
         // Every message again, by the runs just decided.

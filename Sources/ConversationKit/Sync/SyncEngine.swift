@@ -246,7 +246,9 @@ actor SyncEngine {
                     }
                 }
             }
-            if let refusal = try await ensureZonesExist(Set(records.map(\.id.zone))) {
+            // A group's zone is made by its creator only; a member writes into it as it is.
+            let own = Set(records.map(\.id.zone)).filter { GroupMembership.creatorHash(of: $0).map { $0 == ChatRecords.identityHash(localSpeaker) } ?? true }
+            if let refusal = try await ensureZonesExist(own) {
                 throw try await refusedAuthentication(refusal, sending: sent, signedBy: Set(records.map(\.authorKey)))
             }
             let answer: SaveAnswer

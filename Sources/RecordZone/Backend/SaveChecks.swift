@@ -116,10 +116,13 @@ package enum SaveChecks {
     /// policy against the version held (`held`: the stored winner, or why the record cannot be
     /// stored there, e.g. its zone is missing; a version earlier in the batch counts as held),
     /// then ``settle(_:storing:admission:policy:)`` over what is left to store.
+    /// - Parameter gate: refuses more of the admitted versions (a server's access rule that
+    ///   the zone's own records decide), given the admission's outcomes.
     package static func plan<E: Error>(_ records: [Record], verified: [Result<Data, RecordZoneError>]? = nil, savePolicy: SavePolicy, policy: RecordPolicy,
+                                       gate: (([Result<Data, RecordZoneError>]) throws(E) -> [Result<Data, RecordZoneError>])? = nil,
                                        held: (Record) throws(E) -> Result<Record?, RecordZoneError>) throws(E) -> Plan {
         let admission = decideOwnership(records, verified: verified ?? verify(records, policy: policy), policy: policy)
-        let admitted = admission.outcomes
+        let admitted = try gate.map { gate throws(E) in try gate(admission.outcomes) } ?? admission.outcomes
         var decisions = [Decision](), pending = [RecordID: Record]()
         for (record, outcome) in zip(records, admitted) {
             switch try held(record) {

@@ -9,6 +9,9 @@ public protocol ZoneAccessPolicy: Sendable {
     func canCreate(zone: ZoneName, as identity: String) -> Bool
     /// Whether `identity` may delete `zone` and everything in it.
     func canDelete(zone: ZoneName, as identity: String) -> Bool
+    /// The zones whose own records decide who may use them (``ZoneGovernance``), beyond what
+    /// the methods above allow: nil when there are none.
+    var governance: (any ZoneGovernance)? { get }
 }
 
 /// Any authenticated identity may read and write any zone; only record ownership limits writes.
@@ -37,4 +40,46 @@ public struct ReplicatingZoneAccess: ZoneAccessPolicy {
     public func canWrite(_ record: Record, as identity: String) -> Bool { replicators.contains(identity) || base.canWrite(record, as: identity) }
     public func canCreate(zone: ZoneName, as identity: String) -> Bool { replicators.contains(identity) || base.canCreate(zone: zone, as: identity) }
     public func canDelete(zone: ZoneName, as identity: String) -> Bool { !replicators.contains(identity) && base.canDelete(zone: zone, as: identity) }
+    /// The base's; replicators pass it (``isReplicator(_:)``): they copy what members signed,
+    /// in whatever order it comes, and every reader decides it by the rule.
+    public var governance: (any ZoneGovernance)? { base.governance }
+    public func isReplicator(_ identity: String) -> Bool { replicators.contains(identity) }
+}
+
+/// Access to zones whose own records say who may use them — a chat group's zone, by its signed
+/// membership changes. A server decides it from the zone's **governing records** as it holds
+/// them (never from memory alone, so servers sharing a database agree): a write inside the
+/// save's transaction, so a removal and the removed member's next message are decided in one
+/// order; a read version by version, by type and clock.
+public protocol ZoneGovernance: Sendable {
+    /// The type of the records that govern `zone`, or nil when nothing in it does.
+    func governingType(of zone: ZoneName) -> String?
+    /// What the zone's governing records decide (`governing`: every one held, in any order).
+    func decide(_ zone: ZoneName, governing: [Record]) -> any GovernedZone
+}
+
+/// What a governed zone's records decide: who may write what now, and who may read which versions.
+public protocol GovernedZone: Sendable {
+    /// Nil when `identity` may save `record` (owned by `owner`) now, otherwise why not. A
+    /// governing record that may be saved is taken into the state (the caller keeps it only if
+    /// the record is stored).
+    mutating func admit(_ record: Record, owner: String?, as identity: String) -> String?
+    /// Which stored versions `identity` may read, or nil when it may not read the zone at all.
+    func readable(by identity: String) -> ReadableVersions?
+}
+
+/// Which versions of a zone one reader may read, by their type and clock (what a server's rows
+/// hold without decoding).
+public struct ReadableVersions: Sendable {
+    public let allows: @Sendable (_ type: String, _ clock: RecordClock) -> Bool
+
+    public init(_ allows: @escaping @Sendable (_ type: String, _ clock: RecordClock) -> Bool) { self.allows = allows }
+
+    /// Every version.
+    public static let all = ReadableVersions { _, _ in true }
+}
+
+extension ZoneAccessPolicy {
+    /// The zones whose own records decide access (none by default).
+    public var governance: (any ZoneGovernance)? { nil }
 }

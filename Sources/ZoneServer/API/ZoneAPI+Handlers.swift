@@ -16,7 +16,7 @@ extension ZoneAPI {
                 + storage.metricsText()
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:
-            let zones = try await storage.zones().filter { access.canRead(zone: $0, as: identity) }
+            let zones = try await readable(try await storage.zones().filter { access.canRead(zone: $0, as: identity) }, identity)
             return .json(Wire.Zones(zones: zones.map(\.rawValue)))
         case .createZone, .deleteZone:
             let zone = try zoneParameter(matched)
@@ -32,13 +32,13 @@ extension ZoneAPI {
             let token = try tokenParameter(request)
             let access = self.access
             let changes = try await storage.fetchDatabaseChanges(since: token) { access.canRead(zone: $0, as: identity) }
-            return .json(changes)
+            return .json(try await readable(changes, identity))
         case .zoneChanges:
-            let zone = try readableZone(matched, identity)
+            let (zone, versions) = try await readableZone(matched, identity)
             let limit = try Self.pageLimit(try intParameter(request, "limit"), default: 200)
-            return wire(try await storage.changes(in: zone, since: try tokenParameter(request), limit: limit), for: request)
+            return wire(try await storage.changes(in: zone, since: try tokenParameter(request), limit: limit, readable: versions), for: request)
         case .waitForChanges:
-            let zone = try readableZone(matched, identity)
+            let (zone, _) = try await readableZone(matched, identity)
             let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))
             let changed = try await storage.waitForChanges(in: zone, since: try tokenParameter(request), timeout: .milliseconds(Int(max(0, seconds) * 1000)))
             return .json(Wire.Wait(changed: changed))
@@ -65,7 +65,11 @@ extension ZoneAPI {
                 }
             }
             let access = self.access
-            let saved = try await storage.save(allowed.map(\.1), policy: body.policy ?? .merge, feedSince: body.since) { access.canRead(zone: $0, as: identity) }
+            // A replicator copies what members signed, in whatever order it comes: readers decide it by the rule.
+            let gate = isReplicator(identity) ? nil : access.governance.map { SaveGate(governance: $0, identity: identity) }
+            var saved = try await storage.save(allowed.map(\.1), policy: body.policy ?? .merge, feedSince: body.since,
+                                               visibleTo: { access.canRead(zone: $0, as: identity) }, gate: gate)
+            if let feed = saved.catchUp.database { saved.catchUp.database = try await readable(feed, identity) }
             for ((index, _), result) in zip(allowed, saved.results) { results[index] = result }
             let outcomes = zip(results, body.records).map { result, sent in
                 Wire.Outcome(result ?? .failure(RecordZoneError(.internalError, "no result")), sent: sent.bytes)
@@ -90,15 +94,24 @@ extension ZoneAPI {
                 }
                 readable.append((index, recordID))
             }
-            for ((index, _), result) in zip(readable, try await storage.stored(readable.map(\.1))) {
+            let versions = try await readableVersions(of: Array(Set(readable.map(\.1.zone))), identity)
+            for ((index, id), result) in zip(readable, try await storage.stored(readable.map(\.1))) {
                 switch result {
-                case .success(let signed): outcomes[index] = Wire.Outcome(record: signed)
+                case .success(let signed):
+                    if let versions = versions[id.zone] {
+                        // A governed zone: only versions this reader may read (decoded to tell their type and clock).
+                        guard let versions, let record = try? signed.decoded(), versions.allows(record.recordType, record.clock) else {
+                            outcomes[index] = Wire.Outcome(.failure(RecordZoneError(.notAuthorized, "'\(identity)' may not read \(id)", recordID: id)))
+                            continue
+                        }
+                    }
+                    outcomes[index] = Wire.Outcome(record: signed)
                 case .failure(let error): outcomes[index] = Wire.Outcome(.failure(error))
                 }
             }
             return wire(Wire.Outcomes(results: outcomes.map { $0 ?? Wire.Outcome(.failure(RecordZoneError(.internalError, "no result"))) }), for: request)
         case .query:
-            let zone = try readableZone(matched, identity)
+            let (zone, versions) = try await readableZone(matched, identity)
             let body = try decode(Wire.Query.self, request, canonical: true)
             let cursor = try body.cursor.map { text throws(APIError) -> QueryCursor in
                 guard let data = Data(base64Encoded: text) else { throw APIError(.invalidArguments, "cursor is not base64") }
@@ -106,7 +119,7 @@ extension ZoneAPI {
             }
             let result = try await storage.query(RecordQuery(zone: zone, recordType: body.recordType, predicates: body.predicates ?? [], sort: body.sort ?? []),
                                                  cursor: cursor, limit: try Self.pageLimit(body.limit, default: 100))
-            let records = result.records.compactMap { try? Wire.SignedRecord($0) }
+            let records = result.records.filter { versions?.allows($0.recordType, $0.clock) ?? true }.compactMap { try? Wire.SignedRecord($0) }
             return wire(Wire.QueryResults(records: records, cursor: result.cursor?.data.base64EncodedString()), for: request)
         case .putAsset:
             let expected = try assetParameter(matched, size: UInt64(request.body.count))
@@ -177,11 +190,36 @@ extension ZoneAPI {
         return zone
     }
 
-    private func readableZone(_ matched: Route.Matched, _ identity: String) throws(APIError) -> ZoneName {
+    /// The zone a read names, with the versions `identity` may read of it (nil: all), or 403.
+    private func readableZone(_ matched: Route.Matched, _ identity: String) async throws -> (ZoneName, ReadableVersions?) {
         let zone = try zoneParameter(matched)
         guard access.canRead(zone: zone, as: identity) else { throw forbidden(identity, zone) }
-        return zone
+        guard let versions = try await readableVersions(of: [zone], identity)[zone] else { return (zone, nil) }
+        guard let versions else { throw forbidden(identity, zone) }
+        return (zone, versions)
     }
+
+    /// For each governed zone among `zones` that exists, the versions `identity` may read of it
+    /// (nil: none), as its governing records stand (``ZoneGovernance``); other zones are left
+    /// out. A replicator reads everything.
+    private func readableVersions(of zones: [ZoneName], _ identity: String) async throws(RecordZoneError) -> [ZoneName: ReadableVersions?] {
+        guard let governance = access.governance, !isReplicator(identity), zones.contains(where: { governance.governingType(of: $0) != nil }) else { return [:] }
+        return try await storage.governed(zones, by: governance).mapValues { $0.readable(by: identity) }
+    }
+
+    /// `zones` without the governed ones `identity` may not read at all.
+    private func readable(_ zones: [ZoneName], _ identity: String) async throws(RecordZoneError) -> [ZoneName] {
+        let versions = try await readableVersions(of: zones, identity)
+        return zones.filter { zone in versions[zone].map { $0 != nil } ?? (access.governance?.governingType(of: zone) == nil) }
+    }
+
+    /// A database feed without the governed zones `identity` may not read at all.
+    private func readable(_ changes: DatabaseChanges, _ identity: String) async throws(RecordZoneError) -> DatabaseChanges {
+        DatabaseChanges(changedZones: try await readable(changes.changedZones, identity), deletedZones: try await readable(changes.deletedZones, identity),
+                        token: changes.token)
+    }
+
+    private func isReplicator(_ identity: String) -> Bool { configuration.replicators[identity] != nil }
 
     private func forbidden(_ identity: String, _ zone: ZoneName) -> APIError {
         APIError(.notAuthorized, "'\(identity)' may not use zone '\(zone)'")

@@ -74,15 +74,15 @@ extension PostgresZoneStorage {
 
     // MARK: Changes
 
-    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes {
+    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int, readable: ReadableVersions?) async throws(RecordZoneError) -> Wire.Changes {
         let limit = BackendLimits.clampPage(limit)
         // The position is read from the token first; its zone and incarnation are checked
         // against the zone row read in the same statement.
         let claimed = try token.map { token throws(RecordZoneError) in Int64(bitPattern: SequencePosition.decode(try TokenContents(token, expecting: .zone, backend: Self.kind).position)) } ?? 0
         let rows = try await run { db in
             try db.execute("""
-                SELECT z.incarnation, z.sequence, r.record, r.sequence, r.received_at FROM ck_zones z
-                LEFT JOIN LATERAL (SELECT record, sequence, received_at FROM ck_records WHERE zone = z.name AND sequence > $2 ORDER BY sequence LIMIT $3) r ON true
+                SELECT z.incarnation, z.sequence, r.record, r.sequence, r.received_at, r.type, r.clock FROM ck_zones z
+                LEFT JOIN LATERAL (SELECT record, sequence, received_at, type, clock FROM ck_records WHERE zone = z.name AND sequence > $2 ORDER BY sequence LIMIT $3) r ON true
                 WHERE z.name = $1 ORDER BY r.sequence
                 """, [.text(zone.rawValue), .int(claimed), .int(Int64(limit + 1))])
         }
@@ -90,17 +90,18 @@ extension PostgresZoneStorage {
             throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
         }
         _ = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: zoneSequence)
-        var records = [Wire.SignedRecord]()
+        var records = [(signed: Wire.SignedRecord, type: String, clock: RecordClock)]()
         for row in 0..<rows.count {
-            guard let bytes = rows.bytes(row, 2), let sequence = rows.int(row, 3) else { continue }
-            records.append(Wire.SignedRecord(bytes: bytes, changeTag: String(sequence), receivedAt: rows.int(row, 4)))
+            guard let bytes = rows.bytes(row, 2), let sequence = rows.int(row, 3), let type = rows.text(row, 5), let clock = rows.int(row, 6) else { continue }
+            records.append((Wire.SignedRecord(bytes: bytes, changeTag: String(sequence), receivedAt: rows.int(row, 4)), type, RecordClock(rawValue: UInt64(bitPattern: clock))))
         }
         let moreComing = records.count > limit
         let page = Array(records.prefix(limit))
         // One statement, one snapshot: the zone's sequence covers every record it showed.
-        let position = moreComing ? (page.last?.changeTag.flatMap { Int64($0) } ?? zoneSequence) : zoneSequence
+        let position = moreComing ? (page.last?.signed.changeTag.flatMap { Int64($0) } ?? zoneSequence) : zoneSequence
         let next = TokenContents(kind: .zone, backend: Self.kind, zone: zone.rawValue, incarnation: incarnation, position: SequencePosition.encode(UInt64(bitPattern: position)))
-        return Wire.Changes(records: page, token: next.token, moreComing: moreComing)
+        // Versions the reader may not read are left out; the token still passes them.
+        return Wire.Changes(records: page.filter { readable?.allows($0.type, $0.clock) ?? true }.map(\.signed), token: next.token, moreComing: moreComing)
     }
 
     /// Answers `true` only once the zone moved past `token` (or was deleted, or recreated): a wake

@@ -8,7 +8,7 @@ extension PostgresZoneStorage {
     // MARK: Records
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy, feedSince token: ChangeToken?,
-                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer {
+                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool, gate: SaveGate?) async throws(RecordZoneError) -> SaveAnswer {
         try BackendLimits.checkBatch(records.count)
         let feedPosition = token.flatMap { try? TokenContents.databasePosition($0, backend: Self.kind, instance: instance) }
         for _ in 0..<4 {
@@ -22,7 +22,7 @@ extension PostgresZoneStorage {
             let known = knownVersions(changed.subtracting(owners)).merging(knownOwners) { $1 }
             do {
                 let (answer, written, stored) = try await pool.withConnection { db in
-                    try self.store(records, (admitted, admission), savePolicy, pins: owners.union(changed), known: known, feedSince: feedPosition, in: db)
+                    try self.store(records, (admitted, admission), savePolicy, pins: owners.union(changed), known: known, feedSince: feedPosition, gate: gate, in: db)
                 }
                 recordWritten(written)
                 policy.pins.publish(stored)
@@ -48,26 +48,43 @@ extension PostgresZoneStorage {
     /// chains of exactly the versions stored (``SaveChecks/settle(_:storing:admission:policy:)``) are
     /// checked against `known` and written (``agreePins``); the second round trip writes
     /// records, index rows and the zones' positions, notifies the other servers, reads the
-    /// database feed since `feedSince` (the catch-up), and commits.
+    /// database feed since `feedSince` (the catch-up), and commits. With a `gate`, the first
+    /// round trip also reads where each governed zone's governing records stand (under the
+    /// zone's lock, so a removal and the removed member's message are decided in one order on
+    /// every server), and versions the gate refuses are refused before they are decided.
     /// - Returns: per record the outcome with the catch-up, the pin versions written, and the
     ///   chains to publish.
     func store(_ records: [Record], _ admission: (outcomes: [Result<Data, RecordZoneError>], pins: PinChanges), _ savePolicy: SavePolicy,
-               pins: Set<String>, known: [String: Int64], feedSince: Int64?, in db: PostgresConnection) throws -> (SaveAnswer, [String: Int64], PinChanges) {
+               pins: Set<String>, known: [String: Int64], feedSince: Int64?, gate: SaveGate?, in db: PostgresConnection) throws -> (SaveAnswer, [String: Int64], PinChanges) {
         var reads: [(sql: String, parameters: [PostgresValue])] = [("BEGIN", [])]
         if !pins.isEmpty { reads.append((Self.lockPins, [.textArray(pins.sorted())])) }
         reads.append(("SELECT name, sequence, incarnation FROM ck_zones WHERE name = ANY($1) ORDER BY name FOR UPDATE", [.textArray(Set(records.map(\.id.zone.rawValue)).sorted())]))
         reads.append(("""
             SELECT r.zone, r.name, r.record, r.sequence, r.received_at FROM ck_records r JOIN unnest($1::text[], $2::text[]) AS k(zone, name) ON r.zone = k.zone AND r.name = k.name
             """, [.textArray(records.map(\.id.zone.rawValue)), .textArray(records.map(\.id.name))]))
+        let governedZones = (gate?.governedZones(of: records) ?? [:]).sorted { $0.key < $1.key }
+        if !governedZones.isEmpty {
+            reads.append(("""
+                SELECT k.zone, (SELECT coalesce(max(sequence), 0) FROM ck_records r WHERE r.zone = k.zone AND r.type = k.type) FROM unnest($1::text[], $2::text[]) AS k(zone, type)
+                """, [.textArray(governedZones.map(\.key.rawValue)), .textArray(governedZones.map(\.value))]))
+        }
         do {
             let read = try db.pipeline(reads)
-            let zoneRows = read[read.count - 2]
+            let currentIndex = governedZones.isEmpty ? read.count - 1 : read.count - 2
+            let zoneRows = read[currentIndex - 1]
             var outcomes = admission.outcomes
-            var (results, writes, storing, after) = decide(records, outcomes, savePolicy, zones: zoneRows, current: read[read.count - 1])
+            var governedStates = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark](), takenIn = [Int]()
+            if let gate, !governedZones.isEmpty {
+                (governedStates, marks) = try states(of: Dictionary(uniqueKeysWithValues: governedZones), governance: gate.governance, zones: zoneRows,
+                                                     marks: read[read.count - 1], in: db)
+                let gated = gate.apply(records, outcomes: outcomes, states: governedStates) { try? self.policy.rules.owner(of: $0)?.get() }
+                (outcomes, governedStates, takenIn) = gated
+            }
+            var (results, writes, storing, after) = decide(records, outcomes, savePolicy, zones: zoneRows, current: read[currentIndex])
             let (refused, settled) = SaveChecks.settle(records, storing: storing, admission: admission, policy: policy)
             if !refused.isEmpty {
                 for (index, error) in refused { outcomes[index] = .failure(error) }
-                (results, writes, _, after) = decide(records, outcomes, savePolicy, zones: zoneRows, current: read[read.count - 1])
+                (results, writes, storing, after) = decide(records, outcomes, savePolicy, zones: zoneRows, current: read[currentIndex])
             }
             let written = pins.isEmpty ? [:] : try agreePins(pins, known: known, changed: settled.chains, locked: read[1], in: db)
             // The zones are locked until the commit: between each one's position before and
@@ -84,10 +101,70 @@ extension PostgresZoneStorage {
             let feed = feedSince.map { (Self.feedStatement, [PostgresValue.int($0)]) }
             let wrote = try db.pipeline(writes + (feed.map { [$0] } ?? []) + [("COMMIT", [])])
             if let feedSince, wrote.count >= 2 { catchUp.database = try? self.feed(wrote[wrote.count - 2], since: feedSince, isInitial: false) }
+            if let gate, !governedStates.isEmpty {
+                var stored = [Int: Int64]()
+                for index in storing { if case .success(let saved) = results[index], let tag = saved.serverMetadata?.changeTag, let sequence = Int64(tag) { stored[index] = sequence } }
+                governed.settle(records, gate: gate, states: governedStates, marks: marks, takenIn: takenIn, stored: stored)
+            }
             return (SaveAnswer(results: results, catchUp: catchUp), written, settled)
         } catch {
             _ = try? db.execute("ROLLBACK")
             throw error
+        }
+    }
+
+    /// The states of governed zones (`zones`: each with its governing type), given the locked
+    /// zone rows (name, sequence, incarnation) and the marks read with them (zone, highest
+    /// governing sequence): from memory where the mark holds, otherwise decided from the records
+    /// (read under the same locks).
+    func states(of zones: [ZoneName: String], governance: any ZoneGovernance, zones zoneRows: PostgresRows, marks markRows: PostgresRows,
+                in db: PostgresConnection) throws -> (states: [ZoneName: any GovernedZone], marks: [ZoneName: GoverningMark]) {
+        var incarnations = [String: String]()
+        for row in 0..<zoneRows.count { if let name = zoneRows.text(row, 0), let incarnation = zoneRows.text(row, 2) { incarnations[name] = incarnation } }
+        var states = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark]()
+        for row in 0..<markRows.count {
+            guard let name = markRows.text(row, 0), let sequence = markRows.int(row, 1), let incarnation = incarnations[name],
+                  let zone = try? ZoneName(name), let type = zones[zone] else { continue }
+            let mark = GoverningMark(incarnation: incarnation, sequence: sequence)
+            marks[zone] = mark
+            states[zone] = try governed.state(of: zone, at: mark) ?? governance.decide(zone, governing: Self.governingRecords(of: zone, type: type, in: db))
+        }
+        return (states, marks)
+    }
+
+    /// A zone's governing records, as stored.
+    static func governingRecords(of zone: ZoneName, type: String, in db: PostgresConnection) throws -> [Record] {
+        let rows = try db.execute("SELECT record FROM ck_records WHERE zone = $1 AND type = $2", [.text(zone.rawValue), .text(type)])
+        return (0..<rows.count).compactMap { rows.bytes($0, 0).flatMap { try? Record(canonical: $0) } }
+    }
+
+    public func governed(_ zones: [ZoneName], by governance: any ZoneGovernance) async throws(RecordZoneError) -> [ZoneName: any GovernedZone] {
+        let types = zones.reduce(into: [ZoneName: String]()) { types, zone in if let type = governance.governingType(of: zone) { types[zone] = type } }.sorted { $0.key < $1.key }
+        guard !types.isEmpty else { return [:] }
+        let typeOf = Dictionary(uniqueKeysWithValues: types)
+        return try await run { db in
+            try db.transaction { () throws in
+                // One snapshot: each zone's mark, then (where memory has none at it) its records.
+                try db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                let rows = try db.execute("""
+                    SELECT z.name, z.incarnation, (SELECT coalesce(max(sequence), 0) FROM ck_records r WHERE r.zone = k.zone AND r.type = k.type)
+                    FROM unnest($1::text[], $2::text[]) AS k(zone, type) JOIN ck_zones z ON z.name = k.zone
+                    """, [.textArray(types.map(\.key.rawValue)), .textArray(types.map(\.value))])
+                var states = [ZoneName: any GovernedZone]()
+                for row in 0..<rows.count {
+                    guard let name = rows.text(row, 0), let incarnation = rows.text(row, 1), let sequence = rows.int(row, 2),
+                          let zone = try? ZoneName(name), let type = typeOf[zone] else { continue }
+                    let mark = GoverningMark(incarnation: incarnation, sequence: sequence)
+                    if let state = self.governed.state(of: zone, at: mark) {
+                        states[zone] = state
+                    } else {
+                        let state = governance.decide(zone, governing: try Self.governingRecords(of: zone, type: type, in: db))
+                        self.governed.keep(state, of: zone, at: mark)
+                        states[zone] = state
+                    }
+                }
+                return states
+            }
         }
     }
 

@@ -48,6 +48,7 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     }
     let pinVersions = Mutex(PinVersions())
     let nonceClaims = Atomic<Int>(0)
+    let governed = GovernedZoneCache()
 
     static let migrations: [(version: Int, sql: String)] = [
         (1, """
@@ -85,6 +86,11 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
                 INSERT INTO ck_nonces (nonce, seen_at) VALUES (claimed, now) ON CONFLICT (nonce) DO NOTHING;
                 RETURN FOUND;
             END $$;
+            """),
+        // Version 2: a governed zone's mark (the highest sequence of its governing type) is one seek.
+        (2, """
+            CREATE INDEX ck_records_by_type_sequence ON ck_records (zone, type, sequence);
+            DROP INDEX ck_records_by_type;
             """),
     ]
 

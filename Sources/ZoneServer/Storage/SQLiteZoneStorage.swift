@@ -22,6 +22,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     let instance: String
     let waiters = ChangeWaiters()
     let nonces = NonceMemory()
+    let governed = GovernedZoneCache()
 
     static let migrations = [
         Migration(version: 1, sql: """
@@ -52,6 +53,11 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         Migration(version: 4, sql: """
             CREATE INDEX zones_by_change ON zones (changed_at);
             CREATE INDEX deleted_zones_by_time ON deleted_zones (deleted_at);
+            """),
+        // Version 5: a governed zone's mark (the highest sequence of its governing type) is one seek.
+        Migration(version: 5, sql: """
+            CREATE INDEX records_by_type_sequence ON records (zone, type, sequence);
+            DROP INDEX records_by_type;
             """),
     ]
 
@@ -152,22 +158,60 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
 
     // MARK: Changes
 
-    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes {
+    public func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int, readable: ReadableVersions?) async throws(RecordZoneError) -> Wire.Changes {
         let limit = BackendLimits.clampPage(limit)
         let (incarnation, zoneSequence, rows) = try await read { db in
             guard let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) else {
                 throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist")
             }
             let since = try TokenContents.zoneSequence(token, backend: Self.kind, zone: zone, incarnation: incarnation, current: sequence)
-            let rows = try db.rows("SELECT record, sequence, received_at FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
-                                   [zone.rawValue, since, limit + 1]) { Wire.SignedRecord(bytes: $0.blob(0), changeTag: String($0.int(1)), receivedAt: $0.int(2)) }
+            let rows = try db.rows("SELECT record, sequence, received_at, type, clock FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT ?",
+                                   [zone.rawValue, since, limit + 1]) { row in
+                (signed: Wire.SignedRecord(bytes: row.blob(0), changeTag: String(row.int(1)), receivedAt: row.int(2)), sequence: row.int(1), type: row.text(3),
+                 clock: RecordClock(rawValue: UInt64(bitPattern: row.int(4))))
+            }
             return (incarnation, sequence, rows)
         }
         let moreComing = rows.count > limit
         let page = Array(rows.prefix(limit))
-        let position = moreComing ? (page.last?.changeTag.flatMap { Int64($0) } ?? 0) : zoneSequence
+        let position = moreComing ? (page.last?.sequence ?? 0) : zoneSequence
         let next = TokenContents(kind: .zone, backend: Self.kind, zone: zone.rawValue, incarnation: incarnation, position: SequencePosition.encode(UInt64(position)))
-        return Wire.Changes(records: page, token: next.token, moreComing: moreComing)
+        // Versions the reader may not read are left out; the token still passes them.
+        let records = page.filter { readable?.allows($0.type, $0.clock) ?? true }.map(\.signed)
+        return Wire.Changes(records: records, token: next.token, moreComing: moreComing)
+    }
+
+    public func governed(_ zones: [ZoneName], by governance: any ZoneGovernance) async throws(RecordZoneError) -> [ZoneName: any GovernedZone] {
+        var types = [ZoneName: String]()
+        for zone in zones { if let type = governance.governingType(of: zone) { types[zone] = type } }
+        guard !types.isEmpty else { return [:] }
+        let found = types
+        return try await read { db in try self.governedStates(found, governance: governance, keep: true, in: db).states }
+    }
+
+    /// The states of governed zones (`zones`: each with its governing type) as stored in `db`,
+    /// with their marks: from memory where the mark holds, otherwise decided from the records.
+    /// A zone that does not exist has neither.
+    /// - Parameter keep: keep what was decided (only from a read: a write's own transaction may
+    ///   still roll back).
+    private func governedStates(_ zones: [ZoneName: String], governance: any ZoneGovernance, keep: Bool,
+                                in db: Database) throws -> (states: [ZoneName: any GovernedZone], marks: [ZoneName: GoverningMark]) {
+        var states = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark]()
+        for (zone, type) in zones {
+            guard let incarnation = try db.first("SELECT incarnation FROM zones WHERE name = ?", [zone.rawValue], { $0.text(0) }) else { continue }
+            let sequence = try db.first("SELECT coalesce(max(sequence), 0) FROM records WHERE zone = ? AND type = ?", [zone.rawValue, type]) { $0.int(0) } ?? 0
+            let mark = GoverningMark(incarnation: incarnation, sequence: sequence)
+            marks[zone] = mark
+            if let state = governed.state(of: zone, at: mark) {
+                states[zone] = state
+            } else {
+                let records = try db.rows("SELECT record FROM records WHERE zone = ? AND type = ?", [zone.rawValue, type]) { try? Record(canonical: $0.blob(0)) }
+                let state = governance.decide(zone, governing: records.compactMap { $0 })
+                if keep { governed.keep(state, of: zone, at: mark) }
+                states[zone] = state
+            }
+        }
+        return (states, marks)
     }
 
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
@@ -190,7 +234,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     // MARK: Records
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy, feedSince token: ChangeToken?,
-                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer {
+                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool, gate: SaveGate?) async throws(RecordZoneError) -> SaveAnswer {
         try BackendLimits.checkBatch(records.count)
         // Signatures before the transaction (in parallel); ownership inside it, where saves
         // take turns, so each decides against the pins the one before it stored.
@@ -199,12 +243,24 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         let instance = self.instance
         let feedPosition = token.flatMap { try? TokenContents.databasePosition($0, backend: Self.kind, instance: instance) }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let (answer, touched, _) = try await writeGrouped({ db in
+        let (answer, touched, _, _) = try await writeGrouped({ db in
             var results = [Result<Record, RecordZoneError>]()
             // Each zone's sequence is read once and written back once, after the batch.
             var zones = [ZoneName: (incarnation: String, before: Int64)](), sequences = [ZoneName: Int64]()
             var missing = Set<ZoneName>(), touched = Set<ZoneName>()
-            let plan = try SaveChecks.plan(records, verified: verified, savePolicy: savePolicy, policy: policy) { record in
+            // Governed zones: their states as stored, decided under the writer's lock.
+            var governedStates = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark](), takenIn = [Int]()
+            let gateOutcomes = { (outcomes: [Result<Data, RecordZoneError>]) throws -> [Result<Data, RecordZoneError>] in
+                guard let gate else { return outcomes }
+                let zones = gate.governedZones(of: records)
+                guard !zones.isEmpty else { return outcomes }
+                (governedStates, marks) = try self.governedStates(zones, governance: gate.governance, keep: false, in: db)
+                let gated = gate.apply(records, outcomes: outcomes, states: governedStates) { try? policy.rules.owner(of: $0)?.get() }
+                (governedStates, takenIn) = (gated.states, gated.takenIn)
+                return gated.outcomes
+            }
+            var storedSequences = [Int: Int64]()
+            let plan = try SaveChecks.plan(records, verified: verified, savePolicy: savePolicy, policy: policy, gate: gateOutcomes) { record in
                 let zone = record.id.zone
                 if zones[zone] == nil, !missing.contains(zone) {
                     if let (incarnation, sequence) = try db.first("SELECT incarnation, sequence FROM zones WHERE name = ?", [zone.rawValue], { ($0.text(0), $0.int(1)) }) {
@@ -217,7 +273,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
                 guard zones[zone] != nil else { return .failure(RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist", recordID: record.id)) }
                 return .success(try Self.current(record.id, in: db))
             }
-            for (record, decision) in zip(records, plan.decisions) {
+            for (index, (record, decision)) in zip(records, plan.decisions).enumerated() {
                 let zone = record.id.zone
                 let encoded: Data
                 switch decision {
@@ -227,6 +283,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
                 }
                 let sequence = (sequences[zone] ?? 0) + 1
                 sequences[zone] = sequence
+                storedSequences[index] = sequence
                 touched.insert(zone)
                 try db.execute("""
                     INSERT INTO records (zone, name, type, sequence, clock, author, signature, record, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -258,8 +315,15 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
             if let feedPosition, feedPosition <= (try Self.databaseSequence(db)) {
                 catchUp.database = try Self.feed(since: feedPosition, isInitial: false, instance: instance, in: db)
             }
-            return (SaveAnswer(results: results, catchUp: catchUp), touched, plan.pins)
-        }, afterCommit: { policy.pins.publish($0.2) }, commitsAlone: { !$0.2.isEmpty })
+            // Governed zones' states are kept once this commits (a transaction rolled back would
+            // give its sequences to other records: a mark must never name what did not commit).
+            let states = governedStates, settled = marks, taken = takenIn, storedAt = storedSequences
+            let governed = self.governed
+            let keepStates: @Sendable () -> Void = {
+                if let gate, !states.isEmpty { governed.settle(records, gate: gate, states: states, marks: settled, takenIn: taken, stored: storedAt) }
+            }
+            return (SaveAnswer(results: results, catchUp: catchUp), touched, plan.pins, keepStates)
+        }, afterCommit: { policy.pins.publish($0.2); $0.3() }, commitsAlone: { !$0.2.isEmpty })
         touched.forEach(waiters.wake)
         return SaveAnswer(results: answer.results, catchUp: answer.catchUp.filteringFeed(isVisible))
     }

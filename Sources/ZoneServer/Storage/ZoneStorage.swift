@@ -20,9 +20,18 @@ public protocol ZoneStorage: RecordZoneBackend {
     /// how its zones moved and — given a database token — the feed since it, limited to the
     /// zones `isVisible` lets through (``SaveCatchUp``). A token that is no longer valid leaves
     /// the feed out; it never fails the save.
-    func save(_ records: [Record], policy: SavePolicy, feedSince token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer
+    /// With a `gate`, versions of the zones it governs pass its rule too, decided inside the
+    /// transaction against the zone's governing records as stored (``SaveGate``).
+    func save(_ records: [Record], policy: SavePolicy, feedSince token: ChangeToken?, visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool,
+              gate: SaveGate?) async throws(RecordZoneError) -> SaveAnswer
     /// One page of a zone's changes as stored: the records' bytes, not decoded or verified again.
-    func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> Wire.Changes
+    /// - Parameter readable: which versions the reader may read (nil: all); the others are left
+    ///   out of the page, and the token passes them.
+    func changes(in zone: ZoneName, since token: ChangeToken?, limit: Int, readable: ReadableVersions?) async throws(RecordZoneError) -> Wire.Changes
+    /// What the governing records of each of `zones` that `governance` governs decide, as
+    /// stored now (zones that do not exist are left out). Where servers share the storage,
+    /// each decides from the records, so all decide alike.
+    func governed(_ zones: [ZoneName], by governance: any ZoneGovernance) async throws(RecordZoneError) -> [ZoneName: any GovernedZone]
     /// The stored bytes of each record.
     func stored(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Wire.SignedRecord, RecordZoneError>]
 
@@ -86,20 +95,26 @@ final class NonceMemory: Sendable {
 extension ZoneStorage {
     public func run() async {}
 
+    /// A save no zone's own records govern (``save(_:policy:feedSince:visibleTo:gate:)`` without a gate).
+    public func save(_ records: [Record], policy: SavePolicy, feedSince token: ChangeToken?,
+                     visibleTo isVisible: @escaping @Sendable (ZoneName) -> Bool) async throws(RecordZoneError) -> SaveAnswer {
+        try await save(records, policy: policy, feedSince: token, visibleTo: isVisible, gate: nil)
+    }
+
     public func fetchDatabaseChanges(since token: ChangeToken?) async throws(RecordZoneError) -> DatabaseChanges {
         try await fetchDatabaseChanges(since: token, visibleTo: { _ in true })
     }
 
     public func save(_ records: [Record], policy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {
-        try await save(records, policy: policy, feedSince: nil, visibleTo: { _ in true }).results
+        try await save(records, policy: policy, feedSince: nil, visibleTo: { _ in true }, gate: nil).results
     }
 
     public func save(_ records: [Record], policy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer {
-        try await save(records, policy: policy, feedSince: databaseToken, visibleTo: { _ in true })
+        try await save(records, policy: policy, feedSince: databaseToken, visibleTo: { _ in true }, gate: nil)
     }
 
     public func fetchChanges(in zone: ZoneName, since token: ChangeToken?, limit: Int) async throws(RecordZoneError) -> ZoneChanges {
-        let page = try await changes(in: zone, since: token, limit: limit)
+        let page = try await changes(in: zone, since: token, limit: limit, readable: nil)
         var records = [Record](), rejected = [RejectedRecord]()
         for signed in page.records {
             do { records.append(try signed.decoded()) } catch {

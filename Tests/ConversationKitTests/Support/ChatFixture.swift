@@ -32,34 +32,49 @@ final class ChatFixture: @unchecked Sendable {
     let server: InMemoryBackend
     /// For ``ChatBackend/http``: a real zone server on 127.0.0.1, with chat access rules.
     let zoneServer: ZoneServer?
+    /// For ``ChatBackend/postgres``: a second zone server on the same database, as a deployment
+    /// of several servers has (``store(_:tags:configuration:onSecondServer:)``).
+    let secondServer: ZoneServer?
     var folder: String { directory.path + "/shared" }
 
     init(_ kind: ChatBackend) async throws {
         self.kind = kind
         directory = try TemporaryDirectory("chat")
         server = InMemoryBackend(policy: ConversationStore.recordPolicy())
+        var secondServer: ZoneServer?
         if kind.isServer {
-            let storage: any ZoneStorage = kind == .postgres
-                ? try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 4, policy: ConversationStore.recordPolicy(),
-                                            indexedFields: ConversationStore.queryIndexes)
-                : try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+            let conninfo = kind == .postgres ? try await SharedPostgres.freshDatabase() : nil
+            let storage: any ZoneStorage
+            if let conninfo {
+                storage = try await PostgresZoneStorage(conninfo: conninfo, poolSize: 4, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+            } else {
+                storage = try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+            }
             let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
             try zoneServer.start(host: "127.0.0.1", port: 0)
             self.zoneServer = zoneServer
+            if let conninfo {
+                let second = ZoneServer(storage: try await PostgresZoneStorage(conninfo: conninfo, poolSize: 4, policy: ConversationStore.recordPolicy(),
+                                                                               indexedFields: ConversationStore.queryIndexes), access: ChatZoneAccess())
+                try second.start(host: "127.0.0.1", port: 0)
+                secondServer = second
+            }
         } else {
             zoneServer = nil
         }
+        self.secondServer = secondServer
     }
 
     var serverURL: URL? { zoneServer.flatMap { URL(string: "http://127.0.0.1:\($0.port)") } }
 
     func storePath(_ identifier: String) -> String { "\(directory.path)/stores/\(identifier)" }
 
-    func factory(device: String) -> BackendFactory {
+    func factory(device: String, onSecondServer: Bool = false) -> BackendFactory {
         switch kind {
         case .memory: .memory(server)
         case .filesystem: .folder(folder, device: device)
-        case .http, .postgres: serverURL.map { .server($0) } ?? .memory(server)
+        case .http, .postgres:
+            ((onSecondServer ? secondServer ?? zoneServer : zoneServer).flatMap { URL(string: "http://127.0.0.1:\($0.port)") }).map { .server($0) } ?? .memory(server)
         }
     }
 
@@ -96,8 +111,10 @@ final class ChatFixture: @unchecked Sendable {
     func key(of identifier: String) throws -> SigningKey { try KeyFile.load(from: storePath(identifier) + "/speaker.key") }
 
     /// Opens the store of `identifier` and sets up its local speaker.
-    func store(_ identifier: String, tags: [String] = [], configuration: StoreConfiguration = StoreConfiguration()) async throws -> ConversationStore {
-        let store = try ConversationStore(directory: storePath(identifier), backend: factory(device: identifier), configuration: configuration)
+    /// - Parameter onSecondServer: with ``ChatBackend/postgres``, through the second server.
+    func store(_ identifier: String, tags: [String] = [], configuration: StoreConfiguration = StoreConfiguration(),
+               onSecondServer: Bool = false) async throws -> ConversationStore {
+        let store = try ConversationStore(directory: storePath(identifier), backend: factory(device: identifier, onSecondServer: onSecondServer), configuration: configuration)
         try await store.setupLocalSpeaker(identifier: identifier, name: identifier.capitalized, tags: tags)
         return store
     }

@@ -1,0 +1,60 @@
+import RecordZone
+
+/// A zone server's side of groups: who may read and write a group's zone, decided from the
+/// group's `GroupChange` records as the server holds them (``GroupMembership``'s rule), beside
+/// the rule every reader applies.
+///
+/// - **Writes.** A change is stored only when its actor sends it, the group as it stands now
+///   allows it (``GroupMembership/decisionNow(_:)``: an admin removed or demoted since cannot
+///   date a change before that), and the rule at its clock accepts it; the same change again
+///   is stored as it is (nothing new). Anything else (a message, a receipt) only from someone
+///   in the group now, and only when its owner was a member at its clock: a removed member's
+///   next message is refused (403), whatever clock it claims.
+/// - **Reads.** Anyone who was ever in the group reads every change (so a removed member
+///   learns of the removal); other versions by the group's history setting
+///   (``GroupMembership/mayRead(_:at:)``): what was said while they were in it, or everything
+///   before their membership ended. The creator reads the zone before its first change.
+public struct GroupAccess: ZoneGovernance {
+    public init() {}
+
+    public func governingType(of zone: ZoneName) -> String? {
+        ChatRecords.isGroupZone(zone) ? GroupChange.recordType : nil
+    }
+
+    public func decide(_ zone: ZoneName, governing: [Record]) -> any GovernedZone {
+        let changes = governing.compactMap { try? GroupChange(record: $0) }
+        return State(group: GroupMembership(zone: zone, changes: changes))
+    }
+
+    struct State: GovernedZone {
+        /// Nil for a zone that is not a group's (never asked: ``governingType(of:)``).
+        var group: GroupMembership?
+
+        mutating func admit(_ record: Record, owner: String?, as identity: String) -> String? {
+            guard var group else { return "not a group's zone" }
+            guard record.recordType == GroupChange.recordType else {
+                guard group.roles[identity] != nil else { return "'\(identity)' is not in the group" }
+                guard let owner, group.isMember(owner, at: record.clock) else { return "its owner was not in the group at its clock" }
+                return nil
+            }
+            let change: GroupChange
+            do { change = try GroupChange(record: record) } catch { return error.description }
+            if group.holds(change.name) { return nil }
+            guard change.actor == identity else { return "a change is sent by its actor" }
+            if case .refused(let why) = group.decisionNow(change) { return why }
+            group.insert(change)
+            if case .refused(let why)? = group.decisions.first(where: { $0.change.name == change.name })?.decision { return why }
+            self.group = group
+            return nil
+        }
+
+        func readable(by identity: String) -> ReadableVersions? {
+            guard let group else { return nil }
+            guard group.runs[identity] != nil else {
+                // The creator, before the group's first change: its zone, empty.
+                return !group.isCreated && ChatRecords.identityHash(identity) == group.creatorHash ? ReadableVersions { type, _ in type == GroupChange.recordType } : nil
+            }
+            return ReadableVersions { type, clock in type == GroupChange.recordType || group.mayRead(identity, at: clock) }
+        }
+    }
+}
