@@ -126,6 +126,23 @@ public struct GroupChange: Sendable, Hashable {
         return fields
     }
 
+    /// The change in words, e.g. "alice added carol, dave".
+    public var summary: String { Self.summary(actor: actor, action: action, targets: targets, groupName: groupName) }
+
+    /// A change in words, from its parts.
+    public static func summary(actor: String, action: Action, targets: [String], groupName: String?) -> String {
+        let who = targets.joined(separator: ", ")
+        return switch action {
+        case .create: "\(actor) created the group \(groupName ?? "")" + (targets.isEmpty ? "" : " with \(who)")
+        case .add: "\(actor) added \(who)"
+        case .remove: "\(actor) removed \(who)"
+        case .promote: "\(actor) made \(who) an admin"
+        case .demote: "\(actor) made \(who) a member"
+        case .leave: "\(actor) left"
+        case .rename: "\(actor) named the group \(groupName ?? "")"
+        }
+    }
+
     /// The order every reader decides changes in: by clock, then by name.
     public static func precedes(_ a: GroupChange, _ b: GroupChange) -> Bool {
         (a.clock, a.name) < (b.clock, b.name)

@@ -1,4 +1,4 @@
-import ChatSchema
+@testable import ChatSchema
 import Foundation
 import RecordZone
 import Testing
@@ -263,5 +263,53 @@ import TestSupport
         for action in GroupChange.Action.allCases {
             #expect(accepted[action, default: 0] > Self.scheduleCount / 10, "\(action): \(accepted)")
         }
+    }
+
+    /// A zone server's side of the property: the same histories sent to a server in a random
+    /// order, each change by its actor (``GroupAccess``: stored only if the group as the server
+    /// holds it allows it now and the rule accepts it at its clock). The server's membership is
+    /// exactly what a reader holding the changes it stored decides, whatever order they are
+    /// read in; no role moves without an authorized change; and the server never stores a
+    /// change by someone who was not then allowed to make it (no admin removed or demoted
+    /// dates a change back past that).
+    @Test func aServerStoresOnlyWhatTheGroupAllowsWhenItArrivesAndReadersAgreeWithIt() throws {
+        var stored = 0, refused = 0
+        for seed in 0..<UInt64(Self.scheduleCount) {
+            var random = SeededRandom(seed: seed ^ 0x5E4E4)
+            var server = GroupAccess().decide(Self.zone, governing: [])
+            var kept: [GroupChange] = []
+            // Mostly in clock order, as devices online send them; a third held back by devices
+            // that were offline and sent late, in any order.
+            var arriving = Self.history(seed: seed).sorted(by: GroupChange.precedes)
+            var late: [GroupChange] = []
+            arriving.removeAll { change in
+                guard random.next() % 3 == 0 else { return false }
+                late.append(change)
+                return true
+            }
+            for change in late.shuffled(using: &random) { arriving.insert(change, at: Int(random.next() % UInt64(arriving.count + 1))) }
+            for change in arriving {
+                var record = Record(id: try RecordID(zone: Self.zone, name: change.name), type: GroupChange.recordType, fields: change.fields)
+                record.clock = change.clock
+                let before = try #require(server as? GroupAccess.State).group
+                if server.admit(record, owner: change.actor, as: change.actor) == nil {
+                    stored += 1
+                    kept.append(change)
+                    #expect(before?.decisionNow(change) == .accepted, "seed \(seed): \(change.name) stored though the group did not allow it then")
+                    let after = try #require(server as? GroupAccess.State).group
+                    #expect(after?.decisions.first { $0.change.name == change.name }?.decision == .accepted,
+                            "seed \(seed): \(change.name) stored though the rule at its clock refused it")
+                } else {
+                    refused += 1
+                }
+            }
+            let state = try #require(server as? GroupAccess.State)
+            let group = try #require(state.group)
+            #expect(group == Self.decide(kept.shuffled(using: &random)), "seed \(seed)")
+            let problems = Self.audit(group)
+            #expect(problems.isEmpty, "seed \(seed): \(problems)")
+        }
+        // Both happen, many times (histories hold 20-60 changes, many without the right).
+        #expect(stored > Self.scheduleCount * 5 && refused > Self.scheduleCount * 5, "stored \(stored), refused \(refused)")
     }
 }

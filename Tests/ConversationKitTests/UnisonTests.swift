@@ -241,4 +241,61 @@ func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comme
         try await bob.sync()
         try expectDelivered([alice, bob], count: 1)
     }
+
+    /// A group of five across two copies kept in step by Unison (carol and alice on one machine,
+    /// bob, dave and erin on the other): created, messages from all, alice promoted, erin added
+    /// (who reads from then on), dave removed (his later message held back by every reader,
+    /// shown failed to him), bob leaving — and every store ending with the same members and the
+    /// same messages.
+    @Test func aGroupOfFiveOverTwoCopies() async throws {
+        let machines = try TwoMachines()
+        let carol = try await machines.store("carol", on: "a"), alice = try await machines.store("alice", on: "a")
+        #expect(try await machines.unison() == 0)
+        let bob = try await machines.store("bob", on: "b"), dave = try await machines.store("dave", on: "b"), erin = try await machines.store("erin", on: "b")
+        let all = [carol, alice, bob, dave, erin]
+        func round() async throws {
+            for store in all { try await store.sync() }
+            #expect(try await machines.unison() == 0, "\(machines.lastUnisonOutput)")
+            for store in all { try await store.sync() }
+            #expect(try await machines.unison() == 0, "\(machines.lastUnisonOutput)")
+            for store in all { try await store.sync() }
+        }
+        func view(_ store: ConversationStore, _ group: String) throws -> Set<String> {
+            Set(try history(store, group).map { "\($0.speaker): \($0.content)" })
+        }
+        let trip = try await carol.createGroup(name: "Trip", members: ["alice", "bob", "dave"])
+        try await carol.send("Who brings the tent?", toGroup: trip.id)
+        try await round()
+        try await alice.send("I do", toGroup: trip.id)
+        try await bob.send("I bring food", toGroup: trip.id)
+        try await dave.send("Count me in", toGroup: trip.id)
+        try await carol.setRole(.admin, of: "alice", in: trip.id)
+        try await round()
+        try await alice.addMembers(["erin"], to: trip.id)
+        try await round()
+        try await erin.send("Hello all", toGroup: trip.id)
+        try await round()
+        // Carol removes dave; dave, on the other machine and not yet knowing, says something.
+        try await carol.removeMember("dave", from: trip.id)
+        try await carol.sync()
+        try await dave.send("Am I still here?", toGroup: trip.id)
+        try await bob.leave(trip.id)
+        try await round()
+        let said = ["carol: Who brings the tent?", "alice: I do", "bob: I bring food", "dave: Count me in", "erin: Hello all"]
+        for store in all {
+            #expect(try store.members(of: trip.id).map(\.speaker) == ["carol", "alice", "erin"])
+            #expect(try store.members(of: trip.id).map(\.role) == [.creator, .admin, .member])
+        }
+        for store in [carol, alice] { #expect(try view(store, trip.id) == Set(said)) }
+        #expect(try view(erin, trip.id) == ["erin: Hello all"])
+        for store in [carol, alice, erin] {
+            #expect(try store.quarantine().contains { $0.code == .notAMember && $0.zone == trip.id })
+        }
+        let late = try #require(try history(dave, trip.id).first { $0.content == "Am I still here?" })
+        guard case .failed(let failure) = late.syncState else {
+            Issue.record("dave's message after his removal is \(late.syncState)")
+            return
+        }
+        #expect(failure.code == .notInGroup)
+    }
 }

@@ -80,6 +80,7 @@ import TestSupport
         #expect(demo.status == 0, "\(demo.out)\(demo.err)")
         #expect(demo.out.contains("every step checked out") && !demo.out.contains("FAIL"))
         #expect(demo.out.contains("a forged record is caught and quarantined"))
+        #expect(demo.out.contains("group Weekend as bob sees it: alice, bob; 3 messages; last change: alice removed carol"), "\(demo.out)")
     }
 
     /// Alice and bob through a folder, every chat and inspection command on its success path,
@@ -267,6 +268,49 @@ import TestSupport
         #expect(try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("live from alice  [read]"))
 
         // Ctrl-C leaves cleanly.
+        _ = try await Self.tmux(["send-keys", "-t", session, "C-c"])
+        let deadline = Date().addingTimeInterval(5)
+        while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+        #expect((try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+    }
+
+    /// `convkit chat` in a group, by its name: the group's messages with their speakers' names,
+    /// and a typed line sent to the group (it reaches another member).
+    @Test func chatInAGroupSendsToTheGroup() async throws {
+        let dir = try TemporaryDirectory("convkit-group-chat")
+        let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]
+        for who in ["alice", "bob", "carol"] {
+            #expect(try await ConvkitTests.convkit(["init", "--id", who, "--name", who.capitalized, "--zone-dir", folder, "--store", dir.path + "/" + who]).status == 0)
+        }
+        #expect(try await ConvkitTests.convkit(["group", "create", "--name", "Trip", "--member", "bob", "--member", "carol", "--sync"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["send", "Trip", "first", "--group", "--sync"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
+        let session = "convkit-group-chat-\(UUID().uuidString.prefix(8))"
+        let exitFile = dir.path + "/exit"
+        let command = "\(try builtProduct("convkit")) chat Trip --group --store \(dir.path)/bob; echo $? > \(exitFile); sleep 30"
+        _ = try await Self.tmux(["new-session", "-d", "-s", session, "-x", "100", "-y", "20", command])
+        defer { Task { _ = try? await Self.tmux(["kill-session", "-t", session]) } }
+        func screen() async throws -> String { try await Self.tmux(["capture-pane", "-p", "-t", session]) }
+        func eventually(_ seconds: Double, _ condition: (String) -> Bool) async throws -> Bool {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if condition(try await screen()) { return true }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            return false
+        }
+        let opened = try await eventually(10) { $0.contains("Group Trip (3 members)") && $0.contains("Alice (alice): first") }
+        let first = try await screen()
+        #expect(opened, "\(first)")
+        _ = try await Self.tmux(["send-keys", "-t", session, "hello group", "Enter"])
+        #expect(try await eventually(5) { $0.contains("Bob (bob): hello group") })
+        var delivered = false
+        for _ in 0..<20 where !delivered {
+            _ = try await ConvkitTests.convkit(["sync"] + alice)
+            delivered = try await ConvkitTests.convkit(["messages", "Trip", "--group"] + alice).out.contains("Bob (bob): hello group")
+            if !delivered { try await Task.sleep(for: .milliseconds(250)) }
+        }
+        #expect(delivered, "the typed line reached the group")
         _ = try await Self.tmux(["send-keys", "-t", session, "C-c"])
         let deadline = Date().addingTimeInterval(5)
         while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }

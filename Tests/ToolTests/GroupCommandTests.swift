@@ -39,6 +39,13 @@ import TestSupport
         let members = try await ok(["group", "members", "Trip", "--json"] + store("dave"))
         let roles = (members.json as? [[String: Any]])?.compactMap { member in (member["id"] as? String).map { "\($0) \(member["role"] as? String ?? "")" } }
         #expect(roles == ["carol creator", "alice admin", "dave member"])
+        // The records, with each change decoded and decided, and who is in the group.
+        let listed = try await ok(["records", "list", "--zone", id] + store("carol")).out
+        #expect(listed.contains("GroupChange") && listed.contains("carol created the group Trip with alice, bob — accepted")
+                && listed.contains("bob left — accepted") && listed.contains("members: carol (creator), alice (admin), dave (member)"), "\(listed)")
+        let entries = try #require(try await ok(["records", "list", "--zone", id, "--json"] + store("carol")).json as? [[String: Any]])
+        let added = try #require(entries.first { ($0["change"] as? [String: Any])?["summary"] as? String == "alice added dave" }?["name"] as? String)
+        #expect(try await ok(["records", "show", "\(id)/\(added)"] + store("dave")).out.contains("change     alice added dave — accepted"))
         let history = try await ok(["messages", id] + store("carol")).out
         #expect(history.contains("Carol (carol): Who brings the tent?") && history.contains("Alice (alice): I do"), "\(history)")
         // Membership in the timeline, in order with the messages; the refused add is not there.

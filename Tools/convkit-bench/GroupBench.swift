@@ -1,43 +1,66 @@
 import ConversationKit
 import Foundation
 import RecordZone
+import ZoneServer
 
-/// Groups in the store (over an in-memory backend: the store's own cost, not a server's), each
-/// figure beside the same work in the same run where the group is small or a pair: a message sent
-/// in a 1,000-member group against one in a pair; a member pulling 2,000 group messages against
-/// a pair's 2,000; one member added to a 10,000-member group against one added to a 10-member
-/// group. Ratios near 1 mean the group's size costs nothing on that path.
+/// Groups, each figure beside the same work in the same run where the group is small or a pair:
+/// a message sent in a 1,000-member group against one in a pair; a member pulling 2,000 group
+/// messages against a pair's 2,000; one member added to a 10,000-member group against one added
+/// to a 10-member group. Ratios near 1 mean the group's size costs nothing on that path. Twice:
+/// in the store over an in-memory backend (the store's own cost), and through a zone server on
+/// SQLite (each send and add synced: the server decides access from the group's membership in
+/// the save's transaction, and stores a group message once).
 @MainActor func groupBench(_ reporter: Reporter, seconds: Double) async throws {
-    reporter.header("Groups (the store, in-memory backend)")
     let root = FileManager.default.temporaryDirectory.path + "/convkit-group-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
-    let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
+
+    reporter.header("Groups (the store, in-memory backend)")
+    let memory = InMemoryBackend(policy: ConversationStore.recordPolicy())
+    // A pull through a backend of its own: a store reads every group an in-memory backend shows.
+    try await groupRows(reporter, seconds: seconds, root: root + "/memory", synced: false, backend: { .memory(memory) },
+                        pullBackend: { .memory(InMemoryBackend(policy: ConversationStore.recordPolicy())) })
+
+    reporter.header("Groups (through a zone server on SQLite)")
+    let storage = try SQLiteZoneStorage(directory: root + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
+    let (server, url, _) = try startBenchServer(storage, access: ChatZoneAccess())
+    // One server for all: it shows a store only the groups its speaker is in.
+    try await groupRows(reporter, seconds: seconds, root: root + "/http", synced: true, backend: { .server(url) }, pullBackend: { .server(url) })
+    await server.stop()
+}
+
+/// The three comparisons over stores made by `backend`. - Parameter synced: each send and add
+/// is synced before the next (through a server: what it costs to get there).
+@MainActor private func groupRows(_ reporter: Reporter, seconds: Double, root: String, synced: Bool, backend: () -> BackendFactory,
+                                   pullBackend: () -> BackendFactory) async throws {
     let content = "Hello there! This is a message about as long as a chat line usually is."
-    let carol = try ConversationStore(directory: root + "/carol", backend: .memory(server))
+    let carol = try ConversationStore(directory: root + "/carol", backend: backend())
     try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
+    func settle() async throws { if synced { try await carol.sync() } }
 
     // 1. Sends: a 1,000-member group against a pair.
     let big = try await carol.createGroup(name: "Big", members: ["bob"] + (0..<999).map { "m\($0)" })
+    try await settle()
     let groupSends = try await rateAsync(seconds: seconds, batch: 1) {
         try await carol.send(content, toGroup: big.id)
+        try await settle()
         return true
     }
     let pairSends = try await rateAsync(seconds: seconds, batch: 1) {
         try await carol.send(content, to: "bob")
+        try await settle()
         return true
     }
     reporter.report(Row(name: "send in a 1,000-member group", perSecond: groupSends, rawName: "send in a pair", rawPerSecond: pairSends))
 
-    // 2. A member's pull: 2,000 messages of a 1,000-member group, and 2,000 of a pair, each
-    // through a backend of its own (a store reads every group its backend shows).
+    // 2. A member's pull: 2,000 messages of a 1,000-member group, and 2,000 of a pair.
     let pull = 2_000
     func pulled(_ identifier: String, sent: (ConversationStore) async throws -> Void) async throws -> Double {
-        let backend = InMemoryBackend(policy: ConversationStore.recordPolicy())
-        let sender = try ConversationStore(directory: root + "/sender-\(identifier)", backend: .memory(backend))
-        try await sender.setupLocalSpeaker(identifier: "carol", name: "Carol")
+        let shared = pullBackend()
+        let sender = try ConversationStore(directory: root + "/sender-\(identifier)", backend: shared)
+        try await sender.setupLocalSpeaker(identifier: "sender-\(identifier)", name: "Sender")
         try await sent(sender)
         try await sender.sync()
-        let store = try ConversationStore(directory: root + "/\(identifier)", backend: .memory(backend))
+        let store = try ConversationStore(directory: root + "/\(identifier)", backend: shared)
         try await store.setupLocalSpeaker(identifier: identifier, name: identifier)
         let start = ContinuousClock.now
         let report = try await store.sync()
@@ -55,15 +78,18 @@ import RecordZone
     // 3. One member added: to a 10,000-member group, against a 10-member group.
     let huge = try await carol.createGroup(name: "Huge", members: (0..<9_999).map { "h\($0)" })
     let small = try await carol.createGroup(name: "Small", members: (0..<9).map { "s\($0)" })
+    try await settle()
     var next = 0
     let addHuge = try await rateAsync(seconds: seconds, batch: 1) {
         next += 1
         try await carol.addMembers(["x\(next)"], to: huge.id)
+        try await settle()
         return true
     }
     let addSmall = try await rateAsync(seconds: seconds, batch: 1) {
         next += 1
         try await carol.addMembers(["y\(next)"], to: small.id)
+        try await settle()
         return true
     }
     reporter.report(Row(name: "add one member to a 10,000-member group", perSecond: addHuge, rawName: "to a 10-member group", rawPerSecond: addSmall))

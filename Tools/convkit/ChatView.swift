@@ -4,13 +4,15 @@ import Synchronization
 import RecordZone
 import ToolSupport
 
-/// `convkit chat ID`: one conversation on a terminal, in plain ANSI. The newest messages with
+/// `convkit chat ID`: one conversation — with a speaker, or a group (its id, or its name with
+/// `--group`) — on a terminal, in plain ANSI. The newest messages with
 /// names, times, edits and read state; new ones appear as the store's continuous sync (or a
 /// daemon writing the same store) brings them; a typed line and Enter sends; unread messages
 /// are marked read as they are shown; Ctrl-C leaves and puts the terminal back.
 enum ChatView {
-    static let command = ToolCommand(Command("convkit chat", "Chat with a speaker on this terminal (Ctrl-C leaves).",
-                                             positionals: [Positional("id", "The speaker to chat with.")], options: Targets.storeOptions + [ChatCommands.newRecipient]),
+    static let command = ToolCommand(Command("convkit chat", "Chat with a speaker or in a group on this terminal (Ctrl-C leaves).",
+                                             positionals: [Positional("id", "The speaker to chat with, or a group's id (g-…).")],
+                                             options: Targets.storeOptions + [ChatCommands.newRecipient, ChatCommands.groupFlag]),
                                      run: run)
 
     /// What the screen shows, and the line being typed.
@@ -19,14 +21,15 @@ enum ChatView {
             var messages: [Message] = []
             var typed: [UInt8] = []
             var status = ""
+            /// Speakers' names as shown ("Alice (alice)"), by identifier; looked up again as
+            /// profiles arrive.
+            var names: [String: String] = [:]
         }
         let state = Mutex(State())
         let title: String
-        let names: [String: String]
 
-        init(title: String, names: [String: String]) {
+        init(title: String) {
             self.title = title
-            self.names = names
         }
 
         /// Redraws everything: header, the messages that fit, the status line and the prompt.
@@ -48,7 +51,7 @@ enum ChatView {
                 }
                 // Names, content and reasons come from others: made safe before they reach the
                 // terminal (this line's own escape codes are added around them).
-                let line = "[\(time)] \(names[message.speaker] ?? message.speaker): \(message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
+                let line = "[\(time)] \(state.names[message.speaker] ?? message.speaker): \(message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
                 out += String(DisplayText.safe(line).prefix(columns)) + "\r\n"
             }
             out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(DisplayText.safe(state.status).prefix(columns))\u{1B}[0m"
@@ -72,15 +75,21 @@ enum ChatView {
     static func run(_ context: Context) async throws {
         guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
         let store = try context.store()
-        try await ChatCommands.requireKnown(other, in: store, context)
+        let group = try ChatCommands.group(other, store, context)
+        if group == nil { try await ChatCommands.requireKnown(other, in: store, context) }
         guard isatty(STDIN_FILENO) == 1 else { throw ToolFailure("convkit chat needs a terminal") }
         let backend = try? context.backend()
-        let conversation = try await store.conversation(with: other)
+        let conversation: Conversation
+        if let group { conversation = group } else { conversation = try await store.conversation(with: other) }
         let local = store.localSpeakerIdentifier ?? ""
-        let names = Dictionary(uniqueKeysWithValues: [local, other].map { id in
+        // Everyone who may speak here: the other speaker, or the group's members now.
+        let speakers = Set([local] + (try group.map { try store.members(of: $0.id).map(\.speaker) } ?? [other]))
+        let names = Dictionary(uniqueKeysWithValues: speakers.map { id in
             (id, ChatCommands.shown((try? store.speaker(fromRef: SpeakerRef(identifier: id))?.name) ?? nil, id))
         })
-        let screen = Screen(title: "Chat with \(names[other] ?? other)", names: names)
+        let title = group.map { "Group \($0.groupName ?? $0.id) (\(speakers.count) members)" } ?? "Chat with \(names[other] ?? other)"
+        let screen = Screen(title: title)
+        screen.state.withLock { $0.names = names }
 
         // Continuous sync in this process, unless another process (a daemon) already syncs the
         // store: then what it writes is read every half second.
@@ -98,7 +107,13 @@ enum ChatView {
             while !Task.isCancelled {
                 if let page = try? store.messages(in: conversation.id, limit: 200), page.messages != lastShown {
                     lastShown = page.messages
-                    screen.state.withLock { $0.messages = page.messages }
+                    // Names of those without one yet (a profile that arrived since, a new member).
+                    let known = screen.state.withLock { $0.names }
+                    var names = known
+                    for id in Set(page.messages.map(\.speaker)) where known[id].map({ $0 == id }) ?? true {
+                        names[id] = ChatCommands.shown((try? store.speaker(fromRef: SpeakerRef(identifier: id))?.name) ?? nil, id)
+                    }
+                    screen.state.withLock { $0.messages = page.messages; $0.names = names }
                     screen.draw()
                     if page.messages.contains(where: { $0.speaker != local && $0.readAt == nil }) {
                         try? await store.markAllAsRead(in: conversation.id)
@@ -139,7 +154,9 @@ enum ChatView {
                     return String(decoding: state.typed, as: UTF8.self)
                 }
                 if !line.trimmingCharacters(in: .whitespaces).isEmpty {
-                    do { _ = try await store.send(line, to: other) } catch {
+                    do {
+                        if let group { _ = try await store.send(line, toGroup: group.id) } else { _ = try await store.send(line, to: other) }
+                    } catch {
                         screen.state.withLock { $0.status = "not sent: \(error)" }
                     }
                 }

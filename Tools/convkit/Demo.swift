@@ -104,6 +104,25 @@ enum DemoCommand {
             let read = try alice.messages(in: conversation).messages.filter { $0.speaker == "alice" && $0.readAt != nil }.count
             return read == 2 ? nil : "\(read) of alice's messages read"
         }
+        await steps.step("a group of three: created, talked in, one removed") {
+            let carol = try ConversationStore(directory: root + "/carol", backend: .folder(folder, device: "carol-desk"))
+            try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
+            let stores = [alice, bob, carol]
+            func syncAll() async throws { for _ in 0..<2 { for store in stores { try await store.sync() } } }
+            let weekend = try await alice.createGroup(name: "Weekend", members: ["bob", "carol"])
+            _ = try await alice.send("Plans for Saturday?", toGroup: weekend.id)
+            try await syncAll()
+            _ = try await bob.send("Hiking!", toGroup: weekend.id)
+            _ = try await carol.send("I'm in", toGroup: weekend.id)
+            try await syncAll()
+            try await alice.removeMember("carol", from: weekend.id)
+            try await syncAll()
+            let members = try bob.members(of: weekend.id).map(\.speaker)
+            let said = try bob.messages(in: weekend.id).messages.count
+            let last = try bob.groupEvents(in: weekend.id).last?.summary ?? "-"
+            Output.line("  group Weekend as bob sees it: \(members.joined(separator: ", ")); \(said) messages; last change: \(last)")
+            return members == ["alice", "bob"] && said == 3 && last == "alice removed carol" ? nil : "bob sees \(members), \(said) messages, '\(last)'"
+        }
         await steps.step("alice's second device linked, and heard") {
             let code = try alice.linkDevice()
             let tablet = try ConversationStore(directory: root + "/alice-tablet", backend: .folder(folder, device: "alice-tablet"))

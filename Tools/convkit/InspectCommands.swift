@@ -89,11 +89,40 @@ enum InspectCommands {
 
     static func list(_ context: Context) async throws {
         let zone = try zoneName(context.arguments.value("zone"))
-        let records = try await records(context, zone: zone, type: context.arguments.value("type"))
+        let type = context.arguments.value("type")
+        let records = try await records(context, zone: zone, type: type)
+        let group = try await membership(context, zone: zone, records: type == nil || type == GroupChange.recordType ? records : nil)
         if context.json {
-            return try Output.json(records.map { ["name": $0.id.name, "type": $0.recordType, "clock": clock($0.clock), "deleted": $0.isDeleted] as [String: Any] })
+            return try Output.json(records.map { record in
+                var entry: [String: Any] = ["name": record.id.name, "type": record.recordType, "clock": clock(record.clock), "deleted": record.isDeleted]
+                if let decided = group?.decided[record.id.name] { entry["change"] = ["summary": decided.summary, "decision": decided.decision] }
+                return entry
+            })
         }
-        for record in records { Output.line("\(record.id.name)  \(record.recordType)\(record.isDeleted ? " (deleted)" : "")  \(clock(record.clock))") }
+        for record in records {
+            let change = group?.decided[record.id.name].map { "  \($0.summary) — \($0.decision)" } ?? ""
+            Output.line("\(record.id.name)  \(record.recordType)\(record.isDeleted ? " (deleted)" : "")  \(clock(record.clock))\(change)")
+        }
+        if let group {
+            Output.line("members: " + (group.membership.roles.sorted { ($0.value, $1.key) > ($1.value, $0.key) }.map { "\($0.key) (\($0.value.rawValue))" }.joined(separator: ", ")))
+        }
+    }
+
+    /// A group zone's membership as the rule decides it from the changes held (`records`, or
+    /// read when nil), with each change's summary and decision by record name; nil for a zone
+    /// that is not a group's.
+    static func membership(_ context: Context, zone: ZoneName, records: [Record]?) async throws
+        -> (membership: GroupMembership, decided: [String: (summary: String, decision: String)])? {
+        guard GroupMembership.creatorHash(of: zone) != nil else { return nil }
+        var held = records ?? []
+        if records == nil { held = try await self.records(context, zone: zone, type: GroupChange.recordType) }
+        guard let group = GroupMembership(zone: zone, changes: held.compactMap { try? GroupChange(record: $0) }) else { return nil }
+        var decided = [String: (summary: String, decision: String)]()
+        for (change, decision) in group.decisions {
+            let verdict = switch decision { case .accepted: "accepted"; case .refused(let why): "refused: \(why)" }
+            decided[change.name] = (change.summary, verdict)
+        }
+        return (group, decided)
     }
 
     static func clock(_ clock: RecordClock) -> String {
@@ -126,6 +155,10 @@ enum InspectCommands {
         Output.line("fingerprint \(fingerprint)")
         Output.line("clock      \(clock(record.clock))")
         Output.line("signature  \(signature)")
+        if record.recordType == GroupChange.recordType {
+            let decided = try await membership(context, zone: zone, records: nil)?.decided[record.id.name]
+            Output.line("change     " + (decided.map { "\($0.summary) — \($0.decision)" } ?? "not a valid group change"))
+        }
         if let changeTag = record.serverMetadata?.changeTag { Output.line("change tag \(changeTag)") }
         let pretty = try JSONSerialization.data(withJSONObject: fields, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
         for line in String(decoding: pretty, as: UTF8.self).split(separator: "\n") { Output.line(String(line)) }

@@ -57,17 +57,8 @@ public struct GroupEvent: Sendable, Hashable {
     /// Where it falls among the messages (their version clocks).
     public let clock: RecordClock
 
-    /// In words, e.g. "alice added carol, dave".
+    /// In words, e.g. "alice added carol, dave" (``GroupChange/summary``).
     public var summary: String {
-        let who = targets.joined(separator: ", ")
-        return switch action {
-        case .create: "\(actor) created the group \(groupName ?? "")" + (targets.isEmpty ? "" : " with \(who)")
-        case .add: "\(actor) added \(who)"
-        case .remove: "\(actor) removed \(who)"
-        case .promote: "\(actor) made \(who) an admin"
-        case .demote: "\(actor) made \(who) a member"
-        case .leave: "\(actor) left"
-        case .rename: "\(actor) named the group \(groupName ?? "")"
-        }
+        GroupChange.summary(actor: actor, action: action, targets: targets, groupName: groupName)
     }
 }

@@ -36,7 +36,12 @@ extension SyncEngine {
             progress?(SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: report.pulled))
             try await pullZone(zone, report: &report)
         }
-        let done = plan.speakerZones.count + zones.count
+        // Speakers first followed while the conversations were read (a group's members): their
+        // profiles and devices in this sync, not the next.
+        let newSpeakers = try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 's-%' AND token IS NULL ORDER BY zone") { $0.text(0) } }
+            .compactMap { try? ZoneName($0) }
+        for zone in newSpeakers { try await pullZone(zone, report: &report) }
+        let done = plan.speakerZones.count + zones.count + newSpeakers.count
         progress?(SyncProgress(zone: nil, zonesDone: done, zones: done, pulled: report.pulled))
         try await writeRecoverable { applier in
             for zone in changes.deletedZones {

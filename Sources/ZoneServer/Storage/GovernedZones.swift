@@ -21,6 +21,12 @@ public struct SaveGate: Sendable {
         return zones
     }
 
+    /// The governed zones among `records` whose state the batch may move (it holds governing
+    /// records): their states are taken out of memory for the save, so they change in place.
+    func zonesChangingGovernance(of records: [Record]) -> Set<ZoneName> {
+        Set(records.filter { governance.governingType(of: $0.id.zone) == $0.recordType }.map(\.id.zone))
+    }
+
     /// Refuses (`notAuthorized`) each admitted version of a governed zone that its state does
     /// not let the identity save now, in the batch's order; a governing version that passes
     /// moves its zone's state for the versions after it.
@@ -30,13 +36,14 @@ public struct SaveGate: Sendable {
                owner: (Record) -> String?) -> (outcomes: [Result<Data, RecordZoneError>], states: [ZoneName: any GovernedZone], takenIn: [Int]) {
         var outcomes = outcomes, states = states, takenIn = [Int]()
         for (index, record) in records.enumerated() {
-            guard case .success = outcomes[index], var state = states[record.id.zone] else { continue }
+            // Out of the dictionary while it is decided: the only copy, changed in place.
+            guard case .success = outcomes[index], var state = states.removeValue(forKey: record.id.zone) else { continue }
+            defer { states[record.id.zone] = state }
             if let refusal = state.admit(record, owner: owner(record), as: identity) {
                 outcomes[index] = .failure(RecordZoneError(.notAuthorized, "'\(identity)' may not write \(record.id): \(refusal)", recordID: record.id))
                 continue
             }
             if record.recordType == governance.governingType(of: record.id.zone) { takenIn.append(index) }
-            states[record.id.zone] = state
         }
         return (outcomes, states, takenIn)
     }
@@ -57,8 +64,14 @@ struct GoverningMark: Hashable, Sendable {
 final class GovernedZoneCache: Sendable {
     private let entries = Mutex<[ZoneName: (mark: GoverningMark, state: any GovernedZone)]>([:])
 
-    func state(of zone: ZoneName, at mark: GoverningMark) -> (any GovernedZone)? {
-        entries.withLock { entries in entries[zone].flatMap { $0.mark == mark ? $0.state : nil } }
+    /// The state kept for `zone` at `mark`, if any. - Parameter taking: take it out (a save
+    /// that may change it: it changes in place, and is kept again after the commit).
+    func state(of zone: ZoneName, at mark: GoverningMark, taking: Bool = false) -> (any GovernedZone)? {
+        entries.withLock { entries in
+            guard let entry = entries[zone], entry.mark == mark else { return nil }
+            if taking { entries[zone] = nil }
+            return entry.state
+        }
     }
 
     func keep(_ state: any GovernedZone, of zone: ZoneName, at mark: GoverningMark) {

@@ -76,7 +76,7 @@ extension PostgresZoneStorage {
             var governedStates = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark](), takenIn = [Int]()
             if let gate, !governedZones.isEmpty {
                 (governedStates, marks) = try states(of: Dictionary(uniqueKeysWithValues: governedZones), governance: gate.governance, zones: zoneRows,
-                                                     marks: read[read.count - 1], in: db)
+                                                     marks: read[read.count - 1], taking: gate.zonesChangingGovernance(of: records), in: db)
                 let gated = gate.apply(records, outcomes: outcomes, states: governedStates) { try? self.policy.rules.owner(of: $0)?.get() }
                 (outcomes, governedStates, takenIn) = gated
             }
@@ -118,7 +118,7 @@ extension PostgresZoneStorage {
     /// governing sequence): from memory where the mark holds, otherwise decided from the records
     /// (read under the same locks).
     func states(of zones: [ZoneName: String], governance: any ZoneGovernance, zones zoneRows: PostgresRows, marks markRows: PostgresRows,
-                in db: PostgresConnection) throws -> (states: [ZoneName: any GovernedZone], marks: [ZoneName: GoverningMark]) {
+                taking: Set<ZoneName>, in db: PostgresConnection) throws -> (states: [ZoneName: any GovernedZone], marks: [ZoneName: GoverningMark]) {
         var incarnations = [String: String]()
         for row in 0..<zoneRows.count { if let name = zoneRows.text(row, 0), let incarnation = zoneRows.text(row, 2) { incarnations[name] = incarnation } }
         var states = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark]()
@@ -127,7 +127,8 @@ extension PostgresZoneStorage {
                   let zone = try? ZoneName(name), let type = zones[zone] else { continue }
             let mark = GoverningMark(incarnation: incarnation, sequence: sequence)
             marks[zone] = mark
-            states[zone] = try governed.state(of: zone, at: mark) ?? governance.decide(zone, governing: Self.governingRecords(of: zone, type: type, in: db))
+            states[zone] = try governed.state(of: zone, at: mark, taking: taking.contains(zone))
+                ?? governance.decide(zone, governing: Self.governingRecords(of: zone, type: type, in: db))
         }
         return (states, marks)
     }

@@ -194,7 +194,8 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     /// A zone that does not exist has neither.
     /// - Parameter keep: keep what was decided (only from a read: a write's own transaction may
     ///   still roll back).
-    private func governedStates(_ zones: [ZoneName: String], governance: any ZoneGovernance, keep: Bool,
+    ///   - taking: zones whose kept state is taken out of memory (a save that may change it).
+    private func governedStates(_ zones: [ZoneName: String], governance: any ZoneGovernance, keep: Bool, taking: Set<ZoneName> = [],
                                 in db: Database) throws -> (states: [ZoneName: any GovernedZone], marks: [ZoneName: GoverningMark]) {
         var states = [ZoneName: any GovernedZone](), marks = [ZoneName: GoverningMark]()
         for (zone, type) in zones {
@@ -202,7 +203,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
             let sequence = try db.first("SELECT coalesce(max(sequence), 0) FROM records WHERE zone = ? AND type = ?", [zone.rawValue, type]) { $0.int(0) } ?? 0
             let mark = GoverningMark(incarnation: incarnation, sequence: sequence)
             marks[zone] = mark
-            if let state = governed.state(of: zone, at: mark) {
+            if let state = governed.state(of: zone, at: mark, taking: taking.contains(zone)) {
                 states[zone] = state
             } else {
                 let records = try db.rows("SELECT record FROM records WHERE zone = ? AND type = ?", [zone.rawValue, type]) { try? Record(canonical: $0.blob(0)) }
@@ -254,7 +255,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
                 guard let gate else { return outcomes }
                 let zones = gate.governedZones(of: records)
                 guard !zones.isEmpty else { return outcomes }
-                (governedStates, marks) = try self.governedStates(zones, governance: gate.governance, keep: false, in: db)
+                (governedStates, marks) = try self.governedStates(zones, governance: gate.governance, keep: false, taking: gate.zonesChangingGovernance(of: records), in: db)
                 let gated = gate.apply(records, outcomes: outcomes, states: governedStates) { try? policy.rules.owner(of: $0)?.get() }
                 (governedStates, takenIn) = (gated.states, gated.takenIn)
                 return gated.outcomes
