@@ -3,6 +3,7 @@ import Foundation
 @testable import RecordZone
 import Testing
 import TestSupport
+@testable import ZoneServer
 
 /// Groups in the store, over every backend (a shared in-memory one, a folder, a zone server on
 /// SQLite, two zone servers on one PostgreSQL database): created, messages from
@@ -105,6 +106,24 @@ import TestSupport
         #expect(try Self.view(bob, club.id) == ["carol: Before bob", "carol: After alice"])
         #expect(try Self.view(alice, club.id) == ["carol: Before bob"])
         #expect(try alice.members(of: club.id).map(\.speaker) == ["carol", "bob"])
+    }
+
+    /// Someone added to a group who never set up has no zone on the server: a member's store
+    /// looks for it once, then only when the database feed names it — not on every sync (a
+    /// group of 10,000 invited people would otherwise cost 10,000 requests a sync). Once they
+    /// set up, the next sync reads their profile.
+    @Test func aMemberWhoNeverSetUpIsNotLookedForOnEverySync() async throws {
+        let fixture = try await ChatFixture(.http)
+        let carol = try await fixture.store("carol")
+        _ = try await carol.createGroup(name: "Trip", members: ["ghost"])
+        try await carol.sync()
+        let metrics = try #require(fixture.zoneServer).api.metrics
+        let before = metrics.answered(.zoneChanges)
+        for _ in 0..<3 { try await carol.sync() }
+        #expect(metrics.answered(.zoneChanges) == before)
+        try await fixture.store("ghost").sync()
+        try await carol.sync()
+        #expect(try carol.speaker(fromRef: SpeakerRef(identifier: "ghost"))?.name == "Ghost")
     }
 
     /// A change in the creator's name signed by someone else's key (planted past every save

@@ -100,6 +100,11 @@ enum StoreSchema {
         Migration(version: 9, sql: """
             ALTER TABLE group_state ADD COLUMN history TEXT NOT NULL DEFAULT 'since-added';
             """),
+        // Version 10: a followed speaker's zone the backend does not have (someone added to a
+        // group who never set up): read again when the database feed names it, not every sync.
+        Migration(version: 10, sql: """
+            ALTER TABLE ck_zone_state ADD COLUMN is_missing INTEGER NOT NULL DEFAULT 0;
+            """),
     ]
 }
 

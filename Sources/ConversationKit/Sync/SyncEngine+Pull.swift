@@ -38,7 +38,9 @@ extension SyncEngine {
         }
         // Speakers first followed while the conversations were read (a group's members): their
         // profiles and devices in this sync, not the next.
-        let newSpeakers = try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 's-%' AND token IS NULL ORDER BY zone") { $0.text(0) } }
+        let newSpeakers = try read { db in
+            try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 's-%' AND token IS NULL AND is_missing = 0 ORDER BY zone") { $0.text(0) }
+        }
             .compactMap { try? ZoneName($0) }
         for zone in newSpeakers { try await pullZone(zone, report: &report) }
         let done = plan.speakerZones.count + zones.count + newSpeakers.count
@@ -70,7 +72,8 @@ extension SyncEngine {
         let changed = Set(changes.changedZones).subtracting(advanced)
         try applier.follow(localSpeaker)
         for zone in conversations.flatMap(ChatRecords.speakerZones(of:)) { try applier.follow(zone: zone) }
-        let followed = try applier.db.rows("SELECT zone, token IS NULL FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
+        // New: never read, and not found missing (that one is read when the feed names it).
+        let followed = try applier.db.rows("SELECT zone, token IS NULL AND is_missing = 0 FROM ck_zone_state WHERE zone LIKE 's-%' ORDER BY zone") { ($0.text(0), $0.int(1) != 0) }
         let plan = PullPlan(speakerZones: followed.compactMap { name, isNew in (try? ZoneName(name)).flatMap { isNew || changed.contains($0) ? $0 : nil } },
                             conversations: changed.intersection(conversations).sorted())
         guard plan.speakerZones.isEmpty, plan.conversations.isEmpty, changes.deletedZones.isEmpty,
@@ -140,6 +143,10 @@ extension SyncEngine {
                 report.refetchedZones += 1
                 continue
             } catch where error.code == .zoneNotFound {
+                // Not there yet (a speaker who never set up): looked for again when the feed names it.
+                if ChatRecords.isSpeakerZone(zone) {
+                    try await writeRecoverable { applier in try applier.db.execute("UPDATE ck_zone_state SET is_missing = 1 WHERE zone = ?", [zone.rawValue]) }
+                }
                 return
             } catch {
                 throw ConversationError.backend(error, "cannot fetch changes of \(zone)")
@@ -167,7 +174,7 @@ extension SyncEngine {
                 }
                 try applier.db.execute("""
                     INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)
-                    ON CONFLICT (zone) DO UPDATE SET token = excluded.token, is_created = 1
+                    ON CONFLICT (zone) DO UPDATE SET token = excluded.token, is_created = 1, is_missing = 0
                     """, [zone.rawValue, page.token.data])
                 return (applied, applier.quarantinedCount)
             }
