@@ -45,6 +45,12 @@ import TestSupport
         try await syncAll(all)
         let four = ["carol: Who brings the tent?", "alice: I do", "bob: I bring food", "dave: Count me in"]
         for store in [carol, alice, bob, dave] { #expect(Set(try Self.view(store, trip.id)) == Set(four)) }
+        // Read receipts per member: "read by 2 of 3".
+        try await alice.markAllAsRead(in: trip.id)
+        try await bob.markAllAsRead(in: trip.id)
+        try await syncAll(all)
+        let tent = try #require(try history(carol, trip.id).first { $0.content == "Who brings the tent?" })
+        #expect(try carol.readers(of: tent.id).map(\.speaker).sorted() == ["alice", "bob"])
 
         // A plain member cannot add; once promoted, alice adds erin, who sees from then on.
         await #expect(throws: ConversationError.self) { try await alice.addMembers(["erin"], to: trip.id) }

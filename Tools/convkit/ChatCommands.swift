@@ -24,7 +24,7 @@ enum ChatCommands {
         ToolCommand(Command("convkit conversations remove", "Remove a conversation from this store (not from the backend; unsent messages are dropped).",
                             positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: removeConversation),
         ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
-                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: read),
+                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag]), run: read),
         ToolCommand(Command("convkit edit", "Edit one of your messages.",
                             positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("text", "The new text.")],
                             options: [Targets.store]), run: edit),
@@ -211,8 +211,19 @@ enum ChatCommands {
         let from = page.olderCursor == nil ? Date.distantPast : page.messages.first?.spokenAt ?? .distantPast
         let until = cursor == nil ? Date.distantFuture : page.messages.last?.spokenAt ?? .distantFuture
         var events = try group.map { try store.groupEvents(in: $0.id).filter { $0.at >= from && $0.at <= until } } ?? []
+        // In a group, who read each of one's own messages, of the others in it now.
+        let local = store.localSpeakerIdentifier ?? ""
+        let others = try group.map { try store.members(of: $0.id).filter { $0.speaker != local }.count }
+        func readBy(_ message: Message) throws -> [String]? {
+            guard group != nil, message.speaker == local else { return nil }
+            return try store.readers(of: message.id).map(\.speaker)
+        }
         if context.json {
-            var value: [String: Any] = ["messages": page.messages.map(messageJSON)]
+            var value: [String: Any] = ["messages": try page.messages.map { message in
+                var entry = messageJSON(message)
+                if let readers = try readBy(message) { entry["readBy"] = readers }
+                return entry
+            }]
             if group != nil { value["events"] = events.map { ["at": Output.time($0.at), "actor": $0.actor, "action": $0.action.rawValue, "targets": $0.targets, "summary": $0.summary] as [String: Any] } }
             if let older { value["older"] = older }
             try Output.json(value)
@@ -227,7 +238,8 @@ enum ChatCommands {
         for message in page.messages {
             printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
-            let flags = [message.editedAt != nil ? "edited" : nil, message.readAt != nil ? "read" : nil,
+            let read = try readBy(message).map { $0.isEmpty ? nil : "read by \($0.count) of \(others ?? 0)" } ?? (message.readAt != nil ? "read" : nil)
+            let flags = [message.editedAt != nil ? "edited" : nil, read,
                          message.syncState == .synced ? nil : state(message.syncState)].compactMap { $0 }
             Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
         }
@@ -263,7 +275,7 @@ enum ChatCommands {
     static func read(_ context: Context) async throws {
         let store = try context.store()
         guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
-        let conversation = try conversation(store, with: other)
+        let conversation = try group(other, store, context) ?? conversation(store, with: other)
         let unread = conversation.unreadCount
         try await store.markAllAsRead(in: conversation.id)
         Output.line("\(unread) marked read")

@@ -115,3 +115,9 @@ public enum SyncActivity: Sendable, Hashable {
     /// The backend answers again after being unreachable.
     case reachable
 }
+
+/// A speaker who read a message, and when (``ConversationStore/readers(of:)``).
+public struct MessageReader: Sendable, Hashable {
+    public let speaker: String
+    public let readAt: Date
+}

@@ -192,6 +192,23 @@ extension ConversationStore {
         }
     }
 
+    /// Who has read a message, and when, oldest first: in a group every member's receipt
+    /// ("read by 3 of 5": `readers(of:).count` of the group's other members), in a pair the
+    /// listener's. A receipt by its own speaker is never made; in a group, one by someone never
+    /// in it (a folder lets anyone write) is left out.
+    public func readers(of id: MessageID) throws(ConversationError) -> [MessageReader] {
+        try read { db in
+            _ = try Self.message(db, id)
+            return try db.rows("""
+                SELECT r.reader, r.read_at FROM receipts r WHERE r.zone = ? AND r.message = ?
+                    AND (r.zone NOT LIKE 'g-%' OR EXISTS (SELECT 1 FROM group_runs g WHERE g.zone = r.zone AND g.speaker = r.reader))
+                ORDER BY r.read_at, r.reader
+                """, [id.conversation, id.name]) {
+                MessageReader(speaker: $0.text(0), readAt: Self.date($0.int(1)))
+            }
+        }
+    }
+
     /// One message, if the store has it and it is not deleted.
     public func message(_ id: MessageID) throws(ConversationError) -> Message? {
         try read { db in try? Self.message(db, id) }
