@@ -27,6 +27,21 @@ public struct GroupChange: Sendable, Hashable {
         case leave
         /// Names the group anew (an admin's).
         case rename
+        /// Sets the group's description and avatar, each absent for none (an admin's).
+        case describe
+    }
+
+    /// A group's avatar: an asset (a PNG capped as speakers' avatars are) and its pixel size.
+    public struct Avatar: Sendable, Hashable {
+        public let asset: AssetReference
+        public let width: Int
+        public let height: Int
+
+        public init(asset: AssetReference, width: Int, height: Int) {
+            self.asset = asset
+            self.width = width
+            self.height = height
+        }
     }
 
     /// The record's name: unique in the zone, the last key of the order changes are decided in.
@@ -41,14 +56,22 @@ public struct GroupChange: Sendable, Hashable {
     public let groupName: String?
     /// What members added later may read, for create (nil: ``GroupMembership/History/sinceAdded``).
     public let history: GroupMembership.History?
+    /// The group's description, for describe (nil: none).
+    public let groupDescription: String?
+    /// The group's avatar, for describe (nil: none).
+    public let avatar: Avatar?
 
     public static let recordType = "GroupChange"
     public static let namePrefix = "gc."
     /// The longest group name, in UTF-8 bytes.
     public static let maximumNameBytes = 256
+    /// The longest group description, in UTF-8 bytes.
+    public static let maximumDescriptionBytes = 1024
+    /// The largest side of a group's avatar, in pixels.
+    public static let largestAvatarSide = 4096
 
     public init(name: String, actor: String, clock: RecordClock, action: Action, targets: [String] = [], groupName: String? = nil,
-                history: GroupMembership.History? = nil) {
+                history: GroupMembership.History? = nil, groupDescription: String? = nil, avatar: Avatar? = nil) {
         self.name = name
         self.actor = actor
         self.clock = clock
@@ -56,6 +79,8 @@ public struct GroupChange: Sendable, Hashable {
         self.targets = targets
         self.groupName = groupName
         self.history = action == .create ? history : nil
+        self.groupDescription = action == .describe ? groupDescription : nil
+        self.avatar = action == .describe ? avatar : nil
     }
 
     /// The record name for a change by `actor` at `clock`, with `random` (16 hex characters)
@@ -92,7 +117,7 @@ public struct GroupChange: Sendable, Hashable {
         switch action {
         case .create, .add: break
         case .remove, .promote, .demote: guard targets.count == 1 else { throw .shape("\(raw) names exactly one target") }
-        case .leave, .rename: guard targets.isEmpty else { throw .shape("\(raw) names no target") }
+        case .leave, .rename, .describe: guard targets.isEmpty else { throw .shape("\(raw) names no target") }
         }
         if action == .add, targets.isEmpty { throw .shape("add names at least one target") }
         let groupName = record.fields["name"]?.stringValue
@@ -108,8 +133,25 @@ public struct GroupChange: Sendable, Hashable {
             }
             history = setting
         }
+        var groupDescription: String?, avatar: Avatar?
+        if action == .describe {
+            if let field = record.fields["description"] {
+                guard let text = field.stringValue, text.utf8.count <= Self.maximumDescriptionBytes else {
+                    throw .shape("description is a string of at most \(Self.maximumDescriptionBytes) bytes")
+                }
+                groupDescription = text.isEmpty ? nil : text
+            }
+            if let field = record.fields["avatar"] {
+                let sides = 1...Int64(Self.largestAvatarSide)
+                guard case .asset(let asset) = field, let width = record.fields["avatarWidth"]?.intValue, let height = record.fields["avatarHeight"]?.intValue,
+                      sides.contains(width), sides.contains(height) else {
+                    throw .shape("avatar is an asset with avatarWidth and avatarHeight of 1-\(Self.largestAvatarSide)")
+                }
+                avatar = Avatar(asset: asset, width: Int(width), height: Int(height))
+            }
+        }
         self.init(name: record.id.name, actor: actor, clock: record.clock, action: action, targets: targets,
-                  groupName: action == .create || action == .rename ? groupName : nil, history: history)
+                  groupName: action == .create || action == .rename ? groupName : nil, history: history, groupDescription: groupDescription, avatar: avatar)
     }
 
     /// ASCII hex digits only (names compare bytewise in every language: no look-alike digits).
@@ -123,6 +165,12 @@ public struct GroupChange: Sendable, Hashable {
         if !targets.isEmpty { fields["targets"] = .list(targets.map { .string($0) }) }
         if let groupName { fields["name"] = .string(groupName) }
         if let history { fields["history"] = .string(history.rawValue) }
+        if let groupDescription { fields["description"] = .string(groupDescription) }
+        if let avatar {
+            fields["avatar"] = .asset(avatar.asset)
+            fields["avatarWidth"] = .int(Int64(avatar.width))
+            fields["avatarHeight"] = .int(Int64(avatar.height))
+        }
         return fields
     }
 
@@ -140,6 +188,7 @@ public struct GroupChange: Sendable, Hashable {
         case .demote: "\(actor) made \(who) a member"
         case .leave: "\(actor) left"
         case .rename: "\(actor) named the group \(groupName ?? "")"
+        case .describe: "\(actor) changed the group's description and picture"
         }
     }
 
@@ -220,6 +269,10 @@ public struct GroupMembership: Sendable, Equatable {
     public private(set) var name: String?
     /// What members read of what was said outside their membership (set by the `create`).
     public private(set) var history: History = .sinceAdded
+    /// The group's description now (the last `describe` that took effect).
+    public private(set) var groupDescription: String?
+    /// The group's avatar now (the last `describe` that took effect).
+    public private(set) var avatar: GroupChange.Avatar?
     /// Every change held, in the order decided, with its decision.
     public private(set) var decisions: [(change: GroupChange, decision: Decision)] = []
     /// Each speaker's runs of membership, in order.
@@ -229,6 +282,7 @@ public struct GroupMembership: Sendable, Equatable {
 
     public static func == (a: GroupMembership, b: GroupMembership) -> Bool {
         a.creatorHash == b.creatorHash && a.isCreated == b.isCreated && a.roles == b.roles && a.name == b.name && a.history == b.history && a.runs == b.runs
+            && a.groupDescription == b.groupDescription && a.avatar == b.avatar
             && a.decisions.map(\.change) == b.decisions.map(\.change) && a.decisions.map(\.decision) == b.decisions.map(\.decision)
     }
 
@@ -339,6 +393,9 @@ public struct GroupMembership: Sendable, Equatable {
             roles[change.targets[0]] = .member
         case .rename:
             name = change.groupName
+        case .describe:
+            groupDescription = change.groupDescription
+            avatar = change.avatar
         }
     }
 
@@ -355,7 +412,7 @@ public struct GroupMembership: Sendable, Equatable {
             return .accepted  // decided above
         case .leave:
             return role == nil ? .refused("\(change.actor) is not in the group") : .accepted
-        case .rename, .add:
+        case .rename, .add, .describe:
             guard let role, role >= .admin else { return .refused("only an admin may \(change.action.rawValue)") }
             return .accepted
         case .remove, .promote, .demote:

@@ -17,7 +17,8 @@ import TestSupport
     static func change(_ actor: String, _ ms: UInt64, _ action: GroupChange.Action, _ targets: [String] = [], name: String? = nil, salt: UInt64 = 0) -> GroupChange {
         let clock = RecordClock(milliseconds: ms, counter: 0)
         return GroupChange(name: GroupChange.recordName(actor: actor, clock: clock, random: String(format: "%016llx", salt)), actor: actor,
-                           clock: clock, action: action, targets: targets, groupName: name ?? ((action == .create || action == .rename) ? "Trip" : nil))
+                           clock: clock, action: action, targets: targets, groupName: name ?? ((action == .create || action == .rename) ? "Trip" : nil),
+                           groupDescription: action == .describe ? "about \(salt)" : nil)
     }
 
     static func decide(_ changes: [GroupChange]) -> GroupMembership {
@@ -184,6 +185,7 @@ import TestSupport
             case .demote: next(actor, ms, .demote, [target])
             case .leave: next(actor, ms, .leave, [])
             case .rename: next(actor, ms, .rename, [])
+            case .describe: next(actor, ms, .describe, [])
             }
         }
         return changes
@@ -204,7 +206,7 @@ import TestSupport
                 case .leave: roles[change.actor] = nil
                 case .promote: roles[change.targets[0]] = .admin
                 case .demote: roles[change.targets[0]] = .member
-                case .rename: break
+                case .rename, .describe: break
                 }
             }
             return roles
@@ -217,7 +219,7 @@ import TestSupport
             let allowed: Bool = switch change.action {
             case .create: !created && ChatRecords.identityHash(change.actor) == group.creatorHash
             case .leave: created && actorRole != nil
-            case .add, .rename: created && (actorRole ?? .member) >= .admin && actorRole != nil
+            case .add, .rename, .describe: created && (actorRole ?? .member) >= .admin && actorRole != nil
             case .remove: created && actorRole.map { $0 >= .admin } == true && before[change.targets[0]].map { $0 != .creator } == true && change.targets[0] != change.actor
             case .promote: created && actorRole.map { $0 >= .admin } == true && before[change.targets[0]] == .member
             case .demote: created && actorRole.map { $0 >= .admin } == true && before[change.targets[0]] == .admin

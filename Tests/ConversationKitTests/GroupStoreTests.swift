@@ -1,5 +1,6 @@
 import ConversationKit
 import Foundation
+import ImageKit
 @testable import RecordZone
 import Testing
 import TestSupport
@@ -112,6 +113,30 @@ import TestSupport
         #expect(try Self.view(bob, club.id) == ["carol: Before bob", "carol: After alice"])
         #expect(try Self.view(alice, club.id) == ["carol: Before bob"])
         #expect(try alice.members(of: club.id).map(\.speaker) == ["carol", "bob"])
+    }
+
+    /// A group's description and picture, set by an admin (the picture through the avatar
+    /// pipeline: capped, a PNG asset uploaded before the change that names it), reach every
+    /// member; a plain member cannot set them; changing one keeps the other.
+    @Test(arguments: backends)
+    func aGroupsDescriptionAndPictureReachEveryMember(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let carol = try await fixture.store("carol"), alice = try await fixture.store("alice", onSecondServer: true)
+        let club = try await carol.createGroup(name: "Club", members: ["alice"])
+        try await carol.setDescription("Saturday hikes", ofGroup: club.id)
+        try await carol.setAvatar(imageData: try Images.encodePNG(RGBAImage(width: 400, height: 200, fill: (20, 60, 200, 255))), ofGroup: club.id)
+        try await syncAll([carol, alice])
+        let seen = try #require(try alice.conversations().first { $0.id == club.id })
+        #expect(seen.groupDescription == "Saturday hikes" && seen.groupAvatarSize == PixelSize(width: 100, height: 50))
+        let image = try #require(try await alice.avatarImage(ofGroup: club.id))
+        let decoded = try Images.decode(image.png)
+        #expect(image.size == PixelSize(width: 100, height: 50) && decoded.width == 100 && decoded.height == 50)
+        await #expect(throws: ConversationError.self) { try await alice.setDescription("Mine now", ofGroup: club.id) }
+        try await carol.setDescription(nil, ofGroup: club.id)
+        try await syncAll([carol, alice])
+        let after = try #require(try alice.conversations().first { $0.id == club.id })
+        #expect(after.groupDescription == nil && after.groupAvatarSize == PixelSize(width: 100, height: 50))
+        #expect(try alice.groupEvents(in: club.id).last?.summary == "carol changed the group's description and picture")
     }
 
     /// Someone added to a group who never set up has no zone on the server: a member's store

@@ -52,6 +52,8 @@ import Testing
                 var groupName: String?
                 /// A `create`'s history setting, when it sets one.
                 var history: String?
+                /// A `describe`'s description, when it sets one.
+                var groupDescription: String?
             }
             struct MemberAt: Codable, Equatable {
                 var speaker: String
@@ -92,7 +94,8 @@ import Testing
 
     /// Carol's group: two admins who remove each other, a change dated before the creation, a
     /// creation by someone the zone does not name, a removal of the creator, a change by a
-    /// demoted admin, a rename, a leave — arriving newest first.
+    /// demoted admin, a rename, a leave, a description by carol and one by bob before he was an
+    /// admin — arriving newest first.
     /// - Parameter history: the creation's history setting (nil: none set, the default).
     static func groupVector(history: GroupMembership.History? = nil) throws -> Vectors.GroupVector {
         let zone = try #require(GroupMembership.zone(creator: "carol", random: "00112233aabbccdd"))
@@ -103,12 +106,19 @@ import Testing
             return GroupChange(name: GroupChange.recordName(actor: actor, clock: clock, random: String(format: "%016x", salt)), actor: actor, clock: clock,
                                action: action, targets: targets, groupName: name, history: action == .create ? history : nil)
         }
+        func describe(_ actor: String, _ ms: UInt64, _ text: String) -> GroupChange {
+            salt += 1
+            let clock = RecordClock(milliseconds: 1_700_000_000_000 + ms, counter: 0)
+            return GroupChange(name: GroupChange.recordName(actor: actor, clock: clock, random: String(format: "%016x", salt)), actor: actor, clock: clock,
+                               action: .describe, groupDescription: text)
+        }
         let changes = [
             change("carol", 100, .create, ["alice", "bob"], name: "Trip"), change("carol", 110, .promote, ["alice"]), change("carol", 111, .promote, ["bob"]),
             change("alice", 200, .remove, ["bob"]), change("bob", 201, .remove, ["alice"]), change("mallory", 90, .create, ["mallory"], name: "Mine"),
             change("carol", 95, .add, ["dave"]), change("dave", 210, .add, ["erin"]), change("carol", 220, .demote, ["alice"]),
             change("alice", 221, .add, ["frank"]), change("alice", 150, .remove, ["carol"]), change("alice", 160, .add, ["dave"]),
             change("dave", 230, .leave), change("alice", 170, .rename, name: "Trip 2027"),
+            describe("carol", 105, "Hiking in May"), describe("bob", 106, "Bob's group"),
         ]
         let arrived = Array(changes.reversed())
         let group = try #require(GroupMembership(zone: zone, changes: arrived))
@@ -120,7 +130,7 @@ import Testing
         return .init(description: "carol's group g-<h(carol)>-00112233aabbccdd\(history.map { " (history: \($0.rawValue))" } ?? ""), its changes arriving newest first",
                      zone: zone.rawValue,
                      arrived: arrived.map { .init(name: $0.name, clock: String($0.clock.rawValue), actor: $0.actor, action: $0.action.rawValue, targets: $0.targets,
-                                                  groupName: $0.groupName, history: $0.history?.rawValue) },
+                                                  groupName: $0.groupName, history: $0.history?.rawValue, groupDescription: $0.groupDescription) },
                      decided: group.decisions.map(\.change.name), accepted: group.decisions.map { $0.decision == .accepted },
                      roles: group.roles.mapValues(\.rawValue), groupName: group.name,
                      memberAt: memberAt.map { .init(speaker: $0.0, clock: at(UInt64($0.1)), member: group.isMember($0.0, at: RecordClock(milliseconds: 1_700_000_000_000 + UInt64($0.1), counter: 0))) },
@@ -225,7 +235,7 @@ import Testing
         for vector in stored.groups {
             #expect(vector.roles == ["carol": "creator", "alice": "member"] && vector.groupName == "Trip 2027")
             let refusedActions = zip(vector.decided, vector.accepted).filter { !$0.1 }.compactMap { name in vector.arrived.first { $0.name == name.0 } }
-            #expect(refusedActions.map { "\($0.actor) \($0.action)" } == ["mallory create", "carol add", "alice remove", "bob remove", "dave add", "alice add"])
+            #expect(refusedActions.map { "\($0.actor) \($0.action)" } == ["mallory create", "carol add", "bob describe", "alice remove", "bob remove", "dave add", "alice add"])
             #expect(vector.memberAt.map(\.member) == [true, false, false, true, false, true, false])
             // Runs: alice and carol from 100 on, bob 100–200, dave 160–230. Since added: inside a
             // run; all: before the reader's last run ended.
@@ -240,12 +250,14 @@ import Testing
                 if !change.targets.isEmpty { record.fields["targets"] = .list(change.targets.map { .string($0) }) }
                 if let name = change.groupName { record.fields["name"] = .string(name) }
                 if let history = change.history { record.fields["history"] = .string(history) }
+                if let text = change.groupDescription { record.fields["description"] = .string(text) }
                 record.clock = RecordClock(rawValue: try #require(UInt64(change.clock)))
                 return try GroupChange(record: record)
             }
             let group = try #require(GroupMembership(zone: try ZoneName(vector.zone), changes: changes))
             #expect(group.decisions.map(\.change.name) == vector.decided && group.roles.mapValues(\.rawValue) == vector.roles)
             #expect(group.history.rawValue == (history ?? "since-added"))
+            #expect(group.groupDescription == "Hiking in May")
             #expect(vector.readAt.allSatisfy { group.mayRead($0.reader, at: RecordClock(rawValue: UInt64($0.clock) ?? 0)) == $0.reads })
         }
         for vector in stored.refused {

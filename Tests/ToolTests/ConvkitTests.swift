@@ -23,7 +23,7 @@ import TestSupport
     static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "read", "edit", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
-                           "group create", "group add", "group remove", "group leave", "group role", "group rename", "group members", "group list"]
+                           "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
 
     @Test func everySubcommandHasGeneratedHelpAndRefusesUnknownOptions() async throws {
         for command in Self.commands {
@@ -64,7 +64,7 @@ import TestSupport
             ["init", "--id", "_bad", "--name", "Bad", "--zone-dir", dir.path + "/zones", "--store", dir.path + "/bad"],
             ["group", "create", "--name", "Trip"] + none, ["group", "add", "Trip", "--member", "bob"] + none, ["group", "remove", "Trip", "bob"] + none,
             ["group", "leave", "Trip"] + none, ["group", "role", "Trip", "bob", "admin"] + none, ["group", "rename", "Trip", "Trip 2"] + none,
-            ["group", "members", "Trip"] + none, ["group", "list"] + none,
+            ["group", "members", "Trip"] + none, ["group", "list"] + none, ["group", "describe", "Trip", "--description", "x"] + none,
         ]
         var covered = Set<String>()
         for arguments in failures {

@@ -1,4 +1,5 @@
 import Foundation
+import ImageKit
 import Testing
 import TestSupport
 
@@ -62,6 +63,16 @@ import TestSupport
         // Dave joined after both: from when he was added, he sees nothing of before.
         #expect(!(try await ok(["messages", id] + store("dave")).out.contains("tent")))
         #expect(try await ok(["conversations"] + store("carol")).out.contains("Trip (group)"))
+        // A description and a picture, by an admin; a usage error without either.
+        let empty = try await ConvkitTests.convkit(["group", "describe", "Trip"] + store("carol"))
+        #expect(empty.status == 64, "\(empty.err)")
+        let picture = dir.path + "/trip.jpg"
+        try Images.encodeJPEG(RGBAImage(width: 300, height: 200, fill: (40, 160, 40, 255)), quality: 90).write(to: URL(fileURLWithPath: picture))
+        _ = try await ok(["group", "describe", "Trip", "--description", "Hiking in May", "--avatar", picture, "--sync"] + store("carol"))
+        _ = try await ok(["sync"] + store("dave"))
+        let groups = try #require(try await ok(["group", "list", "--json"] + store("dave")).json as? [[String: Any]])
+        #expect(groups.first { $0["id"] as? String == id }?["description"] as? String == "Hiking in May", "\(groups)")
+        #expect(groups.first { $0["id"] as? String == id }?["avatar"] as? String == "100x67", "\(groups)")
         // A group that keeps its history: dave, added later, reads what was said before.
         let wrong = try await ConvkitTests.convkit(["group", "create", "--name", "Club", "--history", "some"] + store("carol"))
         #expect(wrong.status == 64 && wrong.err.contains("--history is since-added or all"), "\(wrong.err)")

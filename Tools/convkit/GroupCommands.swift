@@ -36,6 +36,22 @@ enum GroupCommands {
         ToolCommand(Command("convkit group rename", "Name a group anew (an admin's change).",
                             positionals: [group, Positional("name", "The new name.")], options: Targets.storeOptions + [.flag("sync", "Sync right after.")]),
                     run: { try await change($0) { store, id, arguments in try await store.rename(id, to: try required(arguments.positional(1), "<name>")) } }),
+        ToolCommand(Command("convkit group describe", "Set a group's description and picture (an admin's change).",
+                            positionals: [group],
+                            options: [.valued("description", "text", "The description (empty: none)."), .valued("avatar", "file", "A PNG or JPEG for its picture (capped as avatars are)."),
+                                      .flag("remove-avatar", "Take its picture away.")] + Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+                    run: { try await change($0) { store, id, arguments in
+                        let text = arguments.value("description"), file = arguments.value("avatar")
+                        guard text != nil || file != nil || arguments.has("remove-avatar") else { throw UsageError("give --description, --avatar or --remove-avatar") }
+                        guard file == nil || !arguments.has("remove-avatar") else { throw UsageError("--avatar and --remove-avatar together") }
+                        if let text { try await store.setDescription(text, ofGroup: id) }
+                        if let file {
+                            let data: Data
+                            do { data = try Data(contentsOf: URL(fileURLWithPath: file)) } catch { throw ToolFailure("cannot read \(file): \(error.localizedDescription)") }
+                            try await store.setAvatar(imageData: data, ofGroup: id)
+                        }
+                        if arguments.has("remove-avatar") { try await store.removeAvatar(ofGroup: id) }
+                    } }),
         ToolCommand(Command("convkit group members", "List a group's members and their roles.", positionals: [group], options: [Targets.store, Targets.json]), run: members),
         ToolCommand(Command("convkit group list", "List your groups.", options: [Targets.store, Targets.json]), run: list),
     ]
@@ -93,9 +109,16 @@ enum GroupCommands {
         let store = try context.store(readOnly: true)
         let groups = try store.conversations().filter(\.isGroup)
         if context.json {
-            try Output.json(groups.map { ["id": $0.id, "name": $0.groupName ?? "", "unread": $0.unreadCount] as [String: Any] })
+            try Output.json(groups.map { group in
+                var entry: [String: Any] = ["id": group.id, "name": group.groupName ?? "", "unread": group.unreadCount]
+                if let text = group.groupDescription { entry["description"] = text }
+                if let size = group.groupAvatarSize { entry["avatar"] = "\(size.width)x\(size.height)" }
+                return entry
+            })
             return
         }
-        for group in groups { Output.line("\(group.groupName ?? "")  \(group.unreadCount) unread  \(group.id)") }
+        for group in groups {
+            Output.line("\(group.groupName ?? "")  \(group.unreadCount) unread  \(group.id)" + (group.groupDescription.map { "  — \($0)" } ?? ""))
+        }
     }
 }

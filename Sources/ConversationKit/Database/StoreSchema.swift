@@ -105,6 +105,14 @@ enum StoreSchema {
         Migration(version: 10, sql: """
             ALTER TABLE ck_zone_state ADD COLUMN is_missing INTEGER NOT NULL DEFAULT 0;
             """),
+        // Version 11: a group's description and avatar (the last `describe` that took effect).
+        Migration(version: 11, sql: """
+            ALTER TABLE group_state ADD COLUMN description TEXT;
+            ALTER TABLE group_state ADD COLUMN avatar_hash BLOB;
+            ALTER TABLE group_state ADD COLUMN avatar_size INTEGER;
+            ALTER TABLE group_state ADD COLUMN avatar_width INTEGER;
+            ALTER TABLE group_state ADD COLUMN avatar_height INTEGER;
+            """),
     ]
 }
 

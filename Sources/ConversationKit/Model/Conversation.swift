@@ -1,4 +1,5 @@
 import Foundation
+import ImageKit
 import RecordZone
 
 /// A conversation: the one between the local speaker and another speaker, or a group.
@@ -16,6 +17,10 @@ public struct Conversation: Sendable, Hashable, Identifiable {
     public let lastMessageAt: Date?
     /// A group's name (nil for a pair).
     public var groupName: String? = nil
+    /// A group's description (nil: none, or a pair).
+    public var groupDescription: String? = nil
+    /// A group's avatar's size, when it has one (``ConversationStore/avatarImage(ofGroup:)``).
+    public var groupAvatarSize: PixelSize? = nil
 
     /// Whether this is a group (``ConversationStore/createGroup(name:members:)``).
     public var isGroup: Bool { groupName != nil }

@@ -132,30 +132,46 @@ extension ConversationStore {
     /// a transient failure throws and records nothing.
     func downloadAvatar(_ identifier: String, _ avatar: AvatarReference, from backend: any RecordZoneBackend) async throws(ConversationError) -> AvatarImage? {
         let problem: String
-        do {
-            let png = try await backend.asset(avatar.asset)
-            let decoded = try Images.decode(png, limits: ImageLimits(maximumBytes: Int(avatar.asset.size), maximumPixels: PixelSize.largestAvatarSide * PixelSize.largestAvatarSide))
-            if ImageFormat(magicOf: png) == .png, decoded.width == avatar.size.width, decoded.height == avatar.size.height {
-                let files = imageFiles, now = SyncEngine.milliseconds(configuration.now()), budget = configuration.imageCacheBytes
-                try await write { applier in try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: applier.db) }
-                return AvatarImage(png: png, size: avatar.size)
-            }
-            problem = "the avatar asset is not the \(avatar.size) PNG the profile names (it is a \(decoded.width)×\(decoded.height) image)"
-        } catch let error as RecordZoneError where error.isTransient {
-            throw ConversationError.backend(error, "cannot download \(identifier)'s avatar")
-        } catch let error as RecordZoneError {
-            problem = error.code == .unknownItem ? "the avatar asset is missing from the backend"
-                : error.code == .assetCorrupt ? "the avatar asset does not match its hash" : "the avatar asset cannot be had: \(error)"
-        } catch let error as ImageError {
-            problem = "the avatar asset is not a valid image: \(error)"
-        } catch {
-            throw ConversationError.wrap(error)
+        switch try await verifiedAvatar(avatar, from: backend) {
+        case .success(let image): return image
+        case .failure(let why): problem = why.description
         }
         try await write { applier in
             try applier.db.execute("UPDATE speakers SET avatar_error = ? WHERE identifier = ? AND avatar_hash = ?", [problem, identifier, avatar.asset.hash])
             applier.note(.speakerUpdated(identifier))
         }
         return nil
+    }
+}
+
+/// Why an avatar's asset cannot be shown (recorded as a speaker's avatar problem).
+struct AvatarProblem: Error, CustomStringConvertible {
+    let description: String
+}
+
+extension ConversationStore {
+    /// Downloads an avatar's asset into the cache when it is the PNG its reference names. - Returns:
+    /// the image, or why not (missing, corrupt, not that PNG); a transient failure throws.
+    func verifiedAvatar(_ avatar: AvatarReference, from backend: any RecordZoneBackend) async throws(ConversationError) -> Result<AvatarImage, AvatarProblem> {
+        do {
+            let png = try await backend.asset(avatar.asset)
+            let decoded = try Images.decode(png, limits: ImageLimits(maximumBytes: Int(avatar.asset.size), maximumPixels: PixelSize.largestAvatarSide * PixelSize.largestAvatarSide))
+            if ImageFormat(magicOf: png) == .png, decoded.width == avatar.size.width, decoded.height == avatar.size.height {
+                let files = imageFiles, now = SyncEngine.milliseconds(configuration.now()), budget = configuration.imageCacheBytes
+                try await write { applier in try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: applier.db) }
+                return .success(AvatarImage(png: png, size: avatar.size))
+            }
+            return .failure(AvatarProblem(description: "the avatar asset is not the \(avatar.size) PNG the profile names (it is a \(decoded.width)×\(decoded.height) image)"))
+        } catch let error as RecordZoneError where error.isTransient {
+            throw ConversationError.backend(error, "cannot download the avatar \(avatar.asset.hexHash)")
+        } catch let error as RecordZoneError {
+            return .failure(AvatarProblem(description: error.code == .unknownItem ? "the avatar asset is missing from the backend"
+                : error.code == .assetCorrupt ? "the avatar asset does not match its hash" : "the avatar asset cannot be had: \(error)"))
+        } catch let error as ImageError {
+            return .failure(AvatarProblem(description: "the avatar asset is not a valid image: \(error)"))
+        } catch {
+            throw ConversationError.wrap(error)
+        }
     }
 }
 

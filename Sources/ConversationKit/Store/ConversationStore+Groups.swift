@@ -1,4 +1,5 @@
 import Foundation
+import ImageKit
 import RecordZone
 import SQLiteKit
 
@@ -64,6 +65,61 @@ extension ConversationStore {
         try await change(.rename, groupName: name, in: group)
     }
 
+    /// Sets a group's description (nil or empty: none), keeping its avatar (an admin's change).
+    /// - Throws: ``ConversationError/Code/invalidIdentifier`` for one over 1,024 bytes.
+    public func setDescription(_ description: String?, ofGroup group: String) async throws(ConversationError) {
+        let text = description.flatMap { $0.isEmpty ? nil : $0 }
+        if let text, text.utf8.count > GroupChange.maximumDescriptionBytes {
+            throw ConversationError(.invalidIdentifier, "a group's description is at most \(GroupChange.maximumDescriptionBytes) bytes")
+        }
+        try await change(.describe, profile: { _, avatar in (text, avatar, nil) }, in: group)
+    }
+
+    /// Sets a group's avatar from image bytes (PNG or JPEG), keeping its description (an admin's
+    /// change): through the avatar pipeline as ``setAvatar(imageData:)`` — upright, capped to
+    /// ``StoreConfiguration/maxImageSize``, a PNG in the image cache that the next sync uploads
+    /// before the change that names it.
+    /// - Throws: ``ConversationError/Code/invalidImage`` as ``setAvatar(imageData:)``.
+    public func setAvatar(imageData: Data, ofGroup group: String) async throws(ConversationError) {
+        let box = configuration.maxImageSize
+        let capped: CappedImage
+        do { capped = try Images.cap(imageData, maxWidth: box.width, maxHeight: box.height, limits: configuration.imageLimits) } catch {
+            throw ConversationError.wrap(error)
+        }
+        let avatar = GroupChange.Avatar(asset: AssetReference(for: capped.png), width: capped.width, height: capped.height)
+        try await change(.describe, profile: { text, _ in (text, avatar, capped.png) }, in: group)
+    }
+
+    /// Removes a group's avatar, keeping its description (an admin's change).
+    public func removeAvatar(ofGroup group: String) async throws(ConversationError) {
+        try await change(.describe, profile: { text, _ in (text, nil, nil) }, in: group)
+    }
+
+    /// A group's avatar: from the image cache, or downloaded from the backend (verified against
+    /// its hash, and decoded to check it is the PNG the group's change names) and cached.
+    /// - Returns: nil when the group has no avatar, or its asset is missing or not that PNG.
+    /// - Throws: ``ConversationError/Code/backend`` when it must be downloaded and the backend
+    ///   cannot be reached.
+    public func avatarImage(ofGroup group: String) async throws(ConversationError) -> AvatarImage? {
+        guard let avatar = try read({ db in try Self.groupProfile(db, group).avatar }) else { return nil }
+        let reference = AvatarReference(asset: avatar.asset, size: PixelSize(width: avatar.width, height: avatar.height))
+        if let png = try? imageFiles.get(avatar.asset) { return AvatarImage(png: png, size: reference.size) }
+        switch try await verifiedAvatar(reference, from: try backend()) {
+        case .success(let image): return image
+        case .failure: return nil
+        }
+    }
+
+    /// A group's description and avatar as the store holds them.
+    static func groupProfile(_ db: Database, _ group: String) throws -> (description: String?, avatar: GroupChange.Avatar?) {
+        try db.first("SELECT description, avatar_hash, avatar_size, avatar_width, avatar_height FROM group_state WHERE zone = ?", [group]) { row in
+            let avatar = row.optionalBlob(1).flatMap { hash in
+                (try? AssetReference(hash: hash, size: UInt64(row.int(2)))).map { GroupChange.Avatar(asset: $0, width: Int(row.int(3)), height: Int(row.int(4))) }
+            }
+            return (row.optionalText(0), avatar)
+        } ?? (nil, nil)
+    }
+
     /// Everyone in a group now, with their role, creator and admins first.
     public func members(of group: String) throws(ConversationError) -> [GroupMember] {
         try read { db in
@@ -121,17 +177,29 @@ extension ConversationStore {
 
     /// Signs one change at a clock of its own (the one its name carries), after checking it
     /// against the rule as the store holds the group, and commits it with its outbox entry.
+    /// - Parameter profile: for `describe`, what to set given the description and avatar held
+    ///   now (and the capped PNG of a new avatar, put in the image cache with the change).
     private func change(_ action: GroupChange.Action, targets: [String] = [], groupName: String? = nil, history: GroupMembership.History? = nil,
+                        profile: (@Sendable (String?, GroupChange.Avatar?) -> (String?, GroupChange.Avatar?, png: Data?))? = nil,
                         in group: String) async throws(ConversationError) {
         let local = try requireIdentity()
         if let groupName, groupName.isEmpty || groupName.utf8.count > GroupChange.maximumNameBytes {
             throw ConversationError(.invalidIdentifier, "a group's name is 1-\(GroupChange.maximumNameBytes) bytes")
         }
         let zone = try Self.groupZone(group)
+        let files = imageFiles, now = SyncEngine.milliseconds(configuration.now()), budget = configuration.imageCacheBytes
         try await write { applier in
             let clock = self.clock.now()
+            var described: (String?, GroupChange.Avatar?)
+            if let profile {
+                let held = try Self.groupProfile(applier.db, group)
+                let (text, avatar, png) = profile(held.description, held.avatar)
+                if let avatar, let png { try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: applier.db) }
+                described = (text, avatar)
+            }
             let change = GroupChange(name: GroupChange.recordName(actor: local.identifier, clock: clock, random: Sodium.randomBytes(8).hexString),
-                                     actor: local.identifier, clock: clock, action: action, targets: targets, groupName: groupName, history: history)
+                                     actor: local.identifier, clock: clock, action: action, targets: targets, groupName: groupName, history: history,
+                                     groupDescription: described.0, avatar: described.1)
             if case .refused(let why) = try applier.decision(of: change, in: zone) {
                 throw ConversationError(.notAllowedInGroup, "\(why) (\(group))")
             }

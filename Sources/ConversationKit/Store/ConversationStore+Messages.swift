@@ -314,11 +314,13 @@ extension ConversationStore {
         try db.rows("""
             SELECT c.zone, c.other, c.started_by, c.joined_by, c.last_message_at,
                 (SELECT count(*) FROM messages m WHERE m.zone = c.zone AND \(unreadToLocal)),
-                c.group_name
-            FROM conversations c WHERE \(condition) ORDER BY coalesce(c.last_message_at, 0) DESC, c.zone
+                c.group_name, g.description, g.avatar_width, g.avatar_height
+            FROM conversations c LEFT JOIN group_state g ON g.zone = c.zone WHERE \(condition) ORDER BY coalesce(c.last_message_at, 0) DESC, c.zone
             """, [local, local] + values) { row in
             Conversation(id: row.text(0), nonLocalSpeaker: row.text(1), startedBy: row.optionalText(2), joinedBy: row.optionalText(3),
-                         unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date), groupName: row.optionalText(6))
+                         unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date), groupName: row.optionalText(6),
+                         groupDescription: row.optionalText(7),
+                         groupAvatarSize: row.optionalInt(8).flatMap { width in row.optionalInt(9).map { PixelSize(width: Int(width), height: Int($0)) } })
         }
     }
 

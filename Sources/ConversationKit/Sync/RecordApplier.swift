@@ -384,6 +384,10 @@ struct RecordApplier {
         try db.execute("UPDATE group_state SET last_clock = ?, last_name = ?, is_created = ?, name = ? WHERE zone = ?",
                        [clock, change.name, group.isCreated, group.name, zone])
         guard group.decisions.last?.decision == .accepted else { return }
+        if change.action == .describe {
+            try writeProfile(of: zone, description: group.groupDescription, avatar: group.avatar)
+            events.append(.conversationChanged(zone))
+        }
         // What moved: roles, and runs begun or ended at this change's clock.
         let moved = Set(roles.keys).union(group.roles.keys).filter { roles[$0] != group.roles[$0] }
         for speaker in moved {
@@ -506,11 +510,19 @@ struct RecordApplier {
                 ON CONFLICT (zone) DO UPDATE SET last_clock = excluded.last_clock, last_name = excluded.last_name,
                     is_created = excluded.is_created, name = excluded.name, history = excluded.history
                 """, [zone, Int64(bitPattern: last.clock.rawValue), last.name, group.isCreated, group.name, group.history.rawValue])
+            try writeProfile(of: zone, description: group.groupDescription, avatar: group.avatar)
         }
         events.append(.conversationChanged(zone))
         // Every message again, by the runs just decided.
         let messages = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ?", [zone, ChatRecords.messageType]) { try? Record(canonical: $0.blob(0)) }
         for case let message? in messages { try redecide(message, zone: zone) }
+    }
+
+    /// A group's description and avatar, as the last `describe` that took effect set them.
+    private func writeProfile(of zone: String, description: String?, avatar: GroupChange.Avatar?) throws {
+        try db.execute("""
+            UPDATE group_state SET description = ?, avatar_hash = ?, avatar_size = ?, avatar_width = ?, avatar_height = ? WHERE zone = ?
+            """, [description, avatar?.asset.hash, avatar.map { Int64($0.asset.size) }, avatar.map { Int64($0.width) }, avatar.map { Int64($0.height) }, zone])
     }
 
     /// Follows a speaker: its own zone (profile, devices, revocations) is pulled from now on.
