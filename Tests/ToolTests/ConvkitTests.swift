@@ -211,12 +211,50 @@ import TestSupport
 }
 
 /// `convkit chat` driven in a real terminal (tmux): a message sent from another store appears,
-/// a typed line is sent, Ctrl-C leaves with exit 0.
-@Suite struct ConvkitChatTests {
+/// a typed line is sent, Ctrl-C leaves with exit 0. One session at a time: each runs a chat
+/// process with its own continuous sync, and the first test times how soon a message shows.
+@Suite(.serialized) struct ConvkitChatTests {
     static func tmux(_ arguments: [String]) async throws -> String {
         let child = try ChildProcess("/usr/bin/env", ["tmux"] + arguments)
         _ = await child.wait()
         return child.standardOutput
+    }
+
+    /// `convkit chat` with `arguments` in a detached 100×20 tmux session; its exit status goes
+    /// to a file when it ends.
+    struct Session {
+        let name = "convkit-chat-\(UUID().uuidString.prefix(8))"
+        let exitFile: String
+
+        init(_ arguments: String, in directory: String) async throws {
+            exitFile = directory + "/exit"
+            let command = "\(try builtProduct("convkit")) chat \(arguments); echo $? > \(exitFile); sleep 30"
+            _ = try await tmux(["new-session", "-d", "-s", name, "-x", "100", "-y", "20", command])
+        }
+
+        func screen() async throws -> String { try await tmux(["capture-pane", "-p", "-t", name]) }
+
+        /// Whether the screen meets `condition` within `seconds`.
+        func eventually(_ seconds: Double, _ condition: (String) -> Bool) async throws -> Bool {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if condition(try await screen()) { return true }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            return false
+        }
+
+        func type(_ keys: String...) async throws { _ = try await tmux(["send-keys", "-t", name] + keys) }
+
+        /// Ctrl-C, then the exit status (nil if it did not end within 5 s).
+        func leave() async throws -> String? {
+            try await type("C-c")
+            let deadline = Date().addingTimeInterval(5)
+            while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            return (try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+
+        func kill() { let name = name; Task { _ = try? await tmux(["kill-session", "-t", name]) } }
     }
 
     @Test func chatShowsLiveMessagesAndSendsTypedLines() async throws {
@@ -227,35 +265,23 @@ import TestSupport
         }
         #expect(try await ConvkitTests.convkit(["send", "bob", "first", "--sync"] + alice).status == 0)
         #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
-        let session = "convkit-chat-\(UUID().uuidString.prefix(8))"
-        let exitFile = dir.path + "/exit"
-        let command = "\(try builtProduct("convkit")) chat alice --store \(dir.path)/bob; echo $? > \(exitFile); sleep 30"
-        _ = try await Self.tmux(["new-session", "-d", "-s", session, "-x", "100", "-y", "20", command])
-        defer { Task { _ = try? await Self.tmux(["kill-session", "-t", session]) } }
-        func screen() async throws -> String { try await Self.tmux(["capture-pane", "-p", "-t", session]) }
-        func eventually(_ seconds: Double, _ condition: (String) -> Bool) async throws -> Bool {
-            let deadline = Date().addingTimeInterval(seconds)
-            while Date() < deadline {
-                if condition(try await screen()) { return true }
-                try await Task.sleep(for: .milliseconds(100))
-            }
-            return false
-        }
-        let opened = try await eventually(10) { $0.contains("Chat with Alice (alice)") && $0.contains("Alice (alice): first") }
-        let first = try await screen()
+        let session = try await Session("alice --store \(dir.path)/bob", in: dir.path)
+        defer { session.kill() }
+        let opened = try await session.eventually(10) { $0.contains("Chat with Alice (alice)") && $0.contains("Alice (alice): first") }
+        let first = try await session.screen()
         #expect(opened, "\(first)")
 
         // From another store: shown within 2 s (the folder is looked at every second).
         #expect(try await ConvkitTests.convkit(["send", "bob", "live from alice", "--sync"] + alice).status == 0)
         let start = Date()
-        let shown = try await eventually(2) { $0.contains("Alice (alice): live from alice") }
-        let now = try await screen()
+        let shown = try await session.eventually(2) { $0.contains("Alice (alice): live from alice") }
+        let now = try await session.screen()
         #expect(shown, "\(now)")
         #expect(Date().timeIntervalSince(start) < 2)
 
         // A typed line is sent, and reaches alice.
-        _ = try await Self.tmux(["send-keys", "-t", session, "hello from bob", "Enter"])
-        #expect(try await eventually(5) { $0.contains("Bob (bob): hello from bob") })
+        try await session.type("hello from bob", "Enter")
+        #expect(try await session.eventually(5) { $0.contains("Bob (bob): hello from bob") })
         var delivered = false
         for _ in 0..<20 where !delivered {
             _ = try await ConvkitTests.convkit(["sync"] + alice)
@@ -268,10 +294,7 @@ import TestSupport
         #expect(try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("live from alice  [read]"))
 
         // Ctrl-C leaves cleanly.
-        _ = try await Self.tmux(["send-keys", "-t", session, "C-c"])
-        let deadline = Date().addingTimeInterval(5)
-        while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
-        #expect((try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        #expect(try await session.leave() == "0")
     }
 
     /// `convkit chat` in a group, by its name: the group's messages with their speakers' names,
@@ -285,25 +308,13 @@ import TestSupport
         #expect(try await ConvkitTests.convkit(["group", "create", "--name", "Trip", "--member", "bob", "--member", "carol", "--sync"] + alice).status == 0)
         #expect(try await ConvkitTests.convkit(["send", "Trip", "first", "--group", "--sync"] + alice).status == 0)
         #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
-        let session = "convkit-group-chat-\(UUID().uuidString.prefix(8))"
-        let exitFile = dir.path + "/exit"
-        let command = "\(try builtProduct("convkit")) chat Trip --group --store \(dir.path)/bob; echo $? > \(exitFile); sleep 30"
-        _ = try await Self.tmux(["new-session", "-d", "-s", session, "-x", "100", "-y", "20", command])
-        defer { Task { _ = try? await Self.tmux(["kill-session", "-t", session]) } }
-        func screen() async throws -> String { try await Self.tmux(["capture-pane", "-p", "-t", session]) }
-        func eventually(_ seconds: Double, _ condition: (String) -> Bool) async throws -> Bool {
-            let deadline = Date().addingTimeInterval(seconds)
-            while Date() < deadline {
-                if condition(try await screen()) { return true }
-                try await Task.sleep(for: .milliseconds(100))
-            }
-            return false
-        }
-        let opened = try await eventually(10) { $0.contains("Group Trip (3 members)") && $0.contains("Alice (alice): first") }
-        let first = try await screen()
+        let session = try await Session("Trip --group --store \(dir.path)/bob", in: dir.path)
+        defer { session.kill() }
+        let opened = try await session.eventually(10) { $0.contains("Group Trip (3 members)") && $0.contains("Alice (alice): first") }
+        let first = try await session.screen()
         #expect(opened, "\(first)")
-        _ = try await Self.tmux(["send-keys", "-t", session, "hello group", "Enter"])
-        #expect(try await eventually(5) { $0.contains("Bob (bob): hello group") })
+        try await session.type("hello group", "Enter")
+        #expect(try await session.eventually(5) { $0.contains("Bob (bob): hello group") })
         var delivered = false
         for _ in 0..<20 where !delivered {
             _ = try await ConvkitTests.convkit(["sync"] + alice)
@@ -311,9 +322,6 @@ import TestSupport
             if !delivered { try await Task.sleep(for: .milliseconds(250)) }
         }
         #expect(delivered, "the typed line reached the group")
-        _ = try await Self.tmux(["send-keys", "-t", session, "C-c"])
-        let deadline = Date().addingTimeInterval(5)
-        while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
-        #expect((try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        #expect(try await session.leave() == "0")
     }
 }

@@ -47,6 +47,9 @@ import TestSupport
         try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
         let fromAlice = try await alice.send("hello from server A", to: "bob")
         let fromBob = try await bob.send("hello from server B", to: "alice")
+        // A group too: its zone, changes and messages replicate like any other (readers decide them).
+        let group = try await alice.createGroup(name: "Both", members: ["bob"])
+        let inGroup = try await alice.send("hello group", toGroup: group.id)
         try await alice.sync()
         try await bob.sync()
 
@@ -59,10 +62,12 @@ import TestSupport
         try await bob.sync()
         #expect(try alice.message(fromBob.id)?.content == "hello from server B")
         #expect(try bob.message(fromAlice.id)?.content == "hello from server A")
+        #expect(try bob.message(inGroup.id)?.content == "hello group" && (try bob.members(of: group.id).map(\.speaker)) == ["alice", "bob"])
         let onA = try await contents(HTTPBackend(url: a, identity: "_peer", key: key, policy: ConversationStore.recordPolicy()))
         let onB = try await contents(HTTPBackend(url: b, identity: "_peer", key: key, policy: ConversationStore.recordPolicy()))
-        // Two profiles (each in its own zone and the directory), two members, two messages.
-        #expect(onA == onB && onA.count == 8, "same records, same signatures: \(onA.count) \(onA.symmetricDifference(onB))")
+        // Two profiles (each in its own zone and the directory), two members, two messages, and
+        // the group's creation and message.
+        #expect(onA == onB && onA.count == 10, "same records, same signatures: \(onA.count) \(onA.symmetricDifference(onB))")
 
         // Resumed from its checkpoints: nothing new, nothing sent.
         let again = try await replicate(["--from", a.absoluteString, "--to", b.absoluteString, "--state", dir.path + "/a-to-b.json"] + common)

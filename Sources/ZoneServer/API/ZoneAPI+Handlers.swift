@@ -207,8 +207,9 @@ extension ZoneAPI {
         return try await storage.governed(zones, by: governance).mapValues { $0.readable(by: identity) }
     }
 
-    /// `zones` without the governed ones `identity` may not read at all.
+    /// `zones` without the governed ones `identity` may not read at all (a replicator reads all).
     private func readable(_ zones: [ZoneName], _ identity: String) async throws(RecordZoneError) -> [ZoneName] {
+        guard !isReplicator(identity) else { return zones }
         let versions = try await readableVersions(of: zones, identity)
         return zones.filter { zone in versions[zone].map { $0 != nil } ?? (access.governance?.governingType(of: zone) == nil) }
     }
