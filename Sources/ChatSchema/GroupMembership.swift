@@ -257,6 +257,11 @@ public struct GroupMembership: Sendable, Equatable {
     public struct Run: Sendable, Equatable {
         public let from: RecordClock
         public let until: RecordClock?
+
+        public init(from: RecordClock, until: RecordClock?) {
+            self.from = from
+            self.until = until
+        }
     }
 
     /// h(creator), from the zone's name.

@@ -115,6 +115,26 @@ import TestSupport
         #expect(try alice.members(of: club.id).map(\.speaker) == ["carol", "bob"])
     }
 
+    /// Removed, then added again to a group that keeps its history: what was said while away
+    /// is read too — over a server as well, whose pages left it out while the member was away
+    /// (the store reads the zone again from the start when its membership grows).
+    @Test(arguments: backends)
+    func aMemberAddedAgainReadsWhatWasSaidWhileAway(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let carol = try await fixture.store("carol"), alice = try await fixture.store("alice", onSecondServer: true)
+        let club = try await carol.createGroup(name: "Club", members: ["alice"], history: .all)
+        try await carol.send("one", toGroup: club.id)
+        try await syncAll([carol, alice])
+        try await carol.removeMember("alice", from: club.id)
+        try await carol.send("while away", toGroup: club.id)
+        try await syncAll([carol, alice])
+        #expect(try Self.view(alice, club.id) == ["carol: one"])
+        try await carol.addMembers(["alice"], to: club.id)
+        try await carol.send("welcome back", toGroup: club.id)
+        try await syncAll([carol, alice])
+        #expect(try Self.view(alice, club.id) == ["carol: one", "carol: while away", "carol: welcome back"])
+    }
+
     /// A group's description and picture, set by an admin (the picture through the avatar
     /// pipeline: capped, a PNG asset uploaded before the change that names it), reach every
     /// member; a plain member cannot set them; changing one keeps the other.

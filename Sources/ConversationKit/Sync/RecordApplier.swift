@@ -21,6 +21,10 @@ struct RecordApplier {
     /// Groups whose changes moved in this transaction: their membership, and their messages,
     /// are decided again in ``finish()``.
     private var changedGroups = Set<String>()
+    /// Groups the local speaker's membership grew in (added again, or its runs decided anew to
+    /// cover more): their token is dropped in ``finish()``, so the zone is read again from the
+    /// start — a server shows each reader only what its membership then let it read.
+    private var rereadGroups = Set<String>()
 
     init(db: Database, localSpeaker: String?) {
         self.db = db
@@ -313,6 +317,8 @@ struct RecordApplier {
         let groups = changedGroups
         changedGroups.removeAll()
         for zone in groups.sorted() { try decideGroup(zone) }
+        for zone in rereadGroups.sorted() { try db.execute("UPDATE ck_zone_state SET token = NULL WHERE zone = ?", [zone]) }
+        rereadGroups.removeAll()
         for (zone, newest) in newestMessage {
             try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
         }
@@ -390,6 +396,10 @@ struct RecordApplier {
         }
         // What moved: roles, and runs begun or ended at this change's clock.
         let moved = Set(roles.keys).union(group.roles.keys).filter { roles[$0] != group.roles[$0] }
+        if let local = localSpeaker, roles[local] == nil, group.roles[local] != nil,
+           try db.first("SELECT 1 FROM group_runs WHERE zone = ? AND speaker = ?", [zone, local], { _ in true }) != nil {
+            rereadGroups.insert(zone)
+        }
         for speaker in moved {
             if let role = group.roles[speaker] {
                 try db.execute("INSERT INTO group_members (zone, speaker, role) VALUES (?, ?, ?) ON CONFLICT (zone, speaker) DO UPDATE SET role = excluded.role",
@@ -488,6 +498,16 @@ struct RecordApplier {
             (try? Record(canonical: row.blob(0))).flatMap { try? GroupChange(record: $0) }
         }.compactMap { $0 }
         guard let group = GroupMembership(zone: zoneName, changes: changes) else { return }
+        if let local = localSpeaker {
+            let before = try db.rows("SELECT from_clock, until_clock FROM group_runs WHERE zone = ? AND speaker = ?", [zone, local]) {
+                GroupMembership.Run(from: RecordClock(rawValue: UInt64(bitPattern: $0.int(0))), until: $0.optionalInt(1).map { RecordClock(rawValue: UInt64(bitPattern: $0)) })
+            }
+            // A run now that no run before covered: what the local speaker may read grew.
+            let grew = (group.runs[local] ?? []).contains { run in
+                !before.contains { $0.from <= run.from && ($0.until.map { end in run.until.map { $0 <= end } ?? false } ?? true) }
+            }
+            if !before.isEmpty, grew { rereadGroups.insert(zone) }
+        }
         try db.execute("DELETE FROM group_members WHERE zone = ?", [zone])
         for (speaker, role) in group.roles {
             try db.execute("INSERT INTO group_members (zone, speaker, role) VALUES (?, ?, ?)", [zone, speaker, role.rawValue])

@@ -129,6 +129,7 @@ extension SyncEngine {
         // Damaged files this pull still finds; quarantine rows for the zone's other ones are
         // resolved at its end (the file was repaired, or read whole since).
         var damaged = Set<String>()
+        var rereading = false
         while true {
             let page: ZoneChanges
             do {
@@ -186,6 +187,15 @@ extension SyncEngine {
                 if let line, !report.blocked.contains(line) { report.blocked.append(line) }
             }
             token = page.token
+            // The local speaker's membership of this group grew while it was read (added again,
+            // or a late change decided its runs anew): the applier dropped the zone's token, and
+            // it is read again from the start — once — for what a server did not show it before.
+            if !rereading, ChatRecords.isGroupZone(zone),
+               try read({ db in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } }) == true {
+                rereading = true
+                token = nil
+                continue
+            }
             if !page.moreComing { return }
         }
     }
