@@ -192,8 +192,9 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     /// The states of governed zones (`zones`: each with its governing type) as stored in `db`,
     /// with their marks: from memory where the mark holds, otherwise decided from the records.
     /// A zone that does not exist has neither.
-    /// - Parameter keep: keep what was decided (only from a read: a write's own transaction may
-    ///   still roll back).
+    /// - Parameters:
+    ///   - keep: keep what was decided (only from a read: a write's own transaction may still
+    ///     roll back).
     ///   - taking: zones whose kept state is taken out of memory (a save that may change it).
     private func governedStates(_ zones: [ZoneName: String], governance: any ZoneGovernance, keep: Bool, taking: Set<ZoneName> = [],
                                 in db: Database) throws -> (states: [ZoneName: any GovernedZone], marks: [ZoneName: GoverningMark]) {
