@@ -1,0 +1,79 @@
+import Foundation
+import RecordZone
+
+/// The encrypted forms of docs/ENCRYPTION.md, as values: a message's sealed envelope and a
+/// sender key sealed to one device. Built ahead of the store's use of them (issue 25): nothing
+/// the store writes is encrypted yet.
+public enum Sealing {
+    /// Why a sealed form does not open.
+    public enum Failure: Error, Sendable, Equatable {
+        /// Not the layout of the form (too short, an unknown version).
+        case malformed(String)
+        /// The key of this epoch is not held (yet).
+        case keyMissing(epoch: Data)
+        /// It does not open with the key and context it names: another record, conversation or
+        /// sender, another key, a changed byte.
+        case notAuthentic
+    }
+
+    public static let envelopeVersion: UInt8 = 1
+    public static let epochLength = 16
+    /// Plaintext is padded to a multiple of this many bytes before it is encrypted.
+    public static let paddingBlock = 256
+
+    /// The additional data a message's envelope is bound to: its record, conversation and sender.
+    public static func messageContext(zone: ZoneName, name: String, type: String, sender: String, device: Data) -> Data {
+        Data("convkit-message-v1\n\(zone.rawValue)\n\(name)\n\(type)\n\(sender)\n".utf8) + device
+    }
+
+    /// `0x01 ‖ epoch (16) ‖ nonce (24) ‖ XChaCha20-Poly1305(padded plaintext, context)`.
+    /// - Parameter nonce: random unless given (test vectors give one).
+    public static func sealMessage(_ plaintext: Data, epoch: Data, key: Data, context: Data, nonce: Data = Sodium.randomBytes(Sodium.aeadNonceLength)) -> Data {
+        precondition(epoch.count == epochLength)
+        let ciphertext = Sodium.aeadEncrypt(Sodium.pad(plaintext, block: paddingBlock), additionalData: context, nonce: nonce, key: key)
+        return Data([envelopeVersion]) + epoch + nonce + ciphertext
+    }
+
+    /// The epoch an envelope names (to find its key).
+    public static func epoch(of sealed: Data) throws(Failure) -> Data {
+        let bytes = [UInt8](sealed)
+        guard bytes.count >= 1 + epochLength + Sodium.aeadNonceLength + Sodium.aeadTagLength else { throw .malformed("an envelope is at least \(1 + epochLength + Sodium.aeadNonceLength + Sodium.aeadTagLength) bytes") }
+        guard bytes[0] == envelopeVersion else { throw .malformed("envelope version \(bytes[0]) is not known") }
+        return Data(bytes[1...epochLength])
+    }
+
+    /// Opens an envelope with the key its epoch names. - Throws: ``Failure``.
+    public static func openMessage(_ sealed: Data, context: Data, key: (Data) -> Data?) throws(Failure) -> Data {
+        let epoch = try epoch(of: sealed)
+        guard let epochKey = key(epoch) else { throw .keyMissing(epoch: epoch) }
+        let bytes = [UInt8](sealed)
+        let nonce = Data(bytes[(1 + epochLength)..<(1 + epochLength + Sodium.aeadNonceLength)])
+        let ciphertext = Data(bytes[(1 + epochLength + Sodium.aeadNonceLength)...])
+        guard let padded = Sodium.aeadDecrypt(ciphertext, additionalData: context, nonce: nonce, key: epochKey),
+              let plaintext = Sodium.unpad(padded, block: paddingBlock) else { throw .notAuthentic }
+        return plaintext
+    }
+
+    /// What a key share seals: `"convkit-share-v1\n" ‖ zone ‖ "\n" ‖ sender ‖ "\n" ‖ sender
+    /// device (32) ‖ epoch (16) ‖ key (32)`.
+    static func shareText(zone: ZoneName, sender: String, device: Data, epoch: Data, key: Data) -> Data {
+        Data("convkit-share-v1\n\(zone.rawValue)\n\(sender)\n".utf8) + device + epoch + key
+    }
+
+    /// A sender key sealed to one device's X25519 key, bound to its conversation, sender and epoch.
+    public static func sealShare(zone: ZoneName, sender: String, device: Data, epoch: Data, key: Data, to recipient: Data) -> Data {
+        precondition(device.count == Sodium.publicKeyLength && epoch.count == epochLength && key.count == Sodium.aeadKeyLength)
+        return Sodium.seal(shareText(zone: zone, sender: sender, device: device, epoch: epoch, key: key), to: recipient)
+    }
+
+    /// Opens a share with the recipient device's key pair, and returns the sender key — only
+    /// if it was sealed for this conversation, sender, device and epoch (what the record
+    /// carrying it claims). - Throws: ``Failure/notAuthentic`` otherwise.
+    public static func openShare(_ box: Data, zone: ZoneName, sender: String, device: Data, epoch: Data,
+                                 publicKey: Data, secretKey: Data) throws(Failure) -> Data {
+        guard let text = Sodium.openSealed(box, publicKey: publicKey, secretKey: secretKey) else { throw .notAuthentic }
+        let prefix = shareText(zone: zone, sender: sender, device: device, epoch: epoch, key: Data())
+        guard text.count == prefix.count + Sodium.aeadKeyLength, text.prefix(prefix.count) == prefix else { throw .notAuthentic }
+        return Data(text.suffix(Sodium.aeadKeyLength))
+    }
+}

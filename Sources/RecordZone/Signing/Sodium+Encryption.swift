@@ -1,0 +1,106 @@
+import CSodium
+import Foundation
+
+/// libsodium's encryption constructions, walled in beside its signatures: XChaCha20-Poly1305
+/// (IETF) for content, X25519 sealed boxes for sharing keys with a device, and ISO/IEC 7816-4
+/// padding (docs/ENCRYPTION.md).
+///
+/// See <https://doc.libsodium.org/secret-key_cryptography/aead/chacha20-poly1305/xchacha20-poly1305_construction>
+/// and <https://doc.libsodium.org/public-key_cryptography/sealed_boxes>.
+extension Sodium {
+    public static let aeadKeyLength = Int(crypto_aead_xchacha20poly1305_ietf_KEYBYTES)
+    public static let aeadNonceLength = Int(crypto_aead_xchacha20poly1305_ietf_NPUBBYTES)
+    public static let aeadTagLength = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)
+    public static let boxPublicKeyLength = Int(crypto_box_PUBLICKEYBYTES)
+    public static let boxSecretKeyLength = Int(crypto_box_SECRETKEYBYTES)
+    public static let boxSeedLength = Int(crypto_box_SEEDBYTES)
+    public static let sealOverhead = Int(crypto_box_sealbytes())
+
+    /// Encrypts and authenticates `plaintext` and authenticates `additionalData`
+    /// (`crypto_aead_xchacha20poly1305_ietf_encrypt`). - Returns: the ciphertext with its tag.
+    public static func aeadEncrypt(_ plaintext: Data, additionalData: Data, nonce: Data, key: Data) -> Data {
+        ensureInitialized()
+        precondition(nonce.count == aeadNonceLength && key.count == aeadKeyLength)
+        var out = [UInt8](repeating: 0, count: plaintext.count + aeadTagLength)
+        var written: UInt64 = 0
+        withBytes(plaintext) { m, mCount in
+            withBytes(additionalData) { a, aCount in
+                withBytes(nonce) { n, _ in
+                    withBytes(key) { k, _ in
+                        _ = crypto_aead_xchacha20poly1305_ietf_encrypt(&out, &written, m, UInt64(mCount), a, UInt64(aCount), nil, n, k)
+                    }
+                }
+            }
+        }
+        return Data(out.prefix(Int(written)))
+    }
+
+    /// Checks and decrypts (`crypto_aead_xchacha20poly1305_ietf_decrypt`). - Returns: nil when
+    /// the tag does not verify (another key, other additional data, a changed byte).
+    public static func aeadDecrypt(_ ciphertext: Data, additionalData: Data, nonce: Data, key: Data) -> Data? {
+        ensureInitialized()
+        guard nonce.count == aeadNonceLength, key.count == aeadKeyLength, ciphertext.count >= aeadTagLength else { return nil }
+        var out = [UInt8](repeating: 0, count: ciphertext.count - aeadTagLength)
+        var written: UInt64 = 0
+        let status = withBytes(ciphertext) { c, cCount in
+            withBytes(additionalData) { a, aCount in
+                withBytes(nonce) { n, _ in
+                    withBytes(key) { k, _ in
+                        crypto_aead_xchacha20poly1305_ietf_decrypt(&out, &written, nil, c, UInt64(cCount), a, UInt64(aCount), n, k)
+                    }
+                }
+            }
+        }
+        return status == 0 ? Data(out.prefix(Int(written))) : nil
+    }
+
+    /// An X25519 key pair from a 32-byte seed (`crypto_box_seed_keypair`).
+    public static func boxKeyPair(seed: Data) -> (publicKey: Data, secretKey: Data) {
+        ensureInitialized()
+        precondition(seed.count == boxSeedLength)
+        var pk = [UInt8](repeating: 0, count: boxPublicKeyLength)
+        var sk = [UInt8](repeating: 0, count: boxSecretKeyLength)
+        withBytes(seed) { s, _ in _ = crypto_box_seed_keypair(&pk, &sk, s) }
+        return (Data(pk), Data(sk))
+    }
+
+    /// Encrypts `message` to an X25519 public key, anonymously (`crypto_box_seal`).
+    public static func seal(_ message: Data, to publicKey: Data) -> Data {
+        ensureInitialized()
+        precondition(publicKey.count == boxPublicKeyLength)
+        var out = [UInt8](repeating: 0, count: message.count + sealOverhead)
+        withBytes(message) { m, count in withBytes(publicKey) { k, _ in _ = crypto_box_seal(&out, m, UInt64(count), k) } }
+        return Data(out)
+    }
+
+    /// Opens a sealed box with the recipient's key pair (`crypto_box_seal_open`). - Returns: nil
+    /// when it was not sealed to this key, or was changed.
+    public static func openSealed(_ box: Data, publicKey: Data, secretKey: Data) -> Data? {
+        ensureInitialized()
+        guard box.count >= sealOverhead, publicKey.count == boxPublicKeyLength, secretKey.count == boxSecretKeyLength else { return nil }
+        var out = [UInt8](repeating: 0, count: box.count - sealOverhead)
+        let status = withBytes(box) { c, count in
+            withBytes(publicKey) { pk, _ in withBytes(secretKey) { sk, _ in crypto_box_seal_open(&out, c, UInt64(count), pk, sk) } }
+        }
+        return status == 0 ? Data(out) : nil
+    }
+
+    /// Pads to a multiple of `block` bytes (`sodium_pad`, ISO/IEC 7816-4: a 0x80, then zeros;
+    /// always at least one byte added).
+    public static func pad(_ data: Data, block: Int) -> Data {
+        ensureInitialized()
+        var buffer = [UInt8](data) + [UInt8](repeating: 0, count: block)
+        var padded = 0
+        _ = sodium_pad(&padded, &buffer, data.count, block, buffer.count)
+        return Data(buffer.prefix(padded))
+    }
+
+    /// Removes ``pad(_:block:)``'s padding (`sodium_unpad`). - Returns: nil when it is not padded so.
+    public static func unpad(_ data: Data, block: Int) -> Data? {
+        ensureInitialized()
+        var buffer = [UInt8](data)
+        var length = 0
+        guard !buffer.isEmpty, sodium_unpad(&length, &buffer, buffer.count, block) == 0 else { return nil }
+        return Data(buffer.prefix(length))
+    }
+}
