@@ -212,7 +212,7 @@ import TestSupport
 
 /// `convkit chat` driven in a real terminal (tmux): a message sent from another store appears,
 /// a typed line is sent, Ctrl-C leaves with exit 0. One session at a time: each runs a chat
-/// process with its own continuous sync, and the first test times how soon a message shows.
+/// process with its own continuous sync.
 @Suite(.serialized) struct ConvkitChatTests {
     static func tmux(_ arguments: [String]) async throws -> String {
         let child = try ChildProcess("/usr/bin/env", ["tmux"] + arguments)
@@ -271,13 +271,11 @@ import TestSupport
         let first = try await session.screen()
         #expect(opened, "\(first)")
 
-        // From another store: shown within 2 s (the folder is looked at every second).
+        // From another store: shown with no key pressed (how soon: the timing test below).
         #expect(try await ConvkitTests.convkit(["send", "bob", "live from alice", "--sync"] + alice).status == 0)
-        let start = Date()
-        let shown = try await session.eventually(2) { $0.contains("Alice (alice): live from alice") }
+        let shown = try await session.eventually(10) { $0.contains("Alice (alice): live from alice") }
         let now = try await session.screen()
         #expect(shown, "\(now)")
-        #expect(Date().timeIntervalSince(start) < 2)
 
         // A typed line is sent, and reaches alice.
         try await session.type("hello from bob", "Enter")
@@ -294,6 +292,30 @@ import TestSupport
         #expect(try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("live from alice  [read]"))
 
         // Ctrl-C leaves cleanly.
+        #expect(try await session.leave() == "0")
+    }
+
+    /// A message from another store shows within 2 s (inotify on the folder, then a sync
+    /// round and a redraw). Alone, on an otherwise idle machine: in the parallel suite the
+    /// machine's load, not the chat, decides the time (`CONVKIT_TIMING_TESTS=1`, scripts/test.sh).
+    @Test(.enabled(if: ProcessInfo.processInfo.environment["CONVKIT_TIMING_TESTS"] == "1", "runs alone: CONVKIT_TIMING_TESTS=1 (scripts/test.sh)"))
+    func aMessageFromAnotherStoreShowsWithinTwoSeconds() async throws {
+        let dir = try TemporaryDirectory("convkit-chat-timing")
+        let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]
+        for who in ["alice", "bob"] {
+            #expect(try await ConvkitTests.convkit(["init", "--id", who, "--name", who.capitalized, "--zone-dir", folder, "--store", dir.path + "/" + who]).status == 0)
+        }
+        #expect(try await ConvkitTests.convkit(["send", "bob", "first", "--sync"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
+        let session = try await Session("alice --store \(dir.path)/bob", in: dir.path)
+        defer { session.kill() }
+        #expect(try await session.eventually(10) { $0.contains("Alice (alice): first") })
+        #expect(try await ConvkitTests.convkit(["send", "bob", "live from alice", "--sync"] + alice).status == 0)
+        let start = Date()
+        let shown = try await session.eventually(2) { $0.contains("Alice (alice): live from alice") }
+        let now = try await session.screen()
+        #expect(shown, "\(now)")
+        #expect(Date().timeIntervalSince(start) < 2)
         #expect(try await session.leave() == "0")
     }
 
