@@ -27,8 +27,10 @@ import TestSupport
         func clock(_ offset: UInt64) -> RecordClock { RecordClock(milliseconds: 1_800_000_000_000 + offset, counter: 0) }
         func change(_ actor: String, _ at: UInt64, _ action: GroupChange.Action, _ targets: [String] = []) throws {
             serial += 1
+            // Odd seeds keep the group's whole history, even ones share it from when one is added.
             let c = GroupChange(name: GroupChange.recordName(actor: actor, clock: clock(at), random: String(format: "%016llx", serial)), actor: actor,
-                                clock: clock(at), action: action, targets: targets, groupName: action == .create || action == .rename ? "name \(serial)" : nil)
+                                clock: clock(at), action: action, targets: targets, groupName: action == .create || action == .rename ? "name \(serial)" : nil,
+                                history: seed % 2 == 1 ? .all : nil, groupDescription: "about \(serial)")
             var record = Record(id: try RecordID(zone: zone, name: c.name), type: GroupChange.recordType, fields: c.fields)
             try record.sign(with: key(actor), clock: clock(at))
             out.append(try record.encoded())
@@ -57,7 +59,7 @@ import TestSupport
             case 2: try change(actor, at, .promote, [target])
             case 3: try change(actor, at, .demote, [target])
             case 4: try change(actor, at, .leave)
-            case 5: try change(actor, at, .rename)
+            case 5: try change(actor, at, random.next() % 2 == 0 ? .rename : .describe)
             default: try message(people[Int(random.next() % UInt64(people.count))], at)
             }
         }
@@ -68,14 +70,16 @@ import TestSupport
         var members: [String]
         var messages: [String]
         var held: Set<String>
-        var description: String { "members \(members) messages \(messages) held \(held.sorted())" }
+        var about: String?
+        var description: String { "members \(members) messages \(messages) held \(held.sorted()) about \(about ?? "-")" }
     }
 
     static func view(_ store: ConversationStore) throws -> View {
-        let isIn = try store.conversations().contains { $0.id == zone.rawValue }
+        let group = try store.conversations().first { $0.id == zone.rawValue }
+        let isIn = group != nil
         return View(members: isIn ? try store.members(of: zone.rawValue).map { "\($0.speaker) \($0.role)" } : [],
                     messages: isIn ? try history(store, zone.rawValue).map { "\($0.id.name) \($0.content)" } : [],
-                    held: Set(try store.quarantine().map { "\($0.name ?? "-") \($0.code?.rawValue ?? "-")" }))
+                    held: Set(try store.quarantine().map { "\($0.name ?? "-") \($0.code?.rawValue ?? "-")" }), about: group?.groupDescription)
     }
 
     static func reader(_ directory: String, _ backend: InMemoryBackend) async throws -> ConversationStore {

@@ -243,6 +243,19 @@ import TestSupport
             }
             #expect(error.code == .notAuthorized, "\(sender): \(error)")
         }
+        // Dave, removed, dates a message back to when he was in: refused all the same.
+        let early = RecordClock(milliseconds: addDave.clock.milliseconds + 1, counter: 0)
+        let name = "m." + OwnershipRule.identityHash("dave") + "." + String(format: "%016llx", early.rawValue) + "-00000000000000ff"
+        var backdated = Record(id: try RecordID(zone: zone, name: name), type: "Message", fields: [
+            "speaker": .string("dave"), "content": .string("from the past"), "spokenAt": .date(milliseconds: Int64(early.milliseconds)),
+        ])
+        try backdated.sign(with: try fixture.key(of: "dave"), clock: early)
+        let past = try await fixture.rawBackend("dave", key: try fixture.key(of: "dave")).save([backdated], policy: .merge)
+        guard case .failure(let refusal) = try #require(past.first) else {
+            Issue.record("the server stored a removed member's backdated message")
+            return
+        }
+        #expect(refusal.code == .notAuthorized, "\(refusal)")
         // The creation (which made dave a member) sent again by dave: held already, nothing new.
         let replayed = try await fixture.rawBackend("dave", key: try fixture.key(of: "dave")).save([addDave], policy: .merge)
         if case .failure(let error) = try #require(replayed.first) { Issue.record("the same change again was refused: \(error)") }

@@ -220,6 +220,17 @@ import TestSupport
         return child.standardOutput
     }
 
+    /// Whether `command` on the store `store` (`--store` and its path) shows `text` after a sync,
+    /// trying for up to 5 s (the chat's own sync pushes what was typed).
+    static func synced(_ store: [String], _ command: [String], shows text: String) async throws -> Bool {
+        for _ in 0..<20 {
+            _ = try await ConvkitTests.convkit(["sync"] + store)
+            if try await ConvkitTests.convkit(command + store).out.contains(text) { return true }
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        return false
+    }
+
     /// `convkit chat` with `arguments` in a detached 100×20 tmux session; its exit status goes
     /// to a file when it ends.
     struct Session {
@@ -280,13 +291,7 @@ import TestSupport
         // A typed line is sent, and reaches alice.
         try await session.type("hello from bob", "Enter")
         #expect(try await session.eventually(5) { $0.contains("Bob (bob): hello from bob") })
-        var delivered = false
-        for _ in 0..<20 where !delivered {
-            _ = try await ConvkitTests.convkit(["sync"] + alice)
-            delivered = try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("Bob (bob): hello from bob")
-            if !delivered { try await Task.sleep(for: .milliseconds(250)) }
-        }
-        #expect(delivered, "the typed line reached alice")
+        #expect(try await Self.synced(alice, ["messages", "bob"], shows: "Bob (bob): hello from bob"), "the typed line reached alice")
         // Shown means read: alice sees her messages read.
         _ = try await ConvkitTests.convkit(["sync"] + alice)
         #expect(try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("live from alice  [read]"))
@@ -337,13 +342,7 @@ import TestSupport
         #expect(opened, "\(first)")
         try await session.type("hello group", "Enter")
         #expect(try await session.eventually(5) { $0.contains("Bob (bob): hello group") })
-        var delivered = false
-        for _ in 0..<20 where !delivered {
-            _ = try await ConvkitTests.convkit(["sync"] + alice)
-            delivered = try await ConvkitTests.convkit(["messages", "Trip", "--group"] + alice).out.contains("Bob (bob): hello group")
-            if !delivered { try await Task.sleep(for: .milliseconds(250)) }
-        }
-        #expect(delivered, "the typed line reached the group")
+        #expect(try await Self.synced(alice, ["messages", "Trip", "--group"], shows: "Bob (bob): hello group"), "the typed line reached the group")
         #expect(try await session.leave() == "0")
     }
 }

@@ -142,30 +142,34 @@ extension PostgresZoneStorage {
     public func governed(_ zones: [ZoneName], by governance: any ZoneGovernance) async throws(RecordZoneError) -> [ZoneName: any GovernedZone] {
         let types = zones.reduce(into: [ZoneName: String]()) { types, zone in if let type = governance.governingType(of: zone) { types[zone] = type } }.sorted { $0.key < $1.key }
         guard !types.isEmpty else { return [:] }
-        let typeOf = Dictionary(uniqueKeysWithValues: types)
         return try await run { db in
-            try db.transaction { () throws in
-                // One snapshot: each zone's mark, then (where memory has none at it) its records.
-                try db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                let rows = try db.execute("""
-                    SELECT z.name, z.incarnation, (SELECT coalesce(max(sequence), 0) FROM ck_records r WHERE r.zone = k.zone AND r.type = k.type)
-                    FROM unnest($1::text[], $2::text[]) AS k(zone, type) JOIN ck_zones z ON z.name = k.zone
-                    """, [.textArray(types.map(\.key.rawValue)), .textArray(types.map(\.value))])
-                var states = [ZoneName: any GovernedZone]()
-                for row in 0..<rows.count {
-                    guard let name = rows.text(row, 0), let incarnation = rows.text(row, 1), let sequence = rows.int(row, 2),
-                          let zone = try? ZoneName(name), let type = typeOf[zone] else { continue }
-                    let mark = GoverningMark(incarnation: incarnation, sequence: sequence)
-                    if let state = self.governed.state(of: zone, at: mark) {
-                        states[zone] = state
-                    } else {
-                        let state = governance.decide(zone, governing: try Self.governingRecords(of: zone, type: type, in: db))
-                        self.governed.keep(state, of: zone, at: mark)
-                        states[zone] = state
-                    }
+            // One statement for the marks (usually all that is read: the states are in memory);
+            // where one moved, one statement reads the zone's governing records with the mark
+            // they make, so a state is never kept under a mark other than its own.
+            let rows = try db.execute("""
+                SELECT z.name, z.incarnation, (SELECT coalesce(max(sequence), 0) FROM ck_records r WHERE r.zone = k.zone AND r.type = k.type)
+                FROM unnest($1::text[], $2::text[]) AS k(zone, type) JOIN ck_zones z ON z.name = k.zone
+                """, [.textArray(types.map(\.key.rawValue)), .textArray(types.map(\.value))])
+            let typeOf = Dictionary(uniqueKeysWithValues: types)
+            var states = [ZoneName: any GovernedZone]()
+            for row in 0..<rows.count {
+                guard let name = rows.text(row, 0), let incarnation = rows.text(row, 1), let sequence = rows.int(row, 2),
+                      let zone = try? ZoneName(name), let type = typeOf[zone] else { continue }
+                if let state = self.governed.state(of: zone, at: GoverningMark(incarnation: incarnation, sequence: sequence)) {
+                    states[zone] = state
+                    continue
                 }
-                return states
+                let held = try db.execute("""
+                    SELECT z.incarnation, r.record, r.sequence FROM ck_zones z LEFT JOIN ck_records r ON r.zone = z.name AND r.type = $2 WHERE z.name = $1
+                    """, [.text(zone.rawValue), .text(type)])
+                guard held.count > 0, let current = held.text(0, 0) else { continue }
+                let records = (0..<held.count).compactMap { held.bytes($0, 1).flatMap { try? Record(canonical: $0) } }
+                let mark = GoverningMark(incarnation: current, sequence: (0..<held.count).compactMap { held.int($0, 2) }.max() ?? 0)
+                let state = governance.decide(zone, governing: records)
+                self.governed.keep(state, of: zone, at: mark)
+                states[zone] = state
             }
+            return states
         }
     }
 
