@@ -103,9 +103,13 @@ import TestSupport
                         let now = counts.lent.add(1, ordering: .relaxed).newValue
                         counts.busiest.max(now, ordering: .relaxed)
                         defer { counts.lent.subtract(1, ordering: .relaxed) }
-                        // The first borrowers hold on until every caller is asking, so the
-                        // others queue however slowly the tasks start (a loaded machine).
-                        while counts.asking.load(ordering: .relaxed) < 12 { usleep(1_000) }
+                        let order = counts.entered.add(1, ordering: .relaxed).newValue
+                        // The first two borrowers hold on until every caller is asking and
+                        // both are lent (or 10 s pass), so the others queue however slowly the
+                        // tasks start or a connection opens (a loaded machine).
+                        let deadline = ContinuousClock.now + .seconds(10)
+                        while order <= 2, counts.asking.load(ordering: .relaxed) < 12 || counts.lent.load(ordering: .relaxed) < 2,
+                              ContinuousClock.now < deadline { usleep(1_000) }
                         try db.execute("SELECT pg_sleep(0.05)")
                     }
                 }
@@ -127,6 +131,6 @@ import TestSupport
     }
 
     final class Counts: Sendable {
-        let busiest = Atomic<Int>(0), lent = Atomic<Int>(0), asking = Atomic<Int>(0)
+        let busiest = Atomic<Int>(0), lent = Atomic<Int>(0), asking = Atomic<Int>(0), entered = Atomic<Int>(0)
     }
 }
