@@ -16,6 +16,8 @@ import RecordZone
 /// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
 ///   `message`, `readAt`.
 ///
+/// - `EncryptionKey` in a speaker's zone and `KeyShare` in a conversation's or group's zone
+///   (``EncryptionKey``, ``KeyShare``); a message's content then travels in `sealed`.
 /// - `GroupChange` in a group's zone `g-<h(creator)>-<16 hex random>`, named
 ///   `gc.<h(actor)>.<16 hex clock>-<16 hex random>` (``GroupChange``); messages and receipts
 ///   there as in a pair conversation, a message without `listener`.
@@ -37,6 +39,8 @@ package enum ChatRecords {
     package static let memberPrefix = "member-"
 
     package static let rules: [OwnershipRule] = [
+        // A device's encryption key (§3.2), before the profile's rule: its prefix is reserved.
+        OwnershipRule(recordType: EncryptionKey.recordType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .hashedName(prefix: EncryptionKey.namePrefix, field: EncryptionKey.identityField)),
         OwnershipRule(recordType: speakerType, zones: .named(speakersZone.rawValue), owner: .name(prefix: "")),
         OwnershipRule(recordType: speakerType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .name(prefix: "")),
         OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
@@ -46,6 +50,9 @@ package enum ChatRecords {
         OwnershipRule(recordType: GroupChange.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: GroupChange.namePrefix, field: "actor")),
         OwnershipRule(recordType: messageType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
+        // Sender keys shared in a conversation's zone (§3.2).
+        OwnershipRule(recordType: KeyShare.recordType, zones: .prefixed("c-"), owner: .hashedName(prefix: KeyShare.namePrefix, field: KeyShare.senderField)),
+        OwnershipRule(recordType: KeyShare.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: KeyShare.namePrefix, field: KeyShare.senderField)),
     ]
 
     /// Whether a zone is a group's (`g-<h(creator)>-<16 hex random>`).
@@ -64,11 +71,11 @@ package enum ChatRecords {
     }
 
     /// Prefixes of the key records' names, which no identifier may start with.
-    package static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix]
+    package static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix, EncryptionKey.namePrefix]
 
     /// Whether `identifier` follows the identifier rule: 1–64 characters of `a–z 0–9 . - _`,
     /// starting with a letter or a digit, and not with a key record's prefix (`rotation.`,
-    /// `device.`, `revoke.`). One spelling per person, as Matrix user IDs and Signal usernames:
+    /// `device.`, `revoke.`, `ek.`). One spelling per person, as Matrix user IDs and Signal usernames:
     /// no capitals, no look-alike letters from other scripts (`Ａlice`, Cyrillic `аlice`), no
     /// spaces or invisible characters. Names shown to people stay free-form.
     package static func isValidIdentifier(_ identifier: String) -> Bool {

@@ -1,9 +1,8 @@
 import Foundation
 import RecordZone
 
-/// The encrypted forms of docs/ENCRYPTION.md, as values: a message's sealed envelope and a
-/// sender key sealed to one device. Built ahead of the store's use of them (issue 25): nothing
-/// the store writes is encrypted yet.
+/// The encrypted forms of docs/PROTOCOL.md §3.2: a message's sealed envelope and a sender key
+/// sealed to one device.
 public enum Sealing {
     /// Why a sealed form does not open.
     public enum Failure: Error, Sendable, Equatable {
@@ -52,6 +51,43 @@ public enum Sealing {
         guard let padded = Sodium.aeadDecrypt(ciphertext, additionalData: context, nonce: nonce, key: epochKey),
               let plaintext = Sodium.unpad(padded, block: paddingBlock) else { throw .notAuthentic }
         return plaintext
+    }
+
+    /// The record field that carries the sealed fields.
+    public static let sealedField = "sealed"
+
+    /// `record` with `fields` moved into one sealed field (`sealed`): their plaintext is the
+    /// canonical encoding (PROTOCOL.md §1.1) of an unsigned record with the same ID and type
+    /// holding just them (no author, clock 0, no signature), bound to the record, its
+    /// conversation and its sender (`device`: the key that will sign it).
+    public static func seal(_ fields: [String], of record: Record, sender: String, device: Data, epoch: Data, key: Data,
+                            nonce: Data = Sodium.randomBytes(Sodium.aeadNonceLength)) throws(RecordZoneError) -> Record {
+        var inner = Record(id: record.id, type: record.recordType)
+        var outer = record
+        for field in fields {
+            inner[field] = record[field]
+            outer[field] = nil
+        }
+        let context = messageContext(zone: record.id.zone, name: record.id.name, type: record.recordType, sender: sender, device: device)
+        outer[sealedField] = .bytes(sealMessage(try inner.encoded(), epoch: epoch, key: key, context: context, nonce: nonce))
+        return outer
+    }
+
+    /// `record` with its sealed fields opened back in place (the record as its sender wrote it).
+    /// - Parameter key: the sender key of an epoch, if held.
+    /// - Throws: ``Failure``; `malformed` too when the plaintext is not an unsigned record of
+    ///   the same ID and type.
+    public static func open(_ record: Record, sender: String, key: (Data) -> Data?) throws(Failure) -> Record {
+        guard let sealed = record[sealedField]?.bytesValue else { throw .malformed("the record has no sealed field") }
+        let context = messageContext(zone: record.id.zone, name: record.id.name, type: record.recordType, sender: sender, device: record.authorKey)
+        let plaintext = try openMessage(sealed, context: context, key: key)
+        guard let inner = try? Record(canonical: plaintext), inner.id == record.id, inner.recordType == record.recordType, inner.authorKey.isEmpty else {
+            throw .malformed("the sealed fields are not a record of the same ID and type")
+        }
+        var opened = record
+        opened[sealedField] = nil
+        for (field, value) in inner.fields { opened[field] = value }
+        return opened
     }
 
     /// What a key share seals: `"convkit-share-v1\n" ‖ zone ‖ "\n" ‖ sender ‖ "\n" ‖ sender

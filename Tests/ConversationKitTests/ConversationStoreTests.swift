@@ -134,9 +134,12 @@ import TestSupport
         for name in try FileManager.default.contentsOfDirectory(atPath: folder) where name.hasSuffix(".seg") {
             let path = folder + "/" + name
             let data = try Data(contentsOf: URL(fileURLWithPath: path))
-            guard let at = data.range(of: Data("pay 10".utf8)) else { continue }
+            // The content is sealed: a byte of its ciphertext (past the field's key, tag and
+            // length, the envelope's version, epoch and nonce) is changed.
+            #expect(data.range(of: Data("pay 10".utf8)) == nil, "the folder holds no content in the clear")
+            guard let at = data.range(of: Data("sealed".utf8)) else { continue }
             var body = data.prefix(data.count - 32)
-            body[at.lowerBound + 4] = UInt8(ascii: "9")  // "pay 90"
+            body[at.lowerBound + 60] ^= 0x01
             let forged = body + Sodium.sha256(body)
             let sequence = try #require(Segment.parse(fileName: name)?.sequence)
             try FileManager.default.removeItem(atPath: path)
@@ -171,7 +174,7 @@ import TestSupport
             return seen.add && seen.synced
         })
         // The observed conversation went from empty, through alice's message, to both, synced.
-        let latest = await firstElement(of: observed) { $0.count == 2 && $0.allSatisfy { $0.syncState == .synced } } ?? []
+        let latest = await firstElement(of: observed) { $0.count == 2 && $0.allSatisfy { $0.syncState == .synced && !$0.isWaitingForKey } } ?? []
         #expect(latest.map(\.content).sorted() == ["hello", "hi alice"])
     }
 
@@ -187,6 +190,9 @@ import TestSupport
         }, configuration: configuration)
         try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
         let bob = try await fixture.store("bob")
+        // Bob's device is on the backend, and alice has looked him up (his encryption key with it).
+        try await bob.sync()
+        #expect(try await alice.speakerExists("bob"))
         let message = try await alice.send("survives the network", to: "bob")
 
         // The save reaches the backend, then the answer is lost: the push must be retried.

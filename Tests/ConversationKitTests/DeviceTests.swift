@@ -43,8 +43,12 @@ import TestSupport
         #expect(laptop.localPublicKey != alice.localPublicKey)
         #expect(try laptop.localSpeaker?.name == "Alice")
         #expect(try laptop.localSpeaker?.publicKey == alice.localPublicKey, "the identity key, the same on both")
-        // The laptop has the conversation already: linking synced it.
+        // The laptop has the conversation already: linking synced it. What was said before it
+        // existed waits for its key until a device that holds it has seen the laptop's key (each
+        // sender shares its epochs with a new device of a member as it learns of it).
         let conversation = try #require(try laptop.existingConversation(with: "bob"))
+        #expect(try laptop.messages(in: conversation.id).messages.map(\.isWaitingForKey) == [true])
+        try await syncAll([alice, laptop])
         #expect(try laptop.messages(in: conversation.id).messages.map(\.content) == ["from the phone"])
 
         try await laptop.send("from the laptop", to: "bob")

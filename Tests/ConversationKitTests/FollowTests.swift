@@ -88,6 +88,8 @@ import TestSupport
         try await carol.sync()
         let found = try await carol.speakers(matching: SpeakerQuery(tag: "rare"))
         #expect(found.map(\.identifier) == ["speaker-2507", "speaker-5007", "speaker-7", "speaker-7507"])
+        // Bob wrote before carol's device existed: he shares his key with it once he has seen it.
+        try await bob.sync()
         try await carol.sync()
 
         let conversation = try #require(try carol.existingConversation(with: "bob"))
@@ -95,12 +97,15 @@ import TestSupport
         #expect(try carol.speaker(fromRef: SpeakerRef(identifier: "speaker-7"))?.trust == .firstUse)
         let received = try #require(counted.withLock { $0 }).received
         let known = Set(["carol", "bob"] + found.map(\.identifier))
+        // A record in a speaker's own zone is that speaker's (a profile, a device key).
         let owners = received.map { id in
-            id.zone.rawValue.hasPrefix("c-") ? "conversation" : id.name
+            id.zone.rawValue.hasPrefix("c-") ? "conversation"
+                : known.first { ChatSchema.isSpeakerZone(id.zone) && id.zone.rawValue == "s-" + OwnershipRule.identityHash($0) } ?? id.name
         }
         #expect(Set(owners).subtracting(known + ["conversation"]).isEmpty, "records of speakers carol does not know: \(Set(owners).subtracting(known))")
-        // Carol's own profile back; bob's profile, his member record and message; the four found,
-        // from the directory and then from their own zones. Of 20,000 profiles: 12 records.
-        #expect(received.count == 12, "carol received \(received.map(\.description))")
+        // Carol's own profile and device key back; bob's profile and device key, his member
+        // record, message and its key shares (to his own device, then to carol's); the four
+        // found, from the directory and then from their own zones. Of 20,000 profiles: 16 records.
+        #expect(received.count == 16, "carol received \(received.map(\.description))")
     }
 }

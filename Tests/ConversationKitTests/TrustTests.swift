@@ -94,6 +94,11 @@ import TestSupport
         let seen = try #require(try bob.speaker(fromRef: SpeakerRef(identifier: "alice")))
         #expect(seen.name == "Alice" && seen.fingerprint == real && seen.trust == .verified)
         let conversation = try #require(try bob.existingConversation(with: "alice"))
+        // Alice wrote before bob's device existed: her message waits for its key until she has
+        // seen his device's key (her next sync) and he has synced after.
+        #expect(try bob.messages(in: conversation.id).messages.map(\.isWaitingForKey) == [true])
+        try await alice.sync()
+        try await bob.sync()
         #expect(try bob.messages(in: conversation.id).messages.map(\.content) == ["really me"])
         try await bob.sync()
         #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.name == "Alice")

@@ -206,9 +206,12 @@ func expectDelivered(_ stores: [ConversationStore], count: Int, _ comment: Comme
         try await alice.sync()
         #expect(try await machines.unison() == 0)
         try await bob.sync()
-        _ = try await alice.send("second", to: "bob")
+        let second = try await alice.send("second", to: "bob")
         try await alice.sync()
-        let source = try #require(try machines.segments(of: "alice", in: "a").last)
+        // The segment that holds the message (the sync also wrote one of key shares).
+        let source = try #require(try machines.segments(of: "alice", in: "a").last { path in
+            (try? Data(contentsOf: URL(fileURLWithPath: path)))?.range(of: Data(second.id.name.utf8)) != nil
+        })
         let whole = try Data(contentsOf: URL(fileURLWithPath: source))
         let target = machines.copyB + source.dropFirst(machines.copyA.count)
         try whole.prefix(whole.count / 2).write(to: URL(fileURLWithPath: String(target)))

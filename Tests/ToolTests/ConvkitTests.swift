@@ -167,7 +167,8 @@ import TestSupport
         #expect(try await ok(["changes", "--zone", conversation, "--since", token] + alice).out.contains("token "))
         _ = try await ok(["send", "bob", "pending one"] + alice)
         let outbox = try await ok(["outbox", "--json"] + alice)
-        #expect(Set(((outbox.json as? [[String: Any]]) ?? []).compactMap { $0["type"] as? String }) == ["Message", "DeviceRevocation"], "\(outbox.out)")
+        // The message, the revocation, and the new epoch's key shares (a device was revoked).
+        #expect(Set(((outbox.json as? [[String: Any]]) ?? []).compactMap { $0["type"] as? String }) == ["Message", "DeviceRevocation", "KeyShare"], "\(outbox.out)")
         #expect(((try await ok(["quarantine", "--json"] + alice).json) as? [Any])?.isEmpty == true)
         #expect(try await ok(["quarantine", "retry"] + alice).out.contains("0 zones"))
         // A forged message (named as bob's, another key) is quarantined, listed, cleared.

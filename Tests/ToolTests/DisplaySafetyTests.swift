@@ -48,8 +48,10 @@ import TestSupport
         let conversation = try #require(zones.compactMap { $0["zone"] as? String }.first { $0.hasPrefix("c-") })
         let listed = try #require(try await ok(["records", "list", "--zone", conversation, "--json"] + bob).json as? [[String: Any]])
         let name = try #require(listed.compactMap { $0["name"] as? String }.first { $0.hasPrefix("m.") })
-        try await printsSafely(["records", "show", "\(conversation)/\(name)"] + bob)
-        try await printsSafely(["records", "show", "\(conversation)/\(name)", "--zone-dir", folder])
+        // Its content is sealed: as stored everywhere, opened on bob's store with --decrypt.
+        try await printsSafely(["records", "show", "\(conversation)/\(name)"] + bob, showing: "shown as stored; --decrypt opens it")
+        try await printsSafely(["records", "show", "\(conversation)/\(name)", "--decrypt"] + bob)
+        try await printsSafely(["records", "show", "\(conversation)/\(name)", "--zone-dir", folder], showing: "shown as stored")
         // --json keeps the signed text exact.
         let json = try #require(try await ok(["messages", "alice", "--json"] + bob).json as? [String: Any])
         #expect((json["messages"] as? [[String: Any]])?.first?["content"] as? String == Self.forgedLine + Self.hostile)

@@ -54,20 +54,25 @@ import TestSupport
         try await bob.sync()
 
         let common = ["--key", dir.path + "/replicator.key", "--identity", "_peer"]
+        // Twice round: the first brings each side the other's device key (each then shares its
+        // sender keys, in the same sync), the second brings the shares.
         for _ in 0..<2 {
-            _ = try await replicate(["--from", a.absoluteString, "--to", b.absoluteString, "--state", dir.path + "/a-to-b.json"] + common)
-            _ = try await replicate(["--from", b.absoluteString, "--to", a.absoluteString, "--state", dir.path + "/b-to-a.json"] + common)
+            for _ in 0..<2 {
+                _ = try await replicate(["--from", a.absoluteString, "--to", b.absoluteString, "--state", dir.path + "/a-to-b.json"] + common)
+                _ = try await replicate(["--from", b.absoluteString, "--to", a.absoluteString, "--state", dir.path + "/b-to-a.json"] + common)
+            }
+            try await alice.sync()
+            try await bob.sync()
         }
-        try await alice.sync()
-        try await bob.sync()
         #expect(try alice.message(fromBob.id)?.content == "hello from server B")
         #expect(try bob.message(fromAlice.id)?.content == "hello from server A")
         #expect(try bob.message(inGroup.id)?.content == "hello group" && (try bob.members(of: group.id).map(\.speaker)) == ["alice", "bob"])
         let onA = try await contents(HTTPBackend(url: a, identity: "_peer", key: key, policy: ConversationStore.recordPolicy()))
         let onB = try await contents(HTTPBackend(url: b, identity: "_peer", key: key, policy: ConversationStore.recordPolicy()))
-        // Two profiles (each in its own zone and the directory), two members, two messages, and
-        // the group's creation and message.
-        #expect(onA == onB && onA.count == 10, "same records, same signatures: \(onA.count) \(onA.symmetricDifference(onB))")
+        // Two profiles (each in its own zone and the directory), two members, two messages, the
+        // group's creation and message; two device keys, and the key shares of the three
+        // epochs (alice's and bob's pair, alice's group), each to its sender and the other.
+        #expect(onA == onB && onA.count == 18, "same records, same signatures: \(onA.count) \(onA.symmetricDifference(onB))")
 
         // Resumed from its checkpoints: nothing new, nothing sent.
         let again = try await replicate(["--from", a.absoluteString, "--to", b.absoluteString, "--state", dir.path + "/a-to-b.json"] + common)

@@ -12,7 +12,9 @@ enum InspectCommands {
         ToolCommand(Command("convkit records list", "List a zone's records (the winning version of each).",
                             options: [zoneOption, .valued("type", "type", "Only records of this type.")] + Targets.inspectOptions), run: list),
         ToolCommand(Command("convkit records show", "Show one record: fields, system fields, owner, author key, clock, signature.",
-                            positionals: [Positional("record", "<zone>/<name>")], options: Targets.inspectOptions), run: show),
+                            discussion: "Sealed (encrypted) content is shown as it is stored, as bytes; --decrypt opens it with the keys the store holds.",
+                            positionals: [Positional("record", "<zone>/<name>")],
+                            options: [.flag("decrypt", "Open sealed content with the keys this store holds (a store only).")] + Targets.inspectOptions), run: show),
         ToolCommand(Command("convkit records verify", "Check every record (and, on a folder, every file); print each bad one with why.",
                             discussion: "Exits 1 when anything is bad.", options: [.valued("zone", "zone", "Only this zone.")] + Targets.inspectOptions), run: verify),
         ToolCommand(Command("convkit changes", "What a client would receive from a zone since a token.",
@@ -145,9 +147,22 @@ enum InspectCommands {
         }
         let signature = !record.isSigned ? "missing" : record.hasValidSignature() ? "valid" : "invalid (does not verify over the record's bytes)"
         let fingerprint = KeyChain.fingerprint(identity: owner, key: record.authorKey)
-        let fields = try JSONSerialization.jsonObject(with: try record.json())
+        let sealed = record[Sealing.sealedField]?.bytesValue
+        var shown = record
+        if context.arguments.has("decrypt") {
+            guard case .store(let store) = try context.inspectionSource() else { throw UsageError("--decrypt needs a store (the keys are this device's), not --zone-dir or --server") }
+            guard sealed != nil else { throw ToolFailure("\(text) holds nothing sealed") }
+            shown = try store.decrypted(record)
+        }
+        let encryption = sealed.map { bytes in
+            let epoch = (try? Sealing.epoch(of: bytes))?.hexString ?? "malformed"
+            return shown[Sealing.sealedField] == nil ? "sealed (epoch \(epoch)), opened with this store's key" : "sealed (epoch \(epoch)): shown as stored; --decrypt opens it"
+        }
+        let fields = try JSONSerialization.jsonObject(with: try shown.json())
         if context.json {
-            return try Output.json(["record": fields, "owner": owner, "authorFingerprint": fingerprint, "clock": clock(record.clock), "signature": signature])
+            var value: [String: Any] = ["record": fields, "owner": owner, "authorFingerprint": fingerprint, "clock": clock(record.clock), "signature": signature]
+            if let encryption { value["encryption"] = encryption }
+            return try Output.json(value)
         }
         Output.line("\(record.id)  \(record.recordType)\(record.isDeleted ? " (deleted)" : "")")
         Output.line("owner      \(owner)")
@@ -155,6 +170,7 @@ enum InspectCommands {
         Output.line("fingerprint \(fingerprint)")
         Output.line("clock      \(clock(record.clock))")
         Output.line("signature  \(signature)")
+        if let encryption { Output.line("encryption \(encryption)") }
         if record.recordType == GroupChange.recordType {
             let decided = try await membership(context, zone: zone, records: nil)?.decided[record.id.name]
             Output.line("change     " + (decided.map { "\($0.summary) — \($0.decision)" } ?? "not a valid group change"))

@@ -45,6 +45,12 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         /// The group's membership rule (docs/PROTOCOL.md §3.1) refuses the change as the store
         /// holds the group now: not an admin, not in the group, the creator as a target.
         case notAllowedInGroup
+        /// A sealed record whose epoch's key this device does not hold (yet): it was not shared
+        /// with this device, or its share has not been synced.
+        case keyNotHeld
+        /// A sealed record that does not open with its epoch's key: altered, malformed, or moved
+        /// from another record, conversation or sender.
+        case notAuthentic
     }
 
     public var code: Code

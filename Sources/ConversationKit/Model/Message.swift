@@ -29,6 +29,11 @@ public struct Message: Sendable, Hashable, Identifiable {
     /// When the listener read it (from their signed receipt).
     public let readAt: Date?
     public let syncState: SyncState
+    /// Sealed with a key this device does not hold yet (its share has not been synced): the
+    /// content is empty until it arrives, and the message then changes by itself
+    /// (``StoreEvent/messageChanged(_:)``). Never a permanent state for a device that may
+    /// read the message (docs/ENCRYPTION.md).
+    public let isWaitingForKey: Bool
 }
 
 /// Where a local change stands with the backend.

@@ -80,7 +80,6 @@ struct AvatarReference: Sendable, Hashable {
 }
 
 extension Record {
-    func string(_ field: String) -> String? { self[field]?.stringValue }
     func milliseconds(_ field: String) -> Int64? {
         self[field]?.dateValue.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }
     }

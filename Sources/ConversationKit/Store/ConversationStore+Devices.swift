@@ -92,6 +92,7 @@ extension ConversationStore {
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)", [link.identity])
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('device_certificate', ?)", [certificateBytes])
             applier.localSpeaker = link.identity
+            applier.device = local
             try applier.follow(link.identity)
             for record in [certificate] + pulled {
                 if let reason = policy.check(record) {
@@ -100,8 +101,9 @@ extension ConversationStore {
                     try applier.apply(record, origin: .remote)
                 }
             }
+            try applier.publishEncryptionKey()
         }
-        identity.withLock { $0 = local }
+        database.identity.withLock { $0 = local }
         do { try await sync() } catch where error.backendError?.isTransient == true {
             // Linked; the conversations come with the next sync.
         }

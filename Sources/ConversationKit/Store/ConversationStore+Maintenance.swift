@@ -134,4 +134,17 @@ extension ConversationStore {
             return stats
         }
     }
+
+    /// A record with its sealed fields opened by the keys this device holds (`convkit records
+    /// show --decrypt`); a record with none, as it is.
+    /// - Throws: ``ConversationError/Code/keyNotHeld`` when this device does not hold the key of
+    ///   its epoch; ``ConversationError/Code/notAuthentic`` when it does not open with it.
+    public func decrypted(_ record: Record) throws(ConversationError) -> Record {
+        guard record[Sealing.sealedField] != nil else { return record }
+        switch try read({ db in try RecordApplier.unseal(record, in: db) }) {
+        case .opened(let opened): return opened
+        case .waiting(let epoch): throw ConversationError(.keyNotHeld, "this device does not hold the key of epoch \(epoch.hexString) (not shared with it, or not synced yet)")
+        case .refused(let why): throw ConversationError(.notAuthentic, why)
+        }
+    }
 }

@@ -124,7 +124,7 @@ extension ConversationStore {
             let spokenAt = max(now, (latest ?? Int64.min) &+ 1)
             let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil)
             try self.joinIfNeeded(listener, as: local, in: &applier)
-            try self.commitLocal(record, as: local, in: &applier)
+            try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
@@ -138,7 +138,7 @@ extension ConversationStore {
             let current = try self.ownMessage(id, local: local, db: applier.db)
             let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener, content: content,
                                                  spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(self.configuration.now()))
-            try self.commitLocal(record, as: local, in: &applier)
+            try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
@@ -286,7 +286,7 @@ extension ConversationStore {
         }
     }
 
-    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code"
+    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL"
 
     static func message(from row: Row) -> Message {
         let state: SyncState
@@ -296,7 +296,8 @@ extension ConversationStore {
         default: state = .synced
         }
         return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),
-                       spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state)
+                       spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state,
+                       isWaitingForKey: row.int(11) != 0)
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

@@ -17,7 +17,7 @@ extension ConversationStore {
         var problems = try read { db in
             try db.rows("PRAGMA quick_check") { $0.text(0) }.filter { $0 != "ok" }.map { "database: \($0)" }
         }
-        if let local = identity.withLock({ $0 }) {
+        if let local = database.identity.withLock({ $0 }) {
             let pinned = policy.pins.chain(for: local.identifier)
             if pinned?.allowsNow(local.key.publicKey) != true {
                 problems.append("the key file does not speak for '\(local.identifier)' in the store's pins")
@@ -65,7 +65,7 @@ extension ConversationStore {
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)", [identifier])
             applier.localSpeaker = identifier
         }
-        store.identity.withLock { $0 = LocalIdentity(identifier: identifier, key: key, identityKey: key) }
+        store.database.identity.withLock { $0 = LocalIdentity(identifier: identifier, key: key, identityKey: key) }
         try await store.sync()
         return store
     }

@@ -13,7 +13,7 @@ extension ConversationStore {
     public func setupLocalSpeaker(identifier: String, name: String, tags: [String] = []) async throws(ConversationError) -> Speaker {
         try ChatRecords.validate(identifier: identifier)
         let local: LocalIdentity
-        if let existing = identity.withLock({ $0 }) {
+        if let existing = database.identity.withLock({ $0 }) {
             guard existing.identifier == identifier else {
                 throw ConversationError(.storeBelongsToAnotherSpeaker, "this store belongs to '\(existing.identifier)'; open '\(identifier)'s own store directory instead")
             }
@@ -32,11 +32,13 @@ extension ConversationStore {
         try await write { applier in
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
             applier.localSpeaker = identifier
+            applier.device = local
             // A new name or tags keep the avatar.
             let avatar = try Self.avatar(of: identifier, in: applier.db)
             try self.commitProfile(identifier, name: name, tags: tags, avatar: avatar, as: local, in: &applier)
+            try applier.publishEncryptionKey()
         }
-        identity.withLock { $0 = local }
+        database.identity.withLock { $0 = local }
         guard let speaker = try speaker(fromRef: SpeakerRef(identifier: identifier)) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")
         }

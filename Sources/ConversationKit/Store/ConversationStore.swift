@@ -37,8 +37,19 @@ public final class ConversationStore: Sendable {
         var identityKey: SigningKey?
         /// On a linked device, its certificate's canonical bytes.
         var certificate: Data?
+        /// What this device opens key shares with (``EncryptionKey``): an X25519 pair derived
+        /// from the signing key's seed (`crypto_kdf`, subkey 1 of context `convkbox`), so a
+        /// store rebuilt from its key, or an identity recovered, opens what was shared with it.
+        let boxKeys: (publicKey: Data, secretKey: Data)
+
+        init(identifier: String, key: SigningKey, identityKey: SigningKey? = nil, certificate: Data? = nil) {
+            self.identifier = identifier
+            self.key = key
+            self.identityKey = identityKey
+            self.certificate = certificate
+            boxKeys = Sodium.boxKeyPair(seed: Sodium.deriveKey(from: key.seed, id: 1, context: "convkbox"))
+        }
     }
-    let identity = Mutex<LocalIdentity?>(nil)
 
     /// The identity key, on the speaker's first device.
     var keyFile: String { directory + "/speaker.key" }
@@ -94,6 +105,7 @@ public final class ConversationStore: Sendable {
         }
         let queue: DatabaseQueue
         let policy: RecordPolicy
+        var loaded: LocalIdentity?
         do {
             queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations, readOnly: readOnly)
             let (pinned, conflicted) = try queue.readNow { db in
@@ -107,19 +119,18 @@ public final class ConversationStore: Sendable {
                  try db.first("SELECT value FROM ck_meta WHERE key = 'device_certificate'") { $0.blob(0) })
             }
             if let local {
-                let loaded: LocalIdentity
                 if let certificate {
                     loaded = LocalIdentity(identifier: local, key: try KeyFile.load(from: directory + "/device.key"), certificate: certificate)
                 } else {
                     let key = try KeyFile.load(from: directory + "/speaker.key")
                     loaded = LocalIdentity(identifier: local, key: key, identityKey: key)
                 }
-                identity.withLock { $0 = loaded }
             }
         } catch {
             throw ConversationError.wrap(error)
         }
-        database = StoreDatabase(queue: queue, policy: policy, hub: EventHub())
+        database = StoreDatabase(queue: queue, policy: policy, hub: EventHub(), clock: clock)
+        database.identity.withLock { $0 = loaded }
         backendFactory = backend
         engine = SyncEngine(database: database, configuration: configuration, images: AssetFolder(root: directory + "/Images"), clock: clock)
     }
@@ -183,11 +194,11 @@ public final class ConversationStore: Sendable {
     public static func recordPolicy() -> RecordPolicy { ChatSchema.recordPolicy() }
 
     /// The local speaker's identifier, once set up.
-    public var localSpeakerIdentifier: String? { identity.withLock { $0?.identifier } }
+    public var localSpeakerIdentifier: String? { database.identity.withLock { $0?.identifier } }
 
     /// The public key this device signs with, once set up: the identity key on the speaker's
     /// first device, the device key on a linked one.
-    public var localPublicKey: Data? { identity.withLock { $0?.key.publicKey } }
+    public var localPublicKey: Data? { database.identity.withLock { $0?.key.publicKey } }
 
     /// Every event from now on: new and changed messages, speakers, conversations, sync states.
     public func events() -> AsyncStream<StoreEvent> { database.hub.stream() }
@@ -202,7 +213,7 @@ public final class ConversationStore: Sendable {
 
     /// The local speaker and key, or ``ConversationError/Code/noLocalSpeaker``.
     func requireIdentity() throws(ConversationError) -> LocalIdentity {
-        guard let local = identity.withLock({ $0 }) else {
+        guard let local = database.identity.withLock({ $0 }) else {
             throw ConversationError(.noLocalSpeaker, "call setupLocalSpeaker(identifier:name:tags:) first")
         }
         return local
@@ -219,19 +230,7 @@ public final class ConversationStore: Sendable {
     /// one clock past every version held of any of them and past `after` (the clock the shown
     /// profile came from): together they win over whatever they replace.
     func commitLocal(_ records: [Record], as local: LocalIdentity, after: RecordClock? = nil, in applier: inout RecordApplier) throws {
-        var signingClock = clock.now()
-        var past = after
-        for record in records {
-            let held = try applier.db.first("SELECT clock FROM ck_records WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name]) {
-                RecordClock(rawValue: UInt64(bitPattern: $0.int(0)))
-            }
-            past = [past, held].compactMap { $0 }.max()
-        }
-        if let past, past >= signingClock, past.rawValue < UInt64.max { signingClock = RecordClock(rawValue: past.rawValue + 1) }
-        for var record in records {
-            try record.sign(with: local.key, clock: signingClock)
-            try applyLocal(record, in: &applier)
-        }
+        try applier.commitLocal(records, signedWith: local.key, after: after)
     }
 
     /// States again the local speaker's versions that a refused one would replace where a
@@ -264,7 +263,13 @@ public final class ConversationStore: Sendable {
                       chain.device(refused.authorKey) != nil || chain.retired.contains(where: { $0.key == refused.authorKey }),
                       MergeRule.wins(refused, over: held), restated.insert(held.id).inserted
                 else { continue }
-                try self.commitLocal(held, as: local, in: &applier)
+                // Sealed content is bound to the device that signs it: sealed again by this one.
+                var restatement = held
+                if held[Sealing.sealedField] != nil {
+                    guard case .opened(let opened) = try applier.unseal(held) else { continue }
+                    restatement = try applier.seal(opened)
+                }
+                try self.commitLocal(restatement, as: local, in: &applier)
             }
             return restated.count
         }
@@ -272,11 +277,7 @@ public final class ConversationStore: Sendable {
 
     /// Applies an already signed local version and queues it in the outbox.
     func applyLocal(_ record: Record, in applier: inout RecordApplier) throws {
-        guard try applier.apply(record, origin: .local) else {
-            throw ConversationError(.database, "a local change to \(record.id) lost the merge or was refused")
-        }
-        try Outbox.enqueue(try record.encoded(), zone: record.id.zone.rawValue, name: record.id.name, in: applier.db)
-        applier.queuedLocalChange = true
+        try applier.applyLocal(record)
     }
 
     /// The backend, connected on first use with the local speaker's identity and key.
@@ -312,6 +313,7 @@ public final class ConversationStore: Sendable {
     public func sync(progress: (@Sendable (SyncProgress) -> Void)?) async throws(ConversationError) -> SyncReport {
         let local = try requireIdentity()
         let backend = try backend()
+        try await publishEncryptionKeyIfNeeded(local)
         var report: SyncReport
         do {
             report = try await engine.sync(localSpeaker: local.identifier, deviceKey: local.key.publicKey, backend: backend, progress: progress)
@@ -330,6 +332,17 @@ public final class ConversationStore: Sendable {
             report.avatarsDownloaded = await downloadMissingAvatars(from: backend)
         }
         return report
+    }
+
+    /// A store set up before encryption publishes its device's key once, before it syncs.
+    private func publishEncryptionKeyIfNeeded(_ local: LocalIdentity) async throws(ConversationError) {
+        let name = EncryptionKey.namePrefix + ChatRecords.identityHash(local.identifier) + "." + local.key.publicKey.hexString
+        let held = try read { db in
+            try db.first("SELECT 1 FROM encryption_keys WHERE identity = ? AND device = ? AND key = ?",
+                         [local.identifier, local.key.publicKey, local.boxKeys.publicKey]) { _ in true } ?? false
+        }
+        guard !held, !name.isEmpty else { return }
+        try await write { applier in try applier.publishEncryptionKey() }
     }
 
     /// Whether the backend answered the last time the store synced (ConversationKit's

@@ -1,6 +1,7 @@
 import Foundation
 import RecordZone
 import SQLiteKit
+import Synchronization
 
 /// The store's database with what every transaction needs: the policy whose pins are saved
 /// with the records that pinned them, and the hub that publishes events after each commit.
@@ -13,11 +14,16 @@ final class StoreDatabase: Sendable {
     /// pushes it at once).
     let localChanges = ChangeWaiters()
     static let outboxSignal = ChatRecords.constantZone("outbox")
+    /// The local speaker and this device's keys, once set up: a write's applier signs what it
+    /// commits on its own (key shares) and opens what was shared with this device.
+    let identity = Mutex<ConversationStore.LocalIdentity?>(nil)
+    let clock: HybridLogicalClock
 
-    init(queue: DatabaseQueue, policy: RecordPolicy, hub: EventHub) {
+    init(queue: DatabaseQueue, policy: RecordPolicy, hub: EventHub, clock: HybridLogicalClock) {
         self.queue = queue
         self.policy = policy
         self.hub = hub
+        self.clock = clock
     }
 
     /// A read on the reader connection (in WAL mode it never waits for a write).
@@ -35,11 +41,11 @@ final class StoreDatabase: Sendable {
     /// power loss and learned again from someone else.
     func write<T: Sendable>(_ durability: DatabaseQueue.Durability = .synced,
                             _ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
-        let policy = self.policy
+        let policy = self.policy, clock = self.clock, local = identity.withLock { $0 }
         do {
             let (result, events, queued, pinned) = try await queue.write(durability) { db in
-                let local = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
-                var applier = RecordApplier(db: db, localSpeaker: local)
+                let speaker = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
+                var applier = RecordApplier(db: db, localSpeaker: speaker, device: local, clock: clock, policy: policy)
                 let result = try body(&applier)
                 let changed = policy.pins.changedIdentities
                 try applier.readmitKeyConflicts(of: changed, policy: policy)

@@ -11,6 +11,14 @@ struct RecordApplier {
 
     let db: Database
     var localSpeaker: String?
+    /// This device's keys (nil before the store is set up): what the applier signs with when it
+    /// commits on its own (key shares) and opens what was shared with this device.
+    var device: ConversationStore.LocalIdentity?
+    let clock: HybridLogicalClock
+    let policy: RecordPolicy
+    /// Conversations whose sender keys this device shares again in ``finish()``: a member or a
+    /// device appeared that an epoch was not shared with.
+    var zonesToShare = Set<String>()
     private(set) var events: [StoreEvent] = []
     private(set) var quarantinedCount = 0
     /// Whether this transaction queued a local change for the backend.
@@ -26,9 +34,12 @@ struct RecordApplier {
     /// start — a server shows each reader only what its membership then let it read.
     private var rereadGroups = Set<String>()
 
-    init(db: Database, localSpeaker: String?) {
+    init(db: Database, localSpeaker: String?, device: ConversationStore.LocalIdentity?, clock: HybridLogicalClock, policy: RecordPolicy) {
         self.db = db
         self.localSpeaker = localSpeaker
+        self.device = device
+        self.clock = clock
+        self.policy = policy
     }
 
     /// Applies one version. Returns false when it lost the merge or was quarantined.
@@ -60,6 +71,8 @@ struct RecordApplier {
         case ChatRecords.messageType: try projectMessage(record, origin: origin)
         case ChatRecords.receiptType: try projectReceipt(record)
         case GroupChange.recordType: try applyGroupChange(record)
+        case EncryptionKey.recordType: try projectEncryptionKey(record)
+        case KeyShare.recordType: try projectKeyShare(record, origin: origin)
         default: break  // a type from a newer version: kept in ck_records, not shown
         }
         return true
@@ -67,6 +80,34 @@ struct RecordApplier {
 
     /// Adds an event to publish after the commit.
     mutating func note(_ event: StoreEvent) { events.append(event) }
+
+    /// Signs local versions of one thing with one clock past every version held of any of them
+    /// and past `after`, applies them and queues them in the outbox: a new version always wins
+    /// over the one it replaces, even one from a clock hours ahead.
+    mutating func commitLocal(_ records: [Record], signedWith key: SigningKey, after: RecordClock? = nil) throws {
+        var signingClock = clock.now()
+        var past = after
+        for record in records {
+            let held = try db.first("SELECT clock FROM ck_records WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name]) {
+                RecordClock(rawValue: UInt64(bitPattern: $0.int(0)))
+            }
+            past = [past, held].compactMap { $0 }.max()
+        }
+        if let past, past >= signingClock, past.rawValue < UInt64.max { signingClock = RecordClock(rawValue: past.rawValue + 1) }
+        for var record in records {
+            try record.sign(with: key, clock: signingClock)
+            try applyLocal(record)
+        }
+    }
+
+    /// Applies an already signed local version and queues it in the outbox.
+    mutating func applyLocal(_ record: Record) throws {
+        guard try apply(record, origin: .local) else {
+            throw ConversationError(.database, "a local change to \(record.id) lost the merge or was refused")
+        }
+        try Outbox.enqueue(try record.encoded(), zone: record.id.zone.rawValue, name: record.id.name, in: db)
+        queuedLocalChange = true
+    }
 
 
     /// Marks a local message failed for good, with why.
@@ -163,12 +204,22 @@ struct RecordApplier {
             guard ChatRecords.isGroupZone(zone) else { return "a group change outside a group's zone" }
             do { _ = try GroupChange(record: record) } catch { return error.description }
             return nil
+        case EncryptionKey.recordType:
+            do { _ = try EncryptionKey.parts(record) } catch { return error.description }
+            return nil
+        case KeyShare.recordType:
+            let parts: KeyShare.Parts
+            do { parts = try KeyShare.parts(record) } catch { return error.description }
+            if !ChatRecords.isGroupZone(zone), !ChatRecords.isParticipant(parts.sender, in: zone) || !ChatRecords.isParticipant(parts.recipient, in: zone) {
+                return "a key share between speakers outside the conversation"
+            }
+            return nil
         case ChatRecords.messageType where ChatRecords.isGroupZone(zone):
             // Whether its speaker was in the group at its clock is decided when it is shown.
             guard record.string("speaker") != nil else { return "message without a speaker" }
             if record.isDeleted { return nil }
-            guard let content = record.string("content"), record.milliseconds("spokenAt") != nil else { return "message without content or spokenAt" }
-            guard content.utf8.count <= Message.maximumContentBytes else { return "message content over 64 KiB" }
+            guard Self.hasContent(record), record.milliseconds("spokenAt") != nil else { return "message without content or spokenAt" }
+            guard (record.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return "message content over 64 KiB" }
             return nil
         case ChatRecords.receiptType where ChatRecords.isGroupZone(zone):
             guard record.string("reader") != nil else { return "receipt without a reader" }
@@ -181,13 +232,13 @@ struct RecordApplier {
             if record.isDeleted {
                 return ChatRecords.isParticipant(speaker, in: zone) ? nil : "message tombstone from outside the conversation"
             }
-            guard let listener = record.string("listener"), let content = record.string("content"),
+            guard let listener = record.string("listener"), Self.hasContent(record),
                 record.milliseconds("spokenAt") != nil
             else { return "message without listener, content or spokenAt" }
             guard ChatRecords.conversationZone(speaker, listener) == zone, speaker != listener else {
                 return "message whose speaker and listener do not match its conversation"
             }
-            guard content.utf8.count <= Message.maximumContentBytes else { return "message content over 64 KiB" }
+            guard (record.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return "message content over 64 KiB" }
             return nil
         case ChatRecords.receiptType:
             guard let reader = record.string("reader"), ChatRecords.isParticipant(reader, in: zone) else {
@@ -200,6 +251,11 @@ struct RecordApplier {
         default:
             return nil
         }
+    }
+
+    /// Whether a message carries its content: in the clear (`content`) or sealed (`sealed`).
+    static func hasContent(_ record: Record) -> Bool {
+        record.string("content") != nil || record[Sealing.sealedField]?.bytesValue != nil
     }
 
     /// Projects a profile (from the speaker's zone or its directory copy): the newest wins.
@@ -252,7 +308,7 @@ struct RecordApplier {
 
     /// - Parameter gated: whether a group's message is first decided by membership (false: it
     ///   was, and is shown as it is).
-    private mutating func projectMessage(_ record: Record, origin: Origin, gated: Bool = true) throws {
+    mutating func projectMessage(_ record: Record, origin: Origin, gated: Bool = true) throws {
         let zone = record.id.zone.rawValue, name = record.id.name
         if gated, ChatRecords.isGroupZone(record.id.zone) {
             // A group's message shows only if its speaker was a member at its clock; with the
@@ -270,21 +326,36 @@ struct RecordApplier {
         let state = origin == .local ? SyncStateColumn.pending : .synced
         let exists = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, name]) { _ in true } ?? false
         if record.isDeleted {
-            try db.execute("UPDATE messages SET is_deleted = 1, content = '', sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?",
+            try db.execute("UPDATE messages SET is_deleted = 1, content = '', waiting_epoch = NULL, sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?",
                            [state.rawValue, zone, name])
             if exists { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
             return
         }
         let isGroup = ChatRecords.isGroupZone(record.id.zone)
+        // Sealed content is opened here: the key held, it shows; not yet, it waits for its key.
+        var opened = record, waiting: Data?
+        if record[Sealing.sealedField] != nil {
+            switch try unseal(record) {
+            case .opened(let plain): opened = plain
+            case .waiting(let epoch): waiting = epoch
+            case .refused(let why):
+                try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation(why), source: origin == .local ? "local" : "pull", data: try? record.encoded()))
+                try db.execute("DELETE FROM messages WHERE zone = ? AND name = ?", [zone, name])
+                if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
+                return
+            }
+        }
         guard let speaker = record.string("speaker"), let listener = isGroup ? "" : record.string("listener"),
-            let content = record.string("content"), let spokenAt = record.milliseconds("spokenAt")
+            let content = waiting == nil ? opened.string("content") : "", let spokenAt = record.milliseconds("spokenAt")
         else { return }
         try db.execute("""
-            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state)
-            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?)
+            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
-                spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
-            """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener, state.rawValue])
+                spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL,
+                waiting_epoch = excluded.waiting_epoch
+            """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
+                  state.rawValue, waiting])
         if !isGroup { try ensureConversation(zone: zone, other: speaker == localSpeaker ? listener : speaker) }
         newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
@@ -319,6 +390,9 @@ struct RecordApplier {
         for zone in groups.sorted() { try decideGroup(zone) }
         for zone in rereadGroups.sorted() { try db.execute("UPDATE ck_zone_state SET token = NULL WHERE zone = ?", [zone]) }
         rereadGroups.removeAll()
+        let sharing = zonesToShare
+        zonesToShare.removeAll()
+        for zone in sharing.sorted() { try shareEpochs(in: zone) }
         for (zone, newest) in newestMessage {
             try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
         }
@@ -396,6 +470,7 @@ struct RecordApplier {
         }
         // What moved: roles, and runs begun or ended at this change's clock.
         let moved = Set(roles.keys).union(group.roles.keys).filter { roles[$0] != group.roles[$0] }
+        if !moved.isEmpty { zonesToShare.insert(zone) }
         if let local = localSpeaker, roles[local] == nil, group.roles[local] != nil,
            try db.first("SELECT 1 FROM group_runs WHERE zone = ? AND speaker = ?", [zone, local], { _ in true }) != nil {
             rereadGroups.insert(zone)
@@ -508,6 +583,7 @@ struct RecordApplier {
             }
             if !before.isEmpty, grew { rereadGroups.insert(zone) }
         }
+        zonesToShare.insert(zone)
         try db.execute("DELETE FROM group_members WHERE zone = ?", [zone])
         for (speaker, role) in group.roles {
             try db.execute("INSERT INTO group_members (zone, speaker, role) VALUES (?, ?, ?)", [zone, speaker, role.rawValue])

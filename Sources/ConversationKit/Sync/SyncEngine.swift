@@ -117,6 +117,9 @@ actor SyncEngine {
         do throws(ConversationError) {
             let caughtUp = try await push(&report, localSpeaker: localSpeaker, catchingUp: true)
             try await pull(&report, localSpeaker: localSpeaker, caughtUp: caughtUp)
+            // What the pull committed on its own — keys shared with a device or member it
+            // learned of — goes out in the same sync: the others read it after their next pull.
+            if try outboxDue() { _ = try await push(&report, localSpeaker: localSpeaker, catchingUp: false) }
             try await failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
         } catch {
             logger.warning("sync stopped: \(error)")

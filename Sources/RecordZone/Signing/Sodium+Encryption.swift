@@ -54,6 +54,18 @@ extension Sodium {
         return status == 0 ? Data(out.prefix(Int(written))) : nil
     }
 
+    /// A 32-byte subkey of a 32-byte master key (`crypto_kdf_derive_from_key`, BLAKE2b): the
+    /// subkey numbered `id` in an 8-character `context`. Different ids or contexts give
+    /// independent keys; none reveals the master.
+    public static func deriveKey(from master: Data, id: UInt64, context: String) -> Data {
+        ensureInitialized()
+        precondition(master.count == Int(crypto_kdf_KEYBYTES) && context.utf8.count == Int(crypto_kdf_CONTEXTBYTES))
+        var subkey = [UInt8](repeating: 0, count: 32)
+        let contextBytes = Array(context.utf8).map { CChar(bitPattern: $0) }
+        withBytes(master) { m, _ in _ = crypto_kdf_derive_from_key(&subkey, 32, id, contextBytes, m) }
+        return Data(subkey)
+    }
+
     /// An X25519 key pair from a 32-byte seed (`crypto_box_seed_keypair`).
     public static func boxKeyPair(seed: Data) -> (publicKey: Data, secretKey: Data) {
         ensureInitialized()

@@ -153,7 +153,14 @@ private final class Transfer: @unchecked Sendable {
     func answer(_ code: CURLcode) -> Result<HTTPAnswer, RecordZoneError> {
         if tooLarge { return .failure(RecordZoneError(.limitExceeded, "\(what): the answer is over \(maximumResponseBytes) bytes")) }
         guard code == CURLE_OK else {
-            return .failure(RecordZoneError(.networkUnavailable, "\(what): \(String(cString: curl_easy_strerror(code)))"))
+            var error = RecordZoneError(.networkUnavailable, "\(what): \(String(cString: curl_easy_strerror(code)))")
+            // A kept-alive connection the server closed as the request went out (its idle
+            // timeout): nothing was answered, and the request may be sent again at once on a
+            // new connection (``HTTPBackend`` does, once).
+            var connects = 0
+            ck_getinfo_long(handle, CURLINFO_NUM_CONNECTS, &connects)
+            if code == CURLE_GOT_NOTHING, connects == 0 { error.retryAfter = 0 }
+            return .failure(error)
         }
         var status = 0
         ck_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)

@@ -233,12 +233,22 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         }
     }
 
-    /// Sends a signed request; retries 429 and 503 after the server's delay.
+    /// Sends a signed request; retries 429 and 503 after the server's delay, and once at once a
+    /// request a reused connection dropped unanswered.
     func send(_ method: String, _ path: String, query: [(String, String)] = [], body: Data = Data(),
               contentType: String = "application/json", timeout: Double = 60) async throws(RecordZoneError) -> Data {
-        var attempt = 0
+        var attempt = 0, resent = false
         while true {
-            let (status, data, retryAfterHeader) = try await exchange(method, path, query: query, body: body, contentType: contentType, timeout: timeout)
+            let status: Int, data: Data, retryAfterHeader: Double?
+            do {
+                (status, data, retryAfterHeader) = try await exchange(method, path, query: query, body: body, contentType: contentType, timeout: timeout)
+            } catch where error.code == .networkUnavailable && error.retryAfter == 0 && !resent {
+                // A reused connection closed under the request, nothing answered: once more,
+                // signed anew (every request is a read or a save of signed versions, which the
+                // server merges: sending one twice changes nothing).
+                resent = true
+                continue
+            }
             if (200..<300).contains(status) { return data }
             let failure = try? JSONDecoder().decode(Wire.ErrorBody.self, from: data).error
             var error = failure?.error() ?? RecordZoneError(.internalError, "HTTP \(status)")

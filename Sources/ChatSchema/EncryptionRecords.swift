@@ -1,0 +1,103 @@
+import Foundation
+import RecordZone
+
+/// A device's X25519 key, published in its speaker's zone so that others can share keys with
+/// it (docs/PROTOCOL.md §3.2): `ek.<h(identity)>.<hex of the device's Ed25519 key>`, fields
+/// `identity`, `device` (that Ed25519 key) and `key` (the X25519 public key), signed by that
+/// device's own key — so nobody, not even another device of the same person, can slip in a key
+/// for it. The identity's chain decides whether the device may sign at the record's clock, as
+/// for any of the identity's records.
+public enum EncryptionKey {
+    public static let recordType = "EncryptionKey"
+    public static let namePrefix = "ek."
+    public static let identityField = "identity"
+    public static let deviceField = "device"
+    public static let keyField = "key"
+
+    /// The key a device publishes (unsigned: the device signs it).
+    public static func record(identity: String, device: Data, key: Data) throws(RecordZoneError) -> Record {
+        Record(id: try RecordID(zone: ChatRecords.speakerZone(identity), name: namePrefix + ChatRecords.identityHash(identity) + "." + device.hexString),
+               type: recordType, fields: [identityField: .string(identity), deviceField: .bytes(device), keyField: .bytes(key)])
+    }
+
+    public struct Parts: Sendable, Hashable {
+        public var identity: String
+        public var device: Data
+        public var key: Data
+    }
+
+    /// The record's parts, or why it is not a device's own key record.
+    public static func parts(_ record: Record) throws(KeyRecordError) -> Parts {
+        guard !record.isDeleted else { throw .shape("an encryption key cannot be deleted (a device replaces it, or is revoked)") }
+        guard let identity = record.string(identityField), let device = record[deviceField]?.bytesValue, device.count == Sodium.publicKeyLength,
+              let key = record[keyField]?.bytesValue, key.count == Sodium.boxPublicKeyLength
+        else { throw .shape("an encryption key needs identity, a 32-byte device and a 32-byte key") }
+        guard record.id.name == namePrefix + ChatRecords.identityHash(identity) + "." + device.hexString else {
+            throw .shape("an encryption key's name does not name its device")
+        }
+        guard record.authorKey == device else { throw .shape("an encryption key is not signed by the device it is for") }
+        return Parts(identity: identity, device: device, key: key)
+    }
+}
+
+/// A sender key shared with one member's devices (docs/PROTOCOL.md §3.2): in the conversation's
+/// zone, `ks.<h(sender)>.<epoch hex>.<h(recipient)>`, fields `sender`, `recipient`, `epoch` and
+/// `boxes` — for each of the recipient's devices its Ed25519 key (32 bytes) followed by the
+/// share sealed to its X25519 key (``Sealing/sealShare(zone:sender:device:epoch:key:to:)``).
+/// Signed by the sending device, whose key the sealed share names. A later version (a device
+/// of the recipient's seen since) carries every box again.
+public enum KeyShare {
+    public static let recordType = "KeyShare"
+    public static let namePrefix = "ks."
+    public static let senderField = "sender"
+    public static let recipientField = "recipient"
+    public static let epochField = "epoch"
+    public static let boxesField = "boxes"
+
+    public static func name(sender: String, epoch: Data, recipient: String) -> String {
+        namePrefix + ChatRecords.identityHash(sender) + "." + epoch.hexString + "." + ChatRecords.identityHash(recipient)
+    }
+
+    /// A share record (unsigned: the sending device signs it).
+    public static func record(zone: ZoneName, sender: String, recipient: String, epoch: Data, boxes: [(device: Data, box: Data)]) throws(RecordZoneError) -> Record {
+        Record(id: try RecordID(zone: zone, name: name(sender: sender, epoch: epoch, recipient: recipient)), type: recordType, fields: [
+            senderField: .string(sender), recipientField: .string(recipient), epochField: .bytes(epoch),
+            boxesField: .list(boxes.sorted { $0.device.lexicographicallyPrecedes($1.device) }.map { .bytes($0.device + $0.box) }),
+        ])
+    }
+
+    public struct Parts: Sendable, Hashable {
+        public var sender: String
+        public var recipient: String
+        public var epoch: Data
+        /// Each device's sealed share, by the device's Ed25519 key.
+        public var boxes: [Data: Data]
+    }
+
+    /// The record's parts, or why it is not a well-formed share.
+    public static func parts(_ record: Record) throws(KeyRecordError) -> Parts {
+        guard !record.isDeleted else { throw .shape("a key share cannot be deleted") }
+        guard let sender = record.string(senderField), let recipient = record.string(recipientField),
+              let epoch = record[epochField]?.bytesValue, epoch.count == Sealing.epochLength, let list = record[boxesField]?.listValue
+        else { throw .shape("a key share needs sender, recipient, a 16-byte epoch and boxes") }
+        guard record.id.name == name(sender: sender, epoch: epoch, recipient: recipient) else { throw .shape("a key share's name does not match its fields") }
+        var boxes: [Data: Data] = [:]
+        for item in list {
+            guard let bytes = item.bytesValue, bytes.count > Sodium.publicKeyLength + Sodium.sealOverhead else { throw .shape("a key share's box is malformed") }
+            boxes[Data(bytes.prefix(Sodium.publicKeyLength))] = Data(bytes.dropFirst(Sodium.publicKeyLength))
+        }
+        return Parts(sender: sender, recipient: recipient, epoch: epoch, boxes: boxes)
+    }
+}
+
+/// Why a record is not a well-formed encryption key or key share.
+public enum KeyRecordError: Error, Sendable, Equatable, CustomStringConvertible {
+    case shape(String)
+    public var description: String {
+        switch self { case .shape(let why): why }
+    }
+}
+
+extension Record {
+    package func string(_ field: String) -> String? { self[field]?.stringValue }
+}

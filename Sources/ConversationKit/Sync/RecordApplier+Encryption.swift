@@ -1,0 +1,230 @@
+import Foundation
+import RecordZone
+import SQLiteKit
+
+/// Encryption in the applier (docs/ENCRYPTION.md, docs/PROTOCOL.md §3.2): every message this
+/// device sends is sealed with its sender key of the conversation's current epoch; the key is
+/// shared, as `KeyShare` records committed in the same transaction and pushed before the
+/// message, with every device of every member that may read it; a share for this device is
+/// opened as it arrives, and the messages waiting for its epoch are shown.
+///
+/// A new epoch is made before a message when a member or a device it was shared with is gone
+/// (removed, left, revoked), when a member joined a group that does not share its history,
+/// and after 100 messages or 7 days. A device or member that appears later (its key record
+/// pulled after the message, a group that shares its history) is given every epoch of this
+/// device it may read, in the transaction that learned of it — so no reader waits on a sender
+/// that has nothing new to say.
+extension RecordApplier {
+    static let messagesPerEpoch: Int64 = 100
+    static let epochLifetime: Int64 = 7 * 24 * 3600 * 1000
+
+    enum Unsealed {
+        case opened(Record)
+        case waiting(epoch: Data)
+        case refused(String)
+    }
+
+    /// Opens a message's sealed fields with the sender key its epoch names, if this device holds it.
+    func unseal(_ record: Record) throws -> Unsealed { try Self.unseal(record, in: db) }
+
+    static func unseal(_ record: Record, in db: Database) throws -> Unsealed {
+        guard let speaker = record.string("speaker") else { return .refused("a sealed message without a speaker") }
+        let zone = record.id.zone.rawValue
+        var held: Data?
+        do {
+            let epoch = try Sealing.epoch(of: record[Sealing.sealedField]?.bytesValue ?? Data())
+            held = try db.first("SELECT key FROM sender_keys WHERE zone = ? AND epoch = ? AND sender = ? AND device = ?",
+                                [zone, epoch, speaker, record.authorKey]) { $0.blob(0) }
+        } catch let failure as Sealing.Failure {
+            return .refused(Self.describe(failure))
+        }
+        do {
+            let opened = try Sealing.open(record, sender: speaker) { _ in held }
+            guard (opened.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return .refused("message content over 64 KiB") }
+            return .opened(opened)
+        } catch {
+            if case .keyMissing(let epoch) = error { return .waiting(epoch: epoch) }
+            return .refused(Self.describe(error))
+        }
+    }
+
+    private static func describe(_ failure: Sealing.Failure) -> String {
+        switch failure {
+        case .malformed(let why): "its sealed content is malformed: \(why)"
+        case .keyMissing: "the key of its epoch is not held"
+        case .notAuthentic: "its sealed content does not open with its epoch's key (altered, or moved from another record, conversation or sender)"
+        }
+    }
+
+    /// Seals a message's `content` for its conversation with this device's current epoch (made
+    /// and shared first when due). A store not set up yet writes it as it is.
+    mutating func seal(_ record: Record) throws -> Record {
+        guard let device, let local = localSpeaker else { return record }
+        let zone = record.id.zone.rawValue
+        let (epoch, key) = try currentEpoch(in: zone, local: local, device: device)
+        try db.execute("UPDATE own_epochs SET messages = messages + 1 WHERE zone = ? AND epoch = ?", [zone, epoch])
+        return try Sealing.seal(["content"], of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
+    }
+
+    /// Publishes this device's encryption key once (its record held with this key: nothing to do).
+    mutating func publishEncryptionKey() throws {
+        guard let device, let local = localSpeaker else { return }
+        let record = try EncryptionKey.record(identity: local, device: device.key.publicKey, key: device.boxKeys.publicKey)
+        let held = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name]) { $0.blob(0) }
+        if let held, (try? Record(canonical: held))?[EncryptionKey.keyField]?.bytesValue == device.boxKeys.publicKey { return }
+        try commitLocal([record], signedWith: device.key)
+    }
+
+    // MARK: Projections
+
+    /// A device's key: kept, and this device's epochs shared with it where its owner may read them.
+    mutating func projectEncryptionKey(_ record: Record) throws {
+        guard let parts = try? EncryptionKey.parts(record) else { return }
+        try db.execute("""
+            INSERT INTO encryption_keys (identity, device, key) VALUES (?, ?, ?)
+            ON CONFLICT (identity, device) DO UPDATE SET key = excluded.key WHERE key != excluded.key
+            """, [parts.identity, parts.device, parts.key])
+        guard db.changes > 0, let local = localSpeaker else { return }
+        let zones = parts.identity == local
+            ? try db.rows("SELECT DISTINCT zone FROM own_epochs") { $0.text(0) }
+            : try db.rows("""
+                SELECT DISTINCT zone FROM own_epochs WHERE zone = ? OR zone IN (SELECT zone FROM group_members WHERE speaker = ?)
+                """, [ChatRecords.conversationZone(local, parts.identity).rawValue, parts.identity]) { $0.text(0) }
+        zonesToShare.formUnion(zones)
+    }
+
+    /// A share: when it holds a box for this device, the sender key is opened and kept, and the
+    /// messages waiting for its epoch are shown. A box for this device that does not open to
+    /// what the record claims is refused (quarantined): its key is never used.
+    mutating func projectKeyShare(_ record: Record, origin: Origin) throws {
+        guard let device, let local = localSpeaker, let parts = try? KeyShare.parts(record), parts.recipient == local,
+              let box = parts.boxes[device.key.publicKey]
+        else { return }
+        let zone = record.id.zone
+        let held = try db.first("SELECT 1 FROM sender_keys WHERE zone = ? AND epoch = ?", [zone.rawValue, parts.epoch]) { _ in true } ?? false
+        guard !held else { return }
+        let key: Data
+        do {
+            key = try Sealing.openShare(box, zone: zone, sender: parts.sender, device: record.authorKey, epoch: parts.epoch,
+                                        publicKey: device.boxKeys.publicKey, secretKey: device.boxKeys.secretKey)
+        } catch {
+            try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation("a key share whose box for this device does not open to what it claims (sealed to another device, or for another conversation, sender or epoch)"),
+                                          source: origin == .local ? "local" : "pull", data: try? record.encoded()))
+            return
+        }
+        try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)",
+                       [zone.rawValue, parts.epoch, parts.sender, record.authorKey, key])
+        let waiting = try db.rows("""
+            SELECT r.record FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
+            WHERE m.zone = ? AND m.waiting_epoch = ?
+            """, [zone.rawValue, parts.epoch]) { try? Record(canonical: $0.blob(0)) }
+        for case let message? in waiting { try projectMessage(message, origin: .remote, gated: false) }
+    }
+
+    // MARK: Epochs
+
+    /// This device's epoch for a conversation, made (and shared) anew when due; shared with
+    /// whoever it lacks otherwise.
+    private mutating func currentEpoch(in zone: String, local: String, device: ConversationStore.LocalIdentity) throws -> (Data, Data) {
+        let members = try members(of: zone, local: local)
+        let devices = try devices(of: members)
+        let now = Int64(clock.now().milliseconds)
+        if let (epoch, createdAt, count) = try db.first("SELECT epoch, created_at, messages FROM own_epochs WHERE zone = ? ORDER BY rowid DESC LIMIT 1", [zone], {
+               ($0.blob(0), $0.int(1), $0.int(2))
+           }),
+           let key = try db.first("SELECT key FROM sender_keys WHERE zone = ? AND epoch = ?", [zone, epoch], { $0.blob(0) }) {
+            let recipients = try recipients(of: epoch, in: zone)
+            let lost = recipients.contains { member, held in !members.contains(member) || !held.isSubset(of: Set((devices[member] ?? [:]).keys)) }
+            let joinedUnshared = try isSinceAddedGroup(zone) && members.contains { recipients[$0] == nil }
+            if !lost, !joinedUnshared, count < Self.messagesPerEpoch, now - createdAt < Self.epochLifetime {
+                try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: recipients, device: device)
+                return (epoch, key)
+            }
+        }
+        let epoch = Sodium.randomBytes(Sealing.epochLength), key = Sodium.randomBytes(Sodium.aeadKeyLength)
+        try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)", [zone, epoch, local, device.key.publicKey, key])
+        try db.execute("INSERT INTO own_epochs (zone, epoch, created_at) VALUES (?, ?, ?)", [zone, epoch, now])
+        try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: [:], device: device)
+        return (epoch, key)
+    }
+
+    /// Shares every epoch of this device in `zone` with the devices of the members who may read
+    /// it and lack it: in a pair, both; in a group that shares its history, every member now; in
+    /// one that does not, the members it was made for.
+    mutating func shareEpochs(in zone: String) throws {
+        guard let device, let local = localSpeaker else { return }
+        let epochs = try db.rows("SELECT o.epoch, k.key FROM own_epochs o JOIN sender_keys k ON k.zone = o.zone AND k.epoch = o.epoch WHERE o.zone = ? ORDER BY o.rowid",
+                                 [zone]) { ($0.blob(0), $0.blob(1)) }
+        guard !epochs.isEmpty else { return }
+        let current = try members(of: zone, local: local)
+        let sinceAdded = try isSinceAddedGroup(zone)
+        let devices = try devices(of: current)
+        for (epoch, key) in epochs {
+            let recipients = try recipients(of: epoch, in: zone)
+            let readers = sinceAdded ? current.filter { recipients[$0] != nil } : current
+            try share(epoch, key: key, in: zone, with: readers, devices: devices, recipients: recipients, device: device)
+        }
+    }
+
+    /// Writes a share of `epoch` for each member whose devices now are not all among those it
+    /// was shared with (every device again: a version replaces the one before), and notes them.
+    private mutating func share(_ epoch: Data, key: Data, in zone: String, with members: [String], devices: [String: [Data: Data]],
+                                recipients: [String: Set<Data>], device: ConversationStore.LocalIdentity) throws {
+        guard let local = localSpeaker, let zoneName = try? ZoneName(zone) else { return }
+        for member in members.sorted() {
+            let now = devices[member] ?? [:]
+            let held = recipients[member]
+            if let held, Set(now.keys).isSubset(of: held) { continue }
+            if !now.isEmpty {
+                let boxes = now.map { target, boxKey in
+                    (device: target, box: Sealing.sealShare(zone: zoneName, sender: local, device: device.key.publicKey, epoch: epoch, key: key, to: boxKey))
+                }
+                try commitLocal([try KeyShare.record(zone: zoneName, sender: local, recipient: member, epoch: epoch, boxes: boxes)], signedWith: device.key)
+            }
+            let all = (held ?? []).union(now.keys).sorted { $0.lexicographicallyPrecedes($1) }
+            try db.execute("""
+                INSERT INTO epoch_recipients (zone, epoch, member, devices) VALUES (?, ?, ?, ?)
+                ON CONFLICT (zone, epoch, member) DO UPDATE SET devices = excluded.devices
+                """, [zone, epoch, member, all.reduce(Data(), +)])
+        }
+    }
+
+    /// Who is in a conversation now: a pair's two speakers, a group's members.
+    private func members(of zone: String, local: String) throws -> [String] {
+        guard let name = try? ZoneName(zone) else { return [] }
+        if ChatRecords.isGroupZone(name) {
+            return try db.rows("SELECT speaker FROM group_members WHERE zone = ?", [zone]) { $0.text(0) }
+        }
+        guard let other = try db.first("SELECT other FROM conversations WHERE zone = ?", [zone], { $0.text(0) }) else { return [local] }
+        return [local, other]
+    }
+
+    /// The encryption keys of each member's devices that may sign now (not revoked; a retired
+    /// identity key left out), by device — this device's own too: its share to itself lets a
+    /// store rebuilt from its backend, or an identity recovered, read what it sent.
+    private func devices(of members: [String]) throws -> [String: [Data: Data]] {
+        var devices: [String: [Data: Data]] = [:]
+        for member in members {
+            guard let chain = policy.pins.chain(for: member) else { continue }
+            for (device, key) in try db.rows("SELECT device, key FROM encryption_keys WHERE identity = ?", [member], { ($0.blob(0), $0.blob(1)) })
+            where chain.allowsNow(device) {
+                devices[member, default: [:]][device] = key
+            }
+        }
+        return devices
+    }
+
+    /// The members an epoch was shared with, and their devices.
+    private func recipients(of epoch: Data, in zone: String) throws -> [String: Set<Data>] {
+        var recipients: [String: Set<Data>] = [:]
+        for (member, bytes) in try db.rows("SELECT member, devices FROM epoch_recipients WHERE zone = ? AND epoch = ?", [zone, epoch], { ($0.text(0), $0.blob(1)) }) {
+            let keys = stride(from: 0, to: bytes.count, by: Sodium.publicKeyLength).map { bytes.subdata(in: bytes.startIndex + $0 ..< bytes.startIndex + $0 + Sodium.publicKeyLength) }
+            recipients[member] = Set(keys)
+        }
+        return recipients
+    }
+
+    private func isSinceAddedGroup(_ zone: String) throws -> Bool {
+        try db.first("SELECT history FROM group_state WHERE zone = ?", [zone]) { GroupMembership.History(rawValue: $0.text(0)) == .sinceAdded } ?? false
+    }
+}
