@@ -20,6 +20,13 @@ public enum EncryptionKey {
                type: recordType, fields: [identityField: .string(identity), deviceField: .bytes(device), keyField: .bytes(key)])
     }
 
+    /// A device's X25519 key pair: `crypto_box_seed_keypair` of the subkey 1 of context
+    /// `convkbox` of its Ed25519 seed (`crypto_kdf_derive_from_key`) — so a store rebuilt from its
+    /// key, or an identity recovered, opens what was shared with it.
+    public static func boxKeys(forDeviceSeed seed: Data) -> (publicKey: Data, secretKey: Data) {
+        Sodium.boxKeyPair(seed: Sodium.deriveKey(from: seed, id: 1, context: "convkbox"))
+    }
+
     public struct Parts: Sendable, Hashable {
         public var identity: String
         public var device: Data

@@ -92,7 +92,7 @@ public enum Sealing {
 
     /// What a key share seals: `"convkit-share-v1\n" ‖ zone ‖ "\n" ‖ sender ‖ "\n" ‖ sender
     /// device (32) ‖ epoch (16) ‖ key (32)`.
-    static func shareText(zone: ZoneName, sender: String, device: Data, epoch: Data, key: Data) -> Data {
+    package static func shareText(zone: ZoneName, sender: String, device: Data, epoch: Data, key: Data) -> Data {
         Data("convkit-share-v1\n\(zone.rawValue)\n\(sender)\n".utf8) + device + epoch + key
     }
 

@@ -85,4 +85,115 @@ import TestSupport
         try await bob.sync()
         #expect(try bob.message(sent.id)?.content == "before we met")
     }
+
+    /// Whether `store` opens a record with every key its device holds.
+    static func opens(_ store: ConversationStore, _ record: Record?) throws -> Bool {
+        do { return try store.decrypted(try #require(record))["content"] != nil } catch let error as ConversationError where error.code == .keyNotHeld { return false }
+    }
+
+    @Test(arguments: [ChatBackend.memory, .filesystem])
+    func aRemovedMemberWithEveryKeyItHeldReadsNothingSaidAfter(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
+        let all = [alice, bob, carol]
+        try await syncAll(all)
+        let group = try await alice.createGroup(name: "Plans", members: ["bob", "carol"])
+        try await syncAll(all)
+        let before = try await alice.send("before carol left", toGroup: group.id)
+        try await syncAll(all)
+        #expect(try carol.message(before.id)?.content == "before carol left")
+        try await alice.removeMember("carol", from: group.id)
+        try await syncAll(all)
+        let after = try await alice.send("after carol left", toGroup: group.id)
+        try await syncAll(all)
+        #expect(try bob.message(after.id)?.content == "after carol left")
+        // Carol's device, with every key it ever held, opens the message before and not the one
+        // after: alice made a new epoch without her.
+        #expect(try Self.opens(carol, try alice.record(zone: group.id, name: before.id.name)))
+        #expect(try !Self.opens(carol, try alice.record(zone: group.id, name: after.id.name)))
+        let epoch = { (id: MessageID) in try Sealing.epoch(of: try #require(try alice.record(zone: group.id, name: id.name)?["sealed"]?.bytesValue)) }
+        #expect(try epoch(before.id) != epoch(after.id))
+    }
+
+    @Test func aRevokedDeviceReadsNothingSentAfterTheSenderLearnsOfIt() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let laptop = try await DeviceTests().linkLaptop(fixture, from: alice)
+        try await syncAll([alice, laptop, bob])
+        let before = try await bob.send("to both your devices", to: "alice")
+        try await syncAll([bob, alice, laptop])
+        #expect(try laptop.message(before.id)?.content == "to both your devices")
+        let device = try #require(try alice.devices().first { $0.label == "laptop" })
+        try await alice.revokeDevice(device)
+        try await syncAll([alice, bob])
+        let after = try await bob.send("to your phone only", to: "alice")
+        try await syncAll([bob, alice])
+        #expect(try alice.message(after.id)?.content == "to your phone only")
+        #expect(try Self.opens(laptop, try bob.record(zone: before.id.conversation, name: before.id.name)))
+        #expect(try !Self.opens(laptop, try bob.record(zone: after.id.conversation, name: after.id.name)))
+    }
+
+    /// A sealed field moved to another of the sender's messages (signed again: a broken or
+    /// hostile client; a server cannot sign) opens to nothing: refused, never shown as the other.
+    @Test func aCiphertextMovedToAnotherMessageIsRefusedNotShown() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let first = try await alice.send("the first", to: "bob"), second = try await alice.send("the second", to: "bob")
+        try await syncAll([alice, bob])
+        var moved = try #require(try alice.record(zone: second.id.conversation, name: second.id.name))
+        moved["sealed"] = try #require(try alice.record(zone: first.id.conversation, name: first.id.name)?["sealed"])
+        try moved.sign(with: try fixture.key(of: "alice"), clock: RecordClock(milliseconds: moved.clock.milliseconds + 1000, counter: 0))
+        try await fixture.plant(try moved.encoded(), in: moved.id.zone)
+        try await bob.sync()
+        #expect(try bob.message(second.id) == nil, "not shown as 'the first'")
+        #expect(try bob.quarantine().contains { $0.name == second.id.name && $0.reason.contains("does not open") })
+        #expect(try bob.message(first.id)?.content == "the first")
+    }
+
+    /// A share for bob's device sealed to another key: refused, and its epoch's key not taken.
+    @Test func aShareSealedToAnotherDeviceIsRefused() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let zone = try ZoneName(try await alice.conversation(with: "bob").id)
+        try await syncAll([alice, bob])
+        let aliceKey = try fixture.key(of: "alice"), epoch = Sodium.randomBytes(16), senderKey = Sodium.randomBytes(32)
+        let elsewhere = EncryptionKey.boxKeys(forDeviceSeed: Sodium.randomBytes(32))
+        let box = Sealing.sealShare(zone: zone, sender: "alice", device: aliceKey.publicKey, epoch: epoch, key: senderKey, to: elsewhere.publicKey)
+        var share = try KeyShare.record(zone: zone, sender: "alice", recipient: "bob", epoch: epoch, boxes: [(try #require(bob.localPublicKey), box)])
+        try share.sign(with: aliceKey, clock: HybridLogicalClock().now())
+        try await fixture.plant(try share.encoded(), in: zone)
+        // A message of that epoch: it stays waiting, never opened with a key from the bad share.
+        var message = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).ffff000000000000-0000000000000001"), type: "Message",
+                             fields: ["speaker": .string("alice"), "listener": .string("bob"), "content": .string("planted"), "spokenAt": .date(milliseconds: 1_800_000_000_000)])
+        message = try Sealing.seal(["content"], of: message, sender: "alice", device: aliceKey.publicKey, epoch: epoch, key: senderKey)
+        try message.sign(with: aliceKey, clock: HybridLogicalClock().now())
+        try await fixture.plant(try message.encoded(), in: zone)
+        try await bob.sync()
+        #expect(try bob.quarantine().contains { $0.name == share.id.name && $0.reason.contains("does not open") })
+        let shown = try #require(try bob.message(MessageID(conversation: zone.rawValue, name: message.id.name)))
+        #expect(shown.isWaitingForKey && shown.content.isEmpty)
+    }
+
+    /// A share in a group's zone signed by someone not in the group: a zone server refuses it.
+    @Test func aZoneServerRefusesAShareFromOutsideTheGroup() async throws {
+        let fixture = try await ChatFixture(.http)
+        let alice = try await fixture.store("alice"), dave = try await fixture.store("dave")
+        try await syncAll([alice, dave])
+        let group = try await alice.createGroup(name: "Closed", members: [])
+        try await alice.send("members only", toGroup: group.id)
+        try await alice.sync()
+        let daveKey = try fixture.key(of: "dave"), zone = try ZoneName(group.id)
+        let box = Sealing.sealShare(zone: zone, sender: "dave", device: daveKey.publicKey, epoch: Sodium.randomBytes(16), key: Sodium.randomBytes(32),
+                                    to: EncryptionKey.boxKeys(forDeviceSeed: try fixture.key(of: "alice").seed).publicKey)
+        var share = try KeyShare.record(zone: zone, sender: "dave", recipient: "alice", epoch: Sodium.randomBytes(16), boxes: [(try #require(alice.localPublicKey), box)])
+        try share.sign(with: daveKey, clock: HybridLogicalClock().now())
+        var refusal: RecordZoneError?
+        do {
+            if case .failure(let error) = try await fixture.rawBackend("dave", key: daveKey).save([share])[0] { refusal = error }
+        } catch let error as RecordZoneError { refusal = error }
+        #expect(refusal?.code == .notAuthorized, "\(String(describing: refusal))")
+    }
 }

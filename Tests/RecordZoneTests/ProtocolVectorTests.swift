@@ -77,6 +77,37 @@ import Testing
             var memberAt: [MemberAt]
             var readAt: [ReadAt]
         }
+        /// A sealed message and a key share (§3.2), from fixed keys: a client that derives the
+        /// same box keys, opens `shareBoxHex` to `shareTextHex` and `sealedHex` to
+        /// `plaintextHex` reads what we write.
+        struct EncryptionVector: Codable, Equatable {
+            var description: String
+            /// The sending device (alice, also her identity key) and the recipient device (bob).
+            var senderSeedHex: String
+            var recipientSeedHex: String
+            /// Each device's X25519 pair, derived from its Ed25519 seed.
+            var senderBoxPublicKeyHex: String
+            var recipientBoxPublicKeyHex: String
+            var recipientBoxSecretKeyHex: String
+            /// Alice's EncryptionKey record, signed by her device.
+            var encryptionKeyRecordHex: String
+            var zone: String
+            var epochHex: String
+            var senderKeyHex: String
+            var nonceHex: String
+            /// The canonical encoding of the unsigned record of the sealed fields, before padding.
+            var plaintextHex: String
+            var additionalDataHex: String
+            var sealedHex: String
+            /// The message record with `sealed` in place of `content`, signed by alice.
+            var messageRecordHex: String
+            /// What the share seals, and a box of it sealed to bob's device (random: a writer
+            /// makes a new one each time; this one opens to `shareTextHex`).
+            var shareTextHex: String
+            var shareBoxHex: String
+            /// Alice's KeyShare record for bob carrying that box, signed by her device.
+            var keyShareRecordHex: String
+        }
         /// Bytes every reader refuses, and why (the decoder's words).
         struct RefusedVector: Codable, Equatable {
             var description: String
@@ -87,6 +118,7 @@ import Testing
         var requests: [RequestVector]
         var introductions: [IntroductionVector]
         var groups: [GroupVector]
+        var encryption: [EncryptionVector]
         var refused: [RefusedVector]
     }
 
@@ -137,7 +169,38 @@ import Testing
                      readAt: readAt.map { .init(reader: $0.0, clock: String(clock($0.1).rawValue), reads: group.mayRead($0.0, at: clock($0.1))) })
     }
 
-    static func computed() throws -> Vectors {
+    /// - Parameter shareBox: the sealed box of the stored file (a sealed box is random); a new
+    ///   one when nil.
+    static func encryptionVector(shareBox: Data?) throws -> Vectors.EncryptionVector {
+        let alice = try key(1), bob = try key(2)
+        let aliceBox = EncryptionKey.boxKeys(forDeviceSeed: alice.seed), bobBox = EncryptionKey.boxKeys(forDeviceSeed: bob.seed)
+        let clock = RecordClock(milliseconds: 1_700_000_000_000, counter: 3)
+        var encryptionKey = try EncryptionKey.record(identity: "alice", device: alice.publicKey, key: aliceBox.publicKey)
+        try encryptionKey.sign(with: alice, clock: clock)
+        let zone = try ZoneName("c-\(OwnershipRule.identityHash("alice"))-\(OwnershipRule.identityHash("bob"))")
+        let epoch = Data((0x10..<0x20).map { UInt8($0) }), senderKey = Data((0x20..<0x40).map { UInt8($0) }), nonce = Data((0x40..<0x58).map { UInt8($0) })
+        let name = "m.\(OwnershipRule.identityHash("alice")).0000018bcfe56800-0123456789abcdef"
+        let message = Record(id: try RecordID(zone: zone, name: name), type: "Message", fields: [
+            "speaker": .string("alice"), "listener": .string("bob"), "content": .string("Hi Bob! ☕"), "spokenAt": .date(milliseconds: 1_700_000_000_000),
+        ])
+        var sealed = try Sealing.seal(["content"], of: message, sender: "alice", device: alice.publicKey, epoch: epoch, key: senderKey, nonce: nonce)
+        try sealed.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 4))
+        let plaintext = try Record(id: message.id, type: "Message", fields: ["content": .string("Hi Bob! ☕")]).encoded()
+        let shareText = Sealing.shareText(zone: zone, sender: "alice", device: alice.publicKey, epoch: epoch, key: senderKey)
+        let box = shareBox ?? Sealing.sealShare(zone: zone, sender: "alice", device: alice.publicKey, epoch: epoch, key: senderKey, to: bobBox.publicKey)
+        var share = try KeyShare.record(zone: zone, sender: "alice", recipient: "bob", epoch: epoch, boxes: [(bob.publicKey, box)])
+        try share.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 2))
+        return .init(description: "alice (seed 01…) seals 'Hi Bob! ☕' to bob (seed 02…) and shares her sender key with his device",
+                     senderSeedHex: alice.seed.hexString, recipientSeedHex: bob.seed.hexString, senderBoxPublicKeyHex: aliceBox.publicKey.hexString,
+                     recipientBoxPublicKeyHex: bobBox.publicKey.hexString, recipientBoxSecretKeyHex: bobBox.secretKey.hexString,
+                     encryptionKeyRecordHex: try encryptionKey.encoded().hexString, zone: zone.rawValue, epochHex: epoch.hexString,
+                     senderKeyHex: senderKey.hexString, nonceHex: nonce.hexString, plaintextHex: plaintext.hexString,
+                     additionalDataHex: Sealing.messageContext(zone: zone, name: name, type: "Message", sender: "alice", device: alice.publicKey).hexString,
+                     sealedHex: try #require(sealed[Sealing.sealedField]?.bytesValue).hexString, messageRecordHex: try sealed.encoded().hexString,
+                     shareTextHex: shareText.hexString, shareBoxHex: box.hexString, keyShareRecordHex: try share.encoded().hexString)
+    }
+
+    static func computed(shareBox: Data? = nil) throws -> Vectors {
         let alice = try key(1)
         let zone = try ZoneName("c-0123456789abcdef-fedcba9876543210")
         func vector(_ description: String, _ record: Record, seed: UInt8) throws -> Vectors.RecordVector {
@@ -201,7 +264,7 @@ import Testing
             .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
                   introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,
                   signedHex: Introduction.signed(introduced: "bob", key: bob.publicKey, introducer: "alice").hexString, text: introduction.text),
-        ], groups: [try groupVector(), try groupVector(history: .all)], refused: [
+        ], groups: [try groupVector(), try groupVector(history: .all)], encryption: [try encryptionVector(shareBox: shareBox)], refused: [
             refused("a field key not in NFC: e + U+0301 (65 CC 81)", handmade([([0x65, 0xCC, 0x81], "a")])),
             refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
             refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
@@ -212,14 +275,30 @@ import Testing
     @Test func theVectorsInTheRepositoryAreWhatTheCodeProduces() throws {
         let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("docs/test-vectors.json")
-        let computed = try Self.computed()
-        if ProcessInfo.processInfo.environment["CONVKIT_WRITE_VECTORS"] == "1" {
+        let writing = ProcessInfo.processInfo.environment["CONVKIT_WRITE_VECTORS"] == "1"
+        let held = writing ? nil : try JSONDecoder().decode(Vectors.self, from: Data(contentsOf: file))
+        let computed = try Self.computed(shareBox: try held?.encryption.first.map { try #require(Data(hexString: $0.shareBoxHex)) })
+        if writing {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
             try encoder.encode(computed).write(to: file)
         }
         let stored = try JSONDecoder().decode(Vectors.self, from: Data(contentsOf: file))
         #expect(stored == computed)
+        // The encryption vector opened from its bytes alone, as another client would: the box
+        // with bob's derived key, the envelope with the key the box holds.
+        for vector in stored.encryption {
+            let hex = { (text: String) throws -> Data in try #require(Data(hexString: text)) }
+            let shareText = try #require(Sodium.openSealed(try hex(vector.shareBoxHex), publicKey: try hex(vector.recipientBoxPublicKeyHex),
+                                                           secretKey: try hex(vector.recipientBoxSecretKeyHex)))
+            #expect(shareText.hexString == vector.shareTextHex)
+            let senderKey = shareText.suffix(32), sealed = try hex(vector.sealedHex)
+            #expect(senderKey.hexString == vector.senderKeyHex && sealed.prefix(17).dropFirst().hexString == vector.epochHex)
+            let padded = try #require(Sodium.aeadDecrypt(sealed.dropFirst(41), additionalData: try hex(vector.additionalDataHex), nonce: sealed.dropFirst(17).prefix(24), key: senderKey))
+            #expect(Sodium.unpad(padded, block: 256)?.hexString == vector.plaintextHex && padded.count % 256 == 0)
+            let record = try Record(canonical: try hex(vector.messageRecordHex))
+            #expect(record.hasValidSignature() && record["content"] == nil && record["sealed"]?.bytesValue == sealed)
+        }
         // And each stored record decodes and verifies from its bytes alone, as another client would.
         for vector in stored.records {
             let record = try Record(canonical: try #require(Data(hexString: vector.canonicalHex)))

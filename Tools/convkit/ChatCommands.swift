@@ -131,6 +131,7 @@ enum ChatCommands {
                                     "spokenAt": Output.time(message.spokenAt), "state": state(message.syncState)]
         if let edited = message.editedAt { value["editedAt"] = Output.time(edited) }
         if let read = message.readAt { value["readAt"] = Output.time(read) }
+        if message.isWaitingForKey { value["waitingForKey"] = true }
         if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
@@ -239,7 +240,7 @@ enum ChatCommands {
             printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
             let read = try readBy(message).map { $0.isEmpty ? nil : "read by \($0.count) of \(others ?? 0)" } ?? (message.readAt != nil ? "read" : nil)
-            let flags = [message.editedAt != nil ? "edited" : nil, read,
+            let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.editedAt != nil ? "edited" : nil, read,
                          message.syncState == .synced ? nil : state(message.syncState)].compactMap { $0 }
             Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
         }

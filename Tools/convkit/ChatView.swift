@@ -42,6 +42,7 @@ enum ChatView {
             for message in state.messages.suffix(room) {
                 let time = Self.clock.string(from: message.spokenAt)
                 var notes = [String]()
+                if message.isWaitingForKey { notes.append("waiting for its key") }
                 if message.editedAt != nil { notes.append("edited") }
                 if message.readAt != nil { notes.append("read") }
                 switch message.syncState {

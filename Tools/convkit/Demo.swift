@@ -134,6 +134,19 @@ enum DemoCommand {
             let devices = try alice.devices().count
             return try bob.message(sent.id) != nil && devices >= 1 ? nil : "bob did not get the tablet's message"
         }
+        await steps.step("every message read on both sides; the folder holds none of its text") {
+            let said = ["Hi Bob! Sent offline.", "Are you there?", "Hi Alice, also offline.", "Hi Bob! (edited)", "Plans for Saturday?", "Hiking!", "I'm in",
+                        "From my tablet."]
+            for _ in 0..<2 { try await alice.sync(); try await bob.sync() }
+            let waiting = try [alice, bob].flatMap { try $0.messages(in: conversation).messages.filter(\.isWaitingForKey) }.count
+            let files = FileManager.default.enumerator(atPath: folder)?.compactMap { $0 as? String } ?? []
+            let found = files.filter { file in
+                guard let bytes = FileManager.default.contents(atPath: folder + "/" + file) else { return false }
+                return said.contains { bytes.range(of: Data($0.utf8)) != nil }
+            }
+            Output.line("  searched \(files.count) files of the folder for \(said.count) messages' text: \(found.isEmpty ? "not found" : "found in \(found)")")
+            return waiting == 0 && found.isEmpty ? nil : "\(waiting) messages waiting for their key; text found in \(found)"
+        }
         await steps.step("a forged record is caught and quarantined") {
             // Mallory writes straight into the folder a message named as bob's, signed with her own key.
             let mallory = try FileSystemBackend(root: folder, device: "mallory", policy: RecordPolicy())
@@ -151,7 +164,8 @@ enum DemoCommand {
         Output.line("")
         Output.line("The conversation, as alice sees it:")
         for message in try alice.messages(in: conversation).messages {
-            let flags = [message.editedAt != nil ? "edited" : nil, message.readAt != nil ? "read" : nil].compactMap { $0 }
+            let flags = [message.editedAt != nil ? "edited" : nil, message.readAt != nil ? "read" : nil,
+                         message.isWaitingForKey ? "waiting for its key" : nil].compactMap { $0 }
             Output.line("  \(message.speaker): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")")
         }
         let stats = try alice.statistics()

@@ -37,9 +37,7 @@ public final class ConversationStore: Sendable {
         var identityKey: SigningKey?
         /// On a linked device, its certificate's canonical bytes.
         var certificate: Data?
-        /// What this device opens key shares with (``EncryptionKey``): an X25519 pair derived
-        /// from the signing key's seed (`crypto_kdf`, subkey 1 of context `convkbox`), so a
-        /// store rebuilt from its key, or an identity recovered, opens what was shared with it.
+        /// What this device opens key shares with (``EncryptionKey/boxKeys(forDeviceSeed:)``).
         let boxKeys: (publicKey: Data, secretKey: Data)
 
         init(identifier: String, key: SigningKey, identityKey: SigningKey? = nil, certificate: Data? = nil) {
@@ -47,7 +45,7 @@ public final class ConversationStore: Sendable {
             self.key = key
             self.identityKey = identityKey
             self.certificate = certificate
-            boxKeys = Sodium.boxKeyPair(seed: Sodium.deriveKey(from: key.seed, id: 1, context: "convkbox"))
+            boxKeys = EncryptionKey.boxKeys(forDeviceSeed: key.seed)
         }
     }
 
