@@ -51,8 +51,9 @@ public enum EncryptionKey {
 /// zone, `ks.<h(sender)>.<epoch hex>.<h(recipient)>`, fields `sender`, `recipient`, `epoch` and
 /// `boxes` — for each of the recipient's devices its Ed25519 key (32 bytes) followed by the
 /// share sealed to its X25519 key (``Sealing/sealShare(zone:sender:device:epoch:key:to:)``).
-/// Signed by the sending device, whose key the sealed share names. A later version (a device
-/// of the recipient's seen since) carries every box again.
+/// Signed by a device of the sender: the epoch's own device, whose key the sealed share names,
+/// or another device of the same person passing it on — then `device` names the epoch's device.
+/// A later version (a device of the recipient's seen since) carries every box again.
 public enum KeyShare {
     public static let recordType = "KeyShare"
     public static let namePrefix = "ks."
@@ -60,17 +61,22 @@ public enum KeyShare {
     public static let recipientField = "recipient"
     public static let epochField = "epoch"
     public static let boxesField = "boxes"
+    public static let deviceField = "device"
 
     public static func name(sender: String, epoch: Data, recipient: String) -> String {
         namePrefix + ChatRecords.identityHash(sender) + "." + epoch.hexString + "." + ChatRecords.identityHash(recipient)
     }
 
     /// A share record (unsigned: the sending device signs it).
-    public static func record(zone: ZoneName, sender: String, recipient: String, epoch: Data, boxes: [(device: Data, box: Data)]) throws(RecordZoneError) -> Record {
-        Record(id: try RecordID(zone: zone, name: name(sender: sender, epoch: epoch, recipient: recipient)), type: recordType, fields: [
+    /// - Parameter device: the epoch's device, when another device of the sender signs the record.
+    public static func record(zone: ZoneName, sender: String, recipient: String, epoch: Data, boxes: [(device: Data, box: Data)],
+                              device: Data? = nil) throws(RecordZoneError) -> Record {
+        var record = Record(id: try RecordID(zone: zone, name: name(sender: sender, epoch: epoch, recipient: recipient)), type: recordType, fields: [
             senderField: .string(sender), recipientField: .string(recipient), epochField: .bytes(epoch),
             boxesField: .list(boxes.sorted { $0.device.lexicographicallyPrecedes($1.device) }.map { .bytes($0.device + $0.box) }),
         ])
+        if let device { record[deviceField] = .bytes(device) }
+        return record
     }
 
     public struct Parts: Sendable, Hashable {
@@ -79,6 +85,8 @@ public enum KeyShare {
         public var epoch: Data
         /// Each device's sealed share, by the device's Ed25519 key.
         public var boxes: [Data: Data]
+        /// The epoch's device: `device`, or the record's author.
+        public var device: Data
     }
 
     /// The record's parts, or why it is not a well-formed share.
@@ -93,7 +101,9 @@ public enum KeyShare {
             guard let bytes = item.bytesValue, bytes.count > Sodium.publicKeyLength + Sodium.sealOverhead else { throw .shape("a key share's box is malformed") }
             boxes[Data(bytes.prefix(Sodium.publicKeyLength))] = Data(bytes.dropFirst(Sodium.publicKeyLength))
         }
-        return Parts(sender: sender, recipient: recipient, epoch: epoch, boxes: boxes)
+        let device = record[deviceField]?.bytesValue ?? record.authorKey
+        guard device.count == Sodium.publicKeyLength else { throw .shape("a key share's device is not a 32-byte key") }
+        return Parts(sender: sender, recipient: recipient, epoch: epoch, boxes: boxes, device: device)
     }
 }
 

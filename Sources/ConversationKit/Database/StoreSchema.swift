@@ -116,7 +116,8 @@ enum StoreSchema {
         // Version 12: encryption (docs/PROTOCOL.md §3.2). Every device's X25519 key as its
         // EncryptionKey record says; the sender keys this device holds (its own, and those shared
         // with it), by conversation and epoch; this device's own epochs, newest last, each with
-        // the members it was shared with and their devices (32-byte keys, concatenated, sorted);
+        // the clocks of its first and last message, and the members it was shared with and their
+        // devices (32-byte keys, concatenated, sorted);
         // and a message whose epoch's key is not held yet (shown as waiting for its key).
         Migration(version: 12, sql: """
             CREATE TABLE encryption_keys (identity TEXT NOT NULL, device BLOB NOT NULL, key BLOB NOT NULL,
@@ -124,7 +125,7 @@ enum StoreSchema {
             CREATE TABLE sender_keys (zone TEXT NOT NULL, epoch BLOB NOT NULL, sender TEXT NOT NULL, device BLOB NOT NULL, key BLOB NOT NULL,
                 PRIMARY KEY (zone, epoch)) STRICT, WITHOUT ROWID;
             CREATE TABLE own_epochs (zone TEXT NOT NULL, epoch BLOB NOT NULL, created_at INTEGER NOT NULL, messages INTEGER NOT NULL DEFAULT 0,
-                UNIQUE (zone, epoch)) STRICT;
+                first_clock INTEGER, last_clock INTEGER, UNIQUE (zone, epoch)) STRICT;
             CREATE TABLE epoch_recipients (zone TEXT NOT NULL, epoch BLOB NOT NULL, member TEXT NOT NULL, devices BLOB NOT NULL,
                 PRIMARY KEY (zone, epoch, member)) STRICT, WITHOUT ROWID;
             ALTER TABLE messages ADD COLUMN waiting_epoch BLOB;

@@ -167,7 +167,7 @@ extension ConversationStore {
             var record = Record(id: try RecordID(zone: zone, name: name), type: ChatRecords.messageType, fields: [
                 "speaker": .string(local.identifier), "content": .string(content), "spokenAt": .date(milliseconds: max(now, (latest ?? Int64.min) &+ 1)),
             ])
-            record = try applier.seal(record)
+            record = try applier.seal(record, at: clock)
             try record.sign(with: local.key, clock: clock)
             try self.applyLocal(record, in: &applier)
             return try Self.message(applier.db, MessageID(conversation: group, name: name))

@@ -58,11 +58,17 @@ extension RecordApplier {
 
     /// Seals a message's `content` for its conversation with this device's current epoch (made
     /// and shared first when due). A store not set up yet writes it as it is.
-    mutating func seal(_ record: Record) throws -> Record {
+    /// - Parameter clock: the clock it will be signed at, when known (a group's message);
+    ///   otherwise now (it is signed at or just after it).
+    mutating func seal(_ record: Record, at clock: RecordClock? = nil) throws -> Record {
         guard let device, let local = localSpeaker else { return record }
         let zone = record.id.zone.rawValue
         let (epoch, key) = try currentEpoch(in: zone, local: local, device: device)
-        try db.execute("UPDATE own_epochs SET messages = messages + 1 WHERE zone = ? AND epoch = ?", [zone, epoch])
+        let at = Int64(bitPattern: (clock ?? self.clock.now()).rawValue)
+        try db.execute("""
+            UPDATE own_epochs SET messages = messages + 1, first_clock = min(coalesce(first_clock, ?), ?), last_clock = max(coalesce(last_clock, ?), ?)
+            WHERE zone = ? AND epoch = ?
+            """, [at, at, at, at, zone, epoch])
         return try Sealing.seal(["content"], of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
     }
 
@@ -85,11 +91,13 @@ extension RecordApplier {
             ON CONFLICT (identity, device) DO UPDATE SET key = excluded.key WHERE key != excluded.key
             """, [parts.identity, parts.device, parts.key])
         guard db.changes > 0, let local = localSpeaker else { return }
+        // The conversations where this device holds epochs of this person's (its own, or its
+        // other devices' to pass on) that the key's owner may read.
         let zones = parts.identity == local
-            ? try db.rows("SELECT DISTINCT zone FROM own_epochs") { $0.text(0) }
+            ? try db.rows("SELECT DISTINCT zone FROM sender_keys WHERE sender = ?", [local]) { $0.text(0) }
             : try db.rows("""
-                SELECT DISTINCT zone FROM own_epochs WHERE zone = ? OR zone IN (SELECT zone FROM group_members WHERE speaker = ?)
-                """, [ChatRecords.conversationZone(local, parts.identity).rawValue, parts.identity]) { $0.text(0) }
+                SELECT DISTINCT zone FROM sender_keys WHERE sender = ? AND (zone = ? OR zone IN (SELECT zone FROM group_runs WHERE speaker = ?))
+                """, [local, ChatRecords.conversationZone(local, parts.identity).rawValue, parts.identity]) { $0.text(0) }
         zonesToShare.formUnion(zones)
     }
 
@@ -105,7 +113,7 @@ extension RecordApplier {
         guard !held else { return }
         let key: Data
         do {
-            key = try Sealing.openShare(box, zone: zone, sender: parts.sender, device: record.authorKey, epoch: parts.epoch,
+            key = try Sealing.openShare(box, zone: zone, sender: parts.sender, device: parts.device, epoch: parts.epoch,
                                         publicKey: device.boxKeys.publicKey, secretKey: device.boxKeys.secretKey)
         } catch {
             try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation("a key share whose box for this device does not open to what it claims (sealed to another device, or for another conversation, sender or epoch)"),
@@ -113,7 +121,9 @@ extension RecordApplier {
             return
         }
         try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)",
-                       [zone.rawValue, parts.epoch, parts.sender, record.authorKey, key])
+                       [zone.rawValue, parts.epoch, parts.sender, parts.device, key])
+        // Another device of this person's epoch: this one passes it on where it is missing.
+        if parts.sender == local, parts.device != device.key.publicKey { zonesToShare.insert(zone.rawValue) }
         let waiting = try db.rows("""
             SELECT r.record FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
             WHERE m.zone = ? AND m.waiting_epoch = ?
@@ -149,44 +159,93 @@ extension RecordApplier {
     }
 
     /// Shares every epoch of this device in `zone` with the devices of the members who may read
-    /// it and lack it: in a pair, both; in a group that shares its history, every member now; in
-    /// one that does not, the members it was made for.
+    /// one of its messages and lack it: in a pair, both; in a group, the members it was made
+    /// for and anyone the history rule lets read a message between its first and last clock
+    /// (``GroupMembership/mayRead(_:at:)``, from the runs as decided now) — removed since or not.
     mutating func shareEpochs(in zone: String) throws {
-        guard let device, let local = localSpeaker else { return }
-        let epochs = try db.rows("SELECT o.epoch, k.key FROM own_epochs o JOIN sender_keys k ON k.zone = o.zone AND k.epoch = o.epoch WHERE o.zone = ? ORDER BY o.rowid",
-                                 [zone]) { ($0.blob(0), $0.blob(1)) }
-        guard !epochs.isEmpty else { return }
-        let current = try members(of: zone, local: local)
+        guard let device, let local = localSpeaker, let zoneName = try? ZoneName(zone) else { return }
+        let epochs = try db.rows("""
+            SELECT o.epoch, k.key, o.first_clock, o.last_clock FROM own_epochs o JOIN sender_keys k ON k.zone = o.zone AND k.epoch = o.epoch
+            WHERE o.zone = ? ORDER BY o.rowid
+            """, [zone]) { ($0.blob(0), $0.blob(1), $0.optionalInt(2), $0.optionalInt(3)) }
+        let isGroup = ChatRecords.isGroupZone(zoneName)
+        let pair = isGroup ? [] : try members(of: zone, local: local)
+        let runs = isGroup ? try db.rows("SELECT speaker, from_clock, until_clock FROM group_runs WHERE zone = ?", [zone]) {
+            (speaker: $0.text(0), from: $0.int(1), until: $0.optionalInt(2))
+        } : []
         let sinceAdded = try isSinceAddedGroup(zone)
-        let devices = try devices(of: current)
-        for (epoch, key) in epochs {
+        /// Whether `speaker` may read a message of the group at some clock in [first, last].
+        func mayRead(_ speaker: String, first: Int64, last: Int64) -> Bool {
+            let own = runs.filter { $0.speaker == speaker }
+            if sinceAdded { return own.contains { $0.from < last && ($0.until.map { first < $0 } ?? true) } }
+            guard let latest = own.max(by: { $0.from < $1.from }) else { return false }
+            return latest.until.map { first < $0 } ?? true
+        }
+        var devices: [String: [Data: Data]] = [:]
+        for (epoch, key, first, last) in epochs {
             let recipients = try recipients(of: epoch, in: zone)
-            let readers = sinceAdded ? current.filter { recipients[$0] != nil } : current
-            try share(epoch, key: key, in: zone, with: readers, devices: devices, recipients: recipients, device: device)
+            var readers = Set(recipients.keys).union(pair)
+            if let first, let last { readers.formUnion(Set(runs.map(\.speaker)).filter { mayRead($0, first: first, last: last) }) }
+            for reader in readers where devices[reader] == nil { devices[reader] = try self.devices(of: [reader])[reader] ?? [:] }
+            try share(epoch, key: key, in: zone, with: readers.sorted(), devices: devices, recipients: recipients, device: device)
+        }
+        // The epochs of this person's other devices that this one holds: passed on to the
+        // devices of the members now (both, in a pair) that the shares held lack — so an epoch
+        // reaches a device its own device never saw (revoked or gone before it could share).
+        let kin = try db.rows("SELECT epoch, key, device FROM sender_keys WHERE zone = ? AND sender = ? AND device != ?", [zone, local, device.key.publicKey]) {
+            ($0.blob(0), $0.blob(1), $0.blob(2))
+        }
+        guard !kin.isEmpty else { return }
+        let members = try members(of: zone, local: local)
+        for member in members where devices[member] == nil { devices[member] = try self.devices(of: [member])[member] ?? [:] }
+        for (epoch, key, origin) in kin {
+            var held: [String: Set<Data>] = [:]
+            for member in members {
+                let name = KeyShare.name(sender: local, epoch: epoch, recipient: member)
+                let record = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [zone, name]) { try? Record(canonical: $0.blob(0)) } ?? nil
+                held[member] = Set((record.flatMap { try? KeyShare.parts($0) }?.boxes.keys).map(Array.init) ?? [])
+            }
+            try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: held, device: device, origin: origin)
         }
     }
 
     /// Writes a share of `epoch` for each member whose devices now are not all among those it
     /// was shared with (every device again: a version replaces the one before), and notes them.
+    /// - Parameter origin: the epoch's device, when it is another device of this person's.
     private mutating func share(_ epoch: Data, key: Data, in zone: String, with members: [String], devices: [String: [Data: Data]],
-                                recipients: [String: Set<Data>], device: ConversationStore.LocalIdentity) throws {
+                                recipients: [String: Set<Data>], device: ConversationStore.LocalIdentity, origin: Data? = nil) throws {
         guard let local = localSpeaker, let zoneName = try? ZoneName(zone) else { return }
+        let epochDevice = origin ?? device.key.publicKey
         for member in members.sorted() {
             let now = devices[member] ?? [:]
             let held = recipients[member]
             if let held, Set(now.keys).isSubset(of: held) { continue }
             if !now.isEmpty {
                 let boxes = now.map { target, boxKey in
-                    (device: target, box: Sealing.sealShare(zone: zoneName, sender: local, device: device.key.publicKey, epoch: epoch, key: key, to: boxKey))
+                    (device: target, box: Sealing.sealShare(zone: zoneName, sender: local, device: epochDevice, epoch: epoch, key: key, to: boxKey))
                 }
-                try commitLocal([try KeyShare.record(zone: zoneName, sender: local, recipient: member, epoch: epoch, boxes: boxes)], signedWith: device.key)
+                var record = try KeyShare.record(zone: zoneName, sender: local, recipient: member, epoch: epoch, boxes: boxes, device: origin)
+                try record.sign(with: device.key, clock: try shareClock(record.id, epoch: epoch))
+                try applyLocal(record)
             }
+            guard origin == nil else { continue }  // another device's epoch: the shares held say who has it
             let all = (held ?? []).union(now.keys).sorted { $0.lexicographicallyPrecedes($1) }
             try db.execute("""
                 INSERT INTO epoch_recipients (zone, epoch, member, devices) VALUES (?, ?, ?, ?)
                 ON CONFLICT (zone, epoch, member) DO UPDATE SET devices = excluded.devices
                 """, [zone, epoch, member, all.reduce(Data(), +)])
         }
+    }
+
+    /// The clock a share of `epoch` is signed at: its first message's (or now, before it has
+    /// one), past the share's version held. Dated with its epoch, a share written after this
+    /// device was revoked still counts for the messages it signed before (the revocation's
+    /// clock bounds what a device signs, PROTOCOL.md §4.3; a server refuses it anyway).
+    private func shareClock(_ id: RecordID, epoch: Data) throws -> RecordClock {
+        let first = try db.first("SELECT first_clock FROM own_epochs WHERE zone = ? AND epoch = ?", [id.zone.rawValue, epoch]) { $0.optionalInt(0) } ?? nil
+        let held = try db.first("SELECT clock FROM ck_records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name]) { UInt64(bitPattern: $0.int(0)) }
+        let at = first.map { UInt64(bitPattern: $0) } ?? clock.now().rawValue
+        return RecordClock(rawValue: max(at, held.map { $0 &+ 1 } ?? 0))
     }
 
     /// Who is in a conversation now: a pair's two speakers, a group's members.
