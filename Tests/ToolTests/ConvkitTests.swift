@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "read", "edit", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -53,7 +53,7 @@ import TestSupport
         let file = dir.path + "/file"
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
-            ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["read", "bob"] + none,
+            ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
             ["edit", "c-x/m.y", "text"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
@@ -121,6 +121,12 @@ import TestSupport
         _ = try await ok(["sync", "--json"] + alice)
         _ = try await ok(["sync"] + bob)
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Hi Bob (edited)"))
+        // Sealed for both devices: each one's fingerprint (bob's first device: his identity key's).
+        let sealedFor = try await ok(["encryption", "bob", "--json"] + alice)
+        let members = ((sealedFor.json as? [String: Any])?["members"] as? [[String: Any]]) ?? []
+        #expect(members.compactMap { $0["id"] as? String } == ["alice", "bob"], "\(sealedFor.out)")
+        #expect((members.last?["devices"] as? [[String: Any]])?.compactMap { $0["fingerprint"] as? String } == [bobFingerprint], "\(sealedFor.out)")
+        #expect(try await ok(["encryption", "alice"] + bob).out.contains("messages are sealed (end-to-end encrypted)"))
         let found = try await ok(["find", "--tag", "linux", "--json"] + alice)
         #expect((found.json as? [[String: Any]])?.map { $0["identifier"] as? String } == ["bob"])
         #expect(((try await ok(["speakers", "--json"] + alice).json as? [[String: Any]])?.count ?? 0) >= 1)

@@ -14,9 +14,14 @@ import ZoneServer
     let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
     let content = "Hello there! This is a message about as long as a chat line usually is."
 
-    // 1. Sends, each its own durable transaction, against one-row raw transactions plus a raw sign.
+    // 1. Sends, each its own durable transaction (sealed for alice's device and bob's), against
+    // one-row raw transactions plus a raw seal and sign.
+    let alice = try ConversationStore(directory: root + "/alice", backend: .memory(server))
+    try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+    try await alice.sync()
     let bob = try ConversationStore(directory: root + "/bob", backend: .memory(server))
     try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+    guard try await bob.speakerExists("alice") else { throw ConversationError(.unknownSpeaker, "alice was not found") }
     let sends = try await rateAsync(seconds: seconds, batch: 1) {
         try await bob.send(content, to: "alice")
         return true
@@ -38,13 +43,18 @@ import ZoneServer
     let key = SigningKey.generate()
     let sample = Data(repeating: 7, count: 240)
     let rawSign = rate(seconds: seconds) { _ = key.sign(sample) }
-    reporter.report(Row(name: "send (durable transaction each)", perSecond: sends,
-                        rawName: "1-row txn + crypto_sign", rawPerSecond: 1 / (1 / rawTransactions + 1 / rawSign)))
+    // The content padded to 256 bytes, sealed with a 24-byte nonce and a context, and opened.
+    let aeadKey = Sodium.randomBytes(Sodium.aeadKeyLength), aeadNonce = Sodium.randomBytes(Sodium.aeadNonceLength)
+    let padded = Sodium.pad(Data(content.utf8), block: 256), context = Data(repeating: 1, count: 120)
+    let sealedSample = Sodium.aeadEncrypt(padded, additionalData: context, nonce: aeadNonce, key: aeadKey)
+    let rawSeal = rate(seconds: seconds) { _ = Sodium.aeadEncrypt(padded, additionalData: context, nonce: aeadNonce, key: aeadKey) }
+    let rawOpen = rate(seconds: seconds) { _ = Sodium.aeadDecrypt(sealedSample, additionalData: context, nonce: aeadNonce, key: aeadKey) }
+    reporter.report(Row(name: "send (durable transaction each, sealed)", perSecond: sends,
+                        rawName: "1-row txn + aead + crypto_sign", rawPerSecond: 1 / (1 / rawTransactions + 1 / rawSeal + 1 / rawSign)))
 
-    // 2. Pull: bob's messages into a fresh store for alice, against raw verify + batched inserts.
+    // 2. Pull: bob's messages into alice's store (verified, opened, applied), against raw verify +
+    // decrypt + batched inserts.
     try await bob.sync()
-    let alice = try ConversationStore(directory: root + "/alice", backend: .memory(server))
-    try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
     let pullStart = ContinuousClock.now
     let report = try await alice.sync()
     let pullRate = Double(report.pulled) / secondsIn(ContinuousClock.now - pullStart)
@@ -78,8 +88,8 @@ import ZoneServer
         try raw.exec("COMMIT")
     }
     let rawInsertRate = Double(encoded.count) / secondsIn(ContinuousClock.now - insertStart)
-    reporter.report(Row(name: "pull \(report.pulled) (verify + apply, 200/page)", perSecond: pullRate,
-                        rawName: "verify (all cores) + insert 200/txn", rawPerSecond: 1 / (1 / verifyAll + 1 / rawInsertRate)))
+    reporter.report(Row(name: "pull \(report.pulled) (verify + open + apply)", perSecond: pullRate,
+                        rawName: "verify (all cores) + aead + insert", rawPerSecond: 1 / (1 / verifyAll + 1 / rawOpen + 1 / rawInsertRate)))
 
     // 2b. The same over HTTP: a new store pulling 10,000 messages from a zone server.
     let pulledOverHTTP = try await httpPullRate(root: root + "/http", count: 10_000)

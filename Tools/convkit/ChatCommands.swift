@@ -21,6 +21,10 @@ enum ChatCommands {
                             options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), groupFlag, Targets.json]),
                     run: messages),
         ToolCommand(Command("convkit conversations", "List the conversations, with unread counts.", options: [Targets.store, Targets.json]), run: conversations),
+        ToolCommand(Command("convkit encryption", "Show who a conversation's messages are sealed for: each member's devices, with fingerprints.",
+                            discussion: "Every message is sealed (end-to-end encrypted) for the devices listed; a member without one has not published a device yet.",
+                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag, Targets.json]),
+                    run: encryption),
         ToolCommand(Command("convkit conversations remove", "Remove a conversation from this store (not from the backend; unsent messages are dropped).",
                             positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: removeConversation),
         ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
@@ -191,6 +195,27 @@ enum ChatCommands {
     static func conversation(_ store: ConversationStore, with other: String) throws -> Conversation {
         guard let conversation = try store.existingConversation(with: other) else { throw ToolFailure("no conversation with '\(other)'") }
         return conversation
+    }
+
+    static func encryption(_ context: Context) async throws {
+        let store = try context.store(readOnly: true)
+        guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        let conversation = try group(other, store, context) ?? conversation(store, with: other)
+        let devices = try store.encryptionDevices(in: conversation.id)
+        let members = conversation.isGroup ? try store.members(of: conversation.id).map(\.speaker) : [store.localSpeakerIdentifier ?? "", conversation.nonLocalSpeaker]
+        if context.json {
+            try Output.json(["conversation": conversation.id, "sealed": true, "members": members.map { member in
+                ["id": member, "devices": devices.filter { $0.speaker == member }.map { ["key": Output.hex($0.deviceKey), "fingerprint": $0.fingerprint, "thisDevice": $0.isThisDevice] as [String: Any] }] as [String: Any]
+            }])
+            return
+        }
+        Output.line("\(conversation.id): messages are sealed (end-to-end encrypted) for these devices")
+        for member in members {
+            let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: member))?.name) ?? nil, member)
+            let own = devices.filter { $0.speaker == member }
+            Output.line("\(name): \(own.isEmpty ? "no device published yet (what is sent now waits for one)" : "\(own.count) device\(own.count == 1 ? "" : "s")")")
+            for device in own { Output.line("  \(device.fingerprint)\(device.isThisDevice ? "  (this device)" : "")") }
+        }
     }
 
     static func messages(_ context: Context) async throws {

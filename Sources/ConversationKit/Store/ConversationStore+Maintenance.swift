@@ -147,4 +147,36 @@ extension ConversationStore {
         case .refused(let why): throw ConversationError(.notAuthentic, why)
         }
     }
+
+    /// The devices a conversation's messages are sealed for now: each member's devices (this
+    /// one too) whose encryption key this store holds and that are not revoked, by member. A
+    /// member with none has not published a device yet: nothing sent now reaches it until it
+    /// has (a sender shares as soon as it learns of one).
+    public func encryptionDevices(in conversation: String) throws(ConversationError) -> [EncryptionDevice] {
+        let local = try requireIdentity()
+        let policy = self.policy
+        return try read { db in
+            try Self.requireConversation(db, conversation)
+            let members = conversation.hasPrefix(GroupMembership.zonePrefix)
+                ? try db.rows("SELECT speaker FROM group_members WHERE zone = ? ORDER BY speaker", [conversation]) { $0.text(0) }
+                : [local.identifier] + (try db.first("SELECT other FROM conversations WHERE zone = ?", [conversation]) { [$0.text(0)] } ?? [])
+            return try members.flatMap { member in
+                let chain = policy.pins.chain(for: member)
+                return try db.rows("SELECT device FROM encryption_keys WHERE identity = ? ORDER BY device", [member]) { $0.blob(0) }
+                    .filter { chain?.allowsNow($0) == true }
+                    .map { EncryptionDevice(speaker: member, deviceKey: $0, fingerprint: KeyChain.fingerprint(identity: member, key: $0),
+                                            isThisDevice: $0 == local.key.publicKey) }
+            }
+        }
+    }
+}
+
+/// A device a conversation's messages are sealed for (``ConversationStore/encryptionDevices(in:)``).
+public struct EncryptionDevice: Sendable, Hashable {
+    public let speaker: String
+    /// The key the device signs with (the identity key on a first device).
+    public let deviceKey: Data
+    /// Its safety number, to compare with the device's own screen.
+    public let fingerprint: String
+    public let isThisDevice: Bool
 }

@@ -334,12 +334,11 @@ public final class ConversationStore: Sendable {
 
     /// A store set up before encryption publishes its device's key once, before it syncs.
     private func publishEncryptionKeyIfNeeded(_ local: LocalIdentity) async throws(ConversationError) {
-        let name = EncryptionKey.namePrefix + ChatRecords.identityHash(local.identifier) + "." + local.key.publicKey.hexString
         let held = try read { db in
             try db.first("SELECT 1 FROM encryption_keys WHERE identity = ? AND device = ? AND key = ?",
                          [local.identifier, local.key.publicKey, local.boxKeys.publicKey]) { _ in true } ?? false
         }
-        guard !held, !name.isEmpty else { return }
+        guard !held else { return }
         try await write { applier in try applier.publishEncryptionKey() }
     }
 
