@@ -356,10 +356,16 @@ public struct GroupMembership: Sendable, Equatable {
     /// keeps ``History/all``, at any clock before its last run ended. Nobody never in the group
     /// reads anything.
     public func mayRead(_ reader: String, at clock: RecordClock) -> Bool {
-        guard let runs = runs[reader], let last = runs.last else { return false }
+        Self.mayRead(runs: runs[reader] ?? [], history: history, between: clock, and: clock)
+    }
+
+    /// Whether a reader whose runs are `runs` (oldest first) reads a version of the group's at
+    /// some clock from `first` to `last` (``mayRead(_:at:)`` over a span: a sender's epoch, say).
+    public static func mayRead(runs: [Run], history: History, between first: RecordClock, and last: RecordClock) -> Bool {
+        guard let latest = runs.last else { return false }
         switch history {
-        case .sinceAdded: return isMember(reader, at: clock)
-        case .all: return last.until.map { clock < $0 } ?? true
+        case .sinceAdded: return runs.contains { $0.from < last && ($0.until.map { first < $0 } ?? true) }
+        case .all: return latest.until.map { first < $0 } ?? true
         }
     }
 

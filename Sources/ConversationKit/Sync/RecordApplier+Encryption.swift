@@ -145,7 +145,7 @@ extension RecordApplier {
            let key = try db.first("SELECT key FROM sender_keys WHERE zone = ? AND epoch = ?", [zone, epoch], { $0.blob(0) }) {
             let recipients = try recipients(of: epoch, in: zone)
             let lost = recipients.contains { member, held in !members.contains(member) || !held.isSubset(of: Set((devices[member] ?? [:]).keys)) }
-            let joinedUnshared = try isSinceAddedGroup(zone) && members.contains { recipients[$0] == nil }
+            let joinedUnshared = try groupHistory(zone) == .sinceAdded && members.contains { recipients[$0] == nil }
             if !lost, !joinedUnshared, count < Self.messagesPerEpoch, now - createdAt < Self.epochLifetime {
                 try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: recipients, device: device)
                 return (epoch, key)
@@ -170,23 +170,25 @@ extension RecordApplier {
             """, [zone]) { ($0.blob(0), $0.blob(1), $0.optionalInt(2), $0.optionalInt(3)) }
         let isGroup = ChatRecords.isGroupZone(zoneName)
         let pair = isGroup ? [] : try members(of: zone, local: local)
-        let runs = isGroup ? try db.rows("SELECT speaker, from_clock, until_clock FROM group_runs WHERE zone = ?", [zone]) {
-            (speaker: $0.text(0), from: $0.int(1), until: $0.optionalInt(2))
-        } : []
-        let sinceAdded = try isSinceAddedGroup(zone)
-        /// Whether `speaker` may read a message of the group at some clock in [first, last].
-        func mayRead(_ speaker: String, first: Int64, last: Int64) -> Bool {
-            let own = runs.filter { $0.speaker == speaker }
-            if sinceAdded { return own.contains { $0.from < last && ($0.until.map { first < $0 } ?? true) } }
-            guard let latest = own.max(by: { $0.from < $1.from }) else { return false }
-            return latest.until.map { first < $0 } ?? true
+        var runs: [String: [GroupMembership.Run]] = [:]
+        if isGroup {
+            for (speaker, run) in try db.rows("SELECT speaker, from_clock, until_clock FROM group_runs WHERE zone = ? ORDER BY from_clock", [zone], { row in
+                (row.text(0), GroupMembership.Run(from: RecordClock(rawValue: UInt64(bitPattern: row.int(1))), until: row.optionalInt(2).map { RecordClock(rawValue: UInt64(bitPattern: $0)) }))
+            }) { runs[speaker, default: []].append(run) }
         }
+        let history = try groupHistory(zone) ?? .sinceAdded
         var devices: [String: [Data: Data]] = [:]
+        func withDevices(of readers: some Sequence<String>) throws {
+            for reader in readers where devices[reader] == nil { devices[reader] = try self.devices(of: [reader])[reader] ?? [:] }
+        }
         for (epoch, key, first, last) in epochs {
             let recipients = try recipients(of: epoch, in: zone)
             var readers = Set(recipients.keys).union(pair)
-            if let first, let last { readers.formUnion(Set(runs.map(\.speaker)).filter { mayRead($0, first: first, last: last) }) }
-            for reader in readers where devices[reader] == nil { devices[reader] = try self.devices(of: [reader])[reader] ?? [:] }
+            if let first, let last {
+                let span = (RecordClock(rawValue: UInt64(bitPattern: first)), RecordClock(rawValue: UInt64(bitPattern: last)))
+                readers.formUnion(runs.filter { GroupMembership.mayRead(runs: $0.value, history: history, between: span.0, and: span.1) }.keys)
+            }
+            try withDevices(of: readers)
             try share(epoch, key: key, in: zone, with: readers.sorted(), devices: devices, recipients: recipients, device: device)
         }
         // The epochs of this person's other devices that this one holds: passed on to the
@@ -197,7 +199,7 @@ extension RecordApplier {
         }
         guard !kin.isEmpty else { return }
         let members = try members(of: zone, local: local)
-        for member in members where devices[member] == nil { devices[member] = try self.devices(of: [member])[member] ?? [:] }
+        try withDevices(of: members)
         for (epoch, key, origin) in kin {
             var held: [String: Set<Data>] = [:]
             for member in members {
@@ -283,7 +285,8 @@ extension RecordApplier {
         return recipients
     }
 
-    private func isSinceAddedGroup(_ zone: String) throws -> Bool {
-        try db.first("SELECT history FROM group_state WHERE zone = ?", [zone]) { GroupMembership.History(rawValue: $0.text(0)) == .sinceAdded } ?? false
+    /// A group's history setting (nil: not a group, or not decided yet).
+    private func groupHistory(_ zone: String) throws -> GroupMembership.History? {
+        try db.first("SELECT history FROM group_state WHERE zone = ?", [zone]) { GroupMembership.History(rawValue: $0.text(0)) } ?? nil
     }
 }
