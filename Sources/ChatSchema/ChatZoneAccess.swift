@@ -6,7 +6,7 @@ import RecordZone
 /// readable and writable only by its two participants (its name says who they are), who alone
 /// may delete it. A group's zone is read and written as its membership says (``GroupAccess``);
 /// only its creator makes it, and nobody deletes it. Nobody deletes the directory or a speaker's
-/// zone. Anything else is closed,
+/// zone. Anything else is closed (but a speaker's recovery record, which anyone may fetch),
 /// and everything is to an identity that breaks the identifier rule
 /// (``ChatRecords/isValidIdentifier(_:)``): nobody can squat a look-alike of someone.
 public struct ChatZoneAccess: ZoneAccessPolicy {
@@ -37,4 +37,10 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
     }
 
     public var governance: (any ZoneGovernance)? { GroupAccess() }
+
+    /// A speaker's recovery record: fetched before its reader holds any key (without the code,
+    /// nothing in it is readable).
+    public func isPublic(_ id: RecordID) -> Bool {
+        id.name.hasPrefix(Recovery.namePrefix) && ChatRecords.speakerZone(String(id.name.dropFirst(Recovery.namePrefix.count))) == id.zone
+    }
 }

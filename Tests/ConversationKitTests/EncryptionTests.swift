@@ -25,12 +25,11 @@ import TestSupport
         return records
     }
 
-    /// The files under `path` (a shared folder, a server's database directory) that hold `text`.
-    static func files(under path: String, holding text: String) -> [String] {
-        let needle = Data(text.utf8)
-        return (FileManager.default.enumerator(atPath: path)?.compactMap { $0 as? String } ?? []).filter { file in
-            (try? Data(contentsOf: URL(fileURLWithPath: path + "/" + file)))?.range(of: needle) != nil
-        }
+    /// The places the backend keeps (``ChatFixture/keptBytes()``) that hold `text`, as UTF-8 or
+    /// as the hex a database dump shows bytes in.
+    static func places(_ kept: [(place: String, bytes: Data)], holding text: String) -> [String] {
+        let needles = [Data(text.utf8), Data(Data(text.utf8).hexString.utf8)]
+        return kept.filter { item in needles.contains { item.bytes.range(of: $0) != nil } }.map(\.place)
     }
 
     @Test(arguments: backends)
@@ -41,7 +40,10 @@ import TestSupport
         let sent = try await alice.send("the plan: meet at the old mill 🌵", to: "bob")
         try await syncAll([alice, bob])
         try await bob.send("see you there", to: "alice")
+        let group = try await alice.createGroup(name: "Mill", members: ["bob"])
+        try await alice.send("bring the lantern", toGroup: group.id)
         try await syncAll([alice, bob])
+        #expect(try history(bob, group.id).map(\.content) == ["bring the lantern"])
         for store in [alice, bob] {
             #expect(try history(store, sent.id.conversation).map(\.content) == ["the plan: meet at the old mill 🌵", "see you there"])
             #expect(try history(store, sent.id.conversation).allSatisfy { !$0.isWaitingForKey })
@@ -51,11 +53,12 @@ import TestSupport
         for record in records {
             #expect(record["content"] == nil && record["sealed"]?.bytesValue != nil, "the backend holds no content in the clear")
         }
-        // Byte by byte, in every file the backend keeps (the folder; the server's SQLite files).
-        let kept = kind == .filesystem ? fixture.folder : kind == .http ? fixture.directory.path + "/server" : nil
-        if let kept {
-            #expect(!Self.files(under: kept, holding: "alice").isEmpty, "the search finds what is in the clear (identifiers)")
-            for text in ["old mill", "see you there"] { #expect(Self.files(under: kept, holding: text).isEmpty, "\(text) is in \(kept)") }
+        // Byte by byte, in every file the backend keeps (the folder; the server's SQLite files; a
+        // dump of its PostgreSQL database).
+        if let kept = try await fixture.keptBytes() {
+            #expect(!Self.places(kept, holding: "alice").isEmpty, "the search finds what is in the clear (identifiers)")
+            #expect(!Self.places(kept, holding: "Mill").isEmpty, "the search finds what is in the clear (a group's name)")
+            for text in ["old mill", "see you there", "lantern"] { #expect(Self.places(kept, holding: text).isEmpty, "\(text) is in \(Self.places(kept, holding: text))") }
         }
         // An edit is sealed again.
         try await alice.edit(sent.id, content: "the plan: the new mill")

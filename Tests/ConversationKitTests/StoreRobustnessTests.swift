@@ -6,17 +6,6 @@ import TestSupport
 
 /// Bad input, identity switching and crashes: clear typed errors, nothing half-written, nothing lost.
 @Suite struct StoreRobustnessTests {
-    func code(_ body: () async throws -> Void) async -> ConversationError.Code? {
-        do {
-            try await body()
-            return nil
-        } catch let error as ConversationError {
-            return error.code
-        } catch {
-            return nil
-        }
-    }
-
     @Test func badInputGetsTypedErrorsAndWritesNothing() async throws {
         let fixture = try await ChatFixture(.memory)
         let store = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))

@@ -109,6 +109,22 @@ import Testing
             var keyShareRecordHex: String
         }
         /// Bytes every reader refuses, and why (the decoder's words).
+        /// A recovery record (§3.3): the code, what Argon2id makes of it, and the box.
+        struct RecoveryVector: Codable, Equatable {
+            var description: String
+            var identity: String
+            var identitySeedHex: String
+            var codeText: String
+            var codeHex: String
+            var saltHex: String
+            var opsLimit: Int64
+            var memLimit: Int64
+            var derivedKeyHex: String
+            var nonceHex: String
+            var plaintextHex: String
+            var boxHex: String
+            var recordHex: String
+        }
         struct RefusedVector: Codable, Equatable {
             var description: String
             var hex: String
@@ -119,6 +135,7 @@ import Testing
         var introductions: [IntroductionVector]
         var groups: [GroupVector]
         var encryption: [EncryptionVector]
+        var recovery: [RecoveryVector]
         var refused: [RefusedVector]
     }
 
@@ -200,6 +217,20 @@ import Testing
                      shareTextHex: shareText.hexString, shareBoxHex: box.hexString, keyShareRecordHex: try share.encoded().hexString)
     }
 
+    static func recoveryVector() throws -> Vectors.RecoveryVector {
+        let alice = try key(1)
+        let code = Data((0xA0..<0xC0).map { UInt8($0) }), salt = Data((0x60..<0x70).map { UInt8($0) }), nonce = Data((0x70..<0x88).map { UInt8($0) })
+        // Argon2id's "interactive" cost keeps the vector quick to check; a store writes "moderate" (3, 256 MiB).
+        let ops: UInt64 = 2, mem: UInt64 = 67_108_864
+        var record = try Recovery.record(identity: "alice", seed: alice.seed, code: code, opsLimit: ops, memLimit: mem, salt: salt, nonce: nonce)
+        try record.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 5))
+        let derived = try #require(Sodium.passwordKey(code, salt: salt, opsLimit: ops, memLimit: mem))
+        return .init(description: "alice (seed 01…) wraps her identity key with the code A0 A1 … BF", identity: "alice", identitySeedHex: alice.seed.hexString,
+                     codeText: Recovery.text(of: code), codeHex: code.hexString, saltHex: salt.hexString, opsLimit: Int64(ops), memLimit: Int64(mem),
+                     derivedKeyHex: derived.hexString, nonceHex: nonce.hexString, plaintextHex: Recovery.plaintext(identity: "alice", seed: alice.seed).hexString,
+                     boxHex: try #require(record[Recovery.boxField]?.bytesValue).hexString, recordHex: try record.encoded().hexString)
+    }
+
     static func computed(shareBox: Data? = nil) throws -> Vectors {
         let alice = try key(1)
         let zone = try ZoneName("c-0123456789abcdef-fedcba9876543210")
@@ -264,7 +295,7 @@ import Testing
             .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
                   introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,
                   signedHex: Introduction.signed(introduced: "bob", key: bob.publicKey, introducer: "alice").hexString, text: introduction.text),
-        ], groups: [try groupVector(), try groupVector(history: .all)], encryption: [try encryptionVector(shareBox: shareBox)], refused: [
+        ], groups: [try groupVector(), try groupVector(history: .all)], encryption: [try encryptionVector(shareBox: shareBox)], recovery: [try recoveryVector()], refused: [
             refused("a field key not in NFC: e + U+0301 (65 CC 81)", handmade([([0x65, 0xCC, 0x81], "a")])),
             refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
             refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
@@ -298,6 +329,20 @@ import Testing
             #expect(Sodium.unpad(padded, block: 256)?.hexString == vector.plaintextHex && padded.count % 256 == 0)
             let record = try Record(canonical: try hex(vector.messageRecordHex))
             #expect(record.hasValidSignature() && record["content"] == nil && record["sealed"]?.bytesValue == sealed)
+        }
+        // The recovery vector opened from its bytes alone: the code's text back to its bytes,
+        // Argon2id, the secretbox, the identity key inside.
+        for vector in stored.recovery {
+            let hex = { (text: String) throws -> Data in try #require(Data(hexString: text)) }
+            #expect(Recovery.code(from: vector.codeText)?.hexString == vector.codeHex)
+            let derived = try #require(Sodium.passwordKey(try hex(vector.codeHex), salt: try hex(vector.saltHex), opsLimit: UInt64(vector.opsLimit), memLimit: UInt64(vector.memLimit)))
+            #expect(derived.hexString == vector.derivedKeyHex)
+            let opened = try #require(Sodium.secretboxOpen(try hex(vector.boxHex), nonce: try hex(vector.nonceHex), key: derived))
+            #expect(opened.hexString == vector.plaintextHex && opened.suffix(32).hexString == vector.identitySeedHex)
+            let record = try Record(canonical: try hex(vector.recordHex))
+            let identityKey = try SigningKey(seed: opened.suffix(32))
+            #expect(record.hasValidSignature() && record.authorKey == identityKey.publicKey)
+            #expect(try Recovery.open(record, code: try hex(vector.codeHex)).publicKey == record.authorKey)
         }
         // And each stored record decodes and verifies from its bytes alone, as another client would.
         for vector in stored.records {

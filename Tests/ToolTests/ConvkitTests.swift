@@ -21,7 +21,7 @@ import TestSupport
     }
 
     static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "delete", "speakers", "find", "sync", "retry",
-                           "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "zones", "records list", "records show",
+                           "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
 
@@ -36,7 +36,7 @@ import TestSupport
             #expect(bad.status == 64 && bad.err.hasPrefix("Error: unknown option '--no-such-option'") && bad.err.contains("USAGE: convkit \(command)"), "\(command): \(bad.err)")
             #expect(bad.out.isEmpty)
         }
-        for group in [["records"], ["avatar"], ["device"], ["token"], ["group"]] {
+        for group in [["records"], ["avatar"], ["device"], ["recovery"], ["token"], ["group"]] {
             let help = try await Self.convkit(group + ["--help"])
             #expect(help.status == 0 && help.out.contains("SUBCOMMANDS:"), "\(group)")
             #expect(try await Self.convkit(group).status == 64)
@@ -58,6 +58,7 @@ import TestSupport
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
+            ["recovery", "create"] + none, ["recovery", "restore", "alice", "--code-file", file, "--zone-dir", dir.path + "/zones"] + none,
             ["zones", "--zone-dir", dir.path + "/missing"], ["records", "list", "--zone", "z"] + none, ["records", "show", "z/n"] + none,
             ["records", "verify"] + none, ["changes", "--zone", "z", "--zone-dir", dir.path + "/missing"], ["token", "decode", "AAAA"], ["outbox"] + none,
             ["quarantine"] + none, ["refetch", "z"] + none, ["stats"] + none, ["chat", "bob"] + none, ["demo", "--dir", file],

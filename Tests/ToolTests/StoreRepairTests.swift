@@ -50,4 +50,39 @@ import TestSupport
         #expect(try await run(["sync"] + bob).status == 0)
         #expect(try await run(["messages", "alice"] + bob).out.contains("Alice (alice): after the rebuild"))
     }
+
+    /// `convkit recovery create` on the first device, the device lost, `convkit recovery restore`
+    /// on a new machine with the code: the history is back and the store sends as the same
+    /// speaker; a wrong code restores nothing.
+    @Test func aLostFirstDeviceIsRestoredFromItsRecoveryCode() async throws {
+        let dir = try TemporaryDirectory("convkit-recovery")
+        let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]
+        func run(_ arguments: [String]) async throws -> ConvkitTests.Run { try await ConvkitTests.convkit(arguments) }
+        #expect(try await run(["init", "--id", "alice", "--name", "Alice", "--zone-dir", folder, "--device", "laptop"] + alice).status == 0)
+        #expect(try await run(["init", "--id", "bob", "--name", "Bob", "--zone-dir", folder, "--device", "phone"] + bob).status == 0)
+        #expect(try await run(["whoami"] + alice).out.contains("no recovery code"))
+        let created = try await run(["recovery", "create", "--json"] + alice)
+        #expect(created.status == 0, "\(created.err)")
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(created.out.utf8)) as? [String: Any])
+        let code = try #require(answer["code"] as? String)
+        #expect(answer["synced"] as? Bool == true)
+        #expect(try await run(["whoami"] + alice).out.contains("recovery code made"))
+        #expect(try await run(["send", "bob", "before the loss", "--sync"] + alice).status == 0)
+        #expect(try await run(["send", "alice", "reply before the loss", "--sync"] + bob).status == 0)
+        try FileManager.default.removeItem(atPath: dir.path + "/alice")
+
+        let wrongFile = dir.path + "/wrong", codeFile = dir.path + "/code"
+        try Data((String(code.prefix(4) == "AAAA" ? "BBBB" : "AAAA") + code.dropFirst(4) + "\n").utf8).write(to: URL(fileURLWithPath: wrongFile))
+        try Data((code + "\n").utf8).write(to: URL(fileURLWithPath: codeFile))
+        let newAlice = ["--store", dir.path + "/alice-new"]
+        let wrong = try await run(["recovery", "restore", "alice", "--code-file", wrongFile, "--zone-dir", folder, "--device", "desktop"] + newAlice)
+        #expect(wrong.status == 1 && wrong.err.contains("wrongRecoveryCode") && wrong.err.contains("nothing was restored"), "\(wrong.err)")
+        let restored = try await run(["recovery", "restore", "alice", "--code-file", codeFile, "--zone-dir", folder, "--device", "desktop"] + newAlice)
+        #expect(restored.status == 0 && restored.out.contains("alice's first device again"), "\(restored.out)\(restored.err)")
+        let shown = try await run(["messages", "bob"] + newAlice)
+        #expect(shown.out.contains("Alice (alice): before the loss") && shown.out.contains("Bob (bob): reply before the loss"), "\(shown.out)")
+        #expect(try await run(["send", "bob", "back again", "--sync"] + newAlice).status == 0)
+        #expect(try await run(["sync"] + bob).status == 0)
+        #expect(try await run(["messages", "alice"] + bob).out.contains("Alice (alice): back again"))
+    }
 }

@@ -64,6 +64,14 @@ enum ChatCommands {
                             discussion: "Without --rebuild: checks the database (SQLite's quick_check), the local speaker and its key; exits 1 on a problem. With --rebuild (a first device): moves the damaged database aside (store.sqlite.damaged-<time>), makes a new one with the store's key and pulls everything back from the backend; what had not been pushed is not recovered.",
                             options: Targets.storeOptions + [.flag("rebuild", "Rebuild the store from its backend."),
                                                              .valued("id", "identifier", "The store's speaker. (default: as 'convkit init' recorded it)"), Targets.json]), run: doctor),
+        ToolCommand(Command("convkit recovery create", "On the first device: make a recovery code, to write down, that brings this identity back on a new machine.",
+                            discussion: "Wraps the identity key with the code (Argon2id + secretbox) in a record of the speaker's zone, and syncs it. Whoever holds the code can become you: keep it as you would a password. A new code replaces the one before.",
+                            options: Targets.storeOptions + [Targets.json]), run: recoveryCreate),
+        ToolCommand(Command("convkit recovery restore", "Set a new store up as a lost first device, from its recovery code (typed on standard input, or in a file).",
+                            discussion: "Fetches the speaker's recovery record from the backend, opens it with the code and syncs: the whole history reads again, and the store sends as the same identity. A wrong code restores nothing.",
+                            positionals: [Positional("id", "The speaker whose first device was lost.")],
+                            options: Targets.storeOptions + [.valued("code-file", "file", "Read the code from this file. (default: standard input; never an argument, which 'ps' shows)"), Targets.json]),
+                    run: recoveryRestore),
         ToolCommand(Command("convkit device revoke", "On the first device: revoke a linked device (by its label or fingerprint).",
                             positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store]), run: deviceRevoke),
     ]
@@ -120,13 +128,15 @@ enum ChatCommands {
         guard let speaker = try store.localSpeaker else { throw ToolFailure("no local speaker") }
         let settings = context.settings()
         let backend = settings.server.map { "server \($0)" } ?? settings.zoneDir.map { "folder \($0) as \(settings.device ?? "?")" } ?? "none"
+        let recovery = try store.recoveryCodeCreated()
         if context.json {
             try Output.json(["identifier": speaker.identifier, "name": speaker.name, "tags": speaker.tags, "fingerprint": speaker.fingerprint ?? "",
-                             "store": context.storePath, "backend": backend])
+                             "store": context.storePath, "backend": backend, "recoveryCodeCreated": recovery.map(Output.time) ?? ""])
         } else {
             Output.line("\(speaker.identifier) (\(speaker.name))\(speaker.tags.isEmpty ? "" : " tags: " + speaker.tags.joined(separator: ", "))")
             Output.line("fingerprint \(speaker.fingerprint ?? "-")")
             Output.line("store \(context.storePath), backend \(backend)")
+            Output.line(recovery.map { "recovery code made \(Output.time($0))" } ?? "no recovery code ('convkit recovery create' on the first device makes one)")
         }
     }
 
@@ -515,6 +525,44 @@ enum ChatCommands {
         guard matches.count == 1 else { throw ToolFailure("'\(which)' names \(matches.count) devices: give its fingerprint") }
         try await store.revokeDevice(device)
         Output.line("\(device.label) revoked (pushed by the next sync)")
+    }
+
+    static func recoveryCreate(_ context: Context) async throws {
+        let store = try context.store()
+        let code = try await store.createRecoveryCode()
+        var synced = true
+        do { try await store.sync() } catch {
+            synced = false
+            FileHandle.standardError.write(Data("note: the recovery record is not on the backend yet (\(DisplayText.safe(error.message))); the next sync pushes it\n".utf8))
+        }
+        if context.json {
+            try Output.json(["code": code, "synced": synced])
+            return
+        }
+        Output.line(code)
+        Output.line("Write this code down and keep it as you would a password: with it, 'convkit recovery restore' makes a new machine this identity.")
+        Output.line("It replaces any code made before.")
+    }
+
+    static func recoveryRestore(_ context: Context) async throws {
+        guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        let text: String
+        if let file = context.arguments.value("code-file") {
+            guard let data = FileManager.default.contents(atPath: file) else { throw ToolFailure("cannot read \(file)") }
+            text = String(decoding: data, as: UTF8.self)
+        } else {
+            if isatty(STDIN_FILENO) == 1 { FileHandle.standardError.write(Data("recovery code: ".utf8)) }
+            text = readLine(strippingNewline: true) ?? ""
+        }
+        guard !text.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty else { throw ToolFailure("no recovery code given (type it on standard input, or give --code-file)") }
+        let store = try await ConversationStore.restore(directory: context.storePath, identifier: identifier, code: text, backend: try context.backend())
+        try context.rememberBackend(identity: identifier)
+        let stats = try store.statistics()
+        if context.json {
+            try Output.json(["restored": true, "identifier": identifier, "conversations": stats.conversations, "messages": stats.messages])
+        } else {
+            Output.line("this store is \(identifier)'s first device again: \(stats.conversations) conversations, \(stats.messages) messages")
+        }
     }
 
     static func deviceLink(_ context: Context) async throws {

@@ -51,6 +51,14 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         /// A sealed record that does not open with its epoch's key: altered, malformed, or moved
         /// from another record, conversation or sender.
         case notAuthentic
+        /// Text that is not a recovery code (52 base32 characters).
+        case invalidRecoveryCode
+        /// A recovery code that does not open the speaker's recovery record (a typo, or a code
+        /// replaced since by a newer one). Nothing was restored.
+        case wrongRecoveryCode
+        /// The backend holds no recovery record for the speaker (none was made, or it was not
+        /// pushed).
+        case noRecoveryRecord
     }
 
     public var code: Code

@@ -58,15 +58,7 @@ extension ConversationStore {
             }
         }
         let store = try ConversationStore(directory: directory, backend: backend, configuration: configuration, readOnly: false, rebuilding: true)
-        guard store.policy.pins.pinVerified(key.publicKey, for: identifier) else {
-            throw ConversationError(.keyConflict, "the new store holds another key for '\(identifier)'")
-        }
-        try await store.write { applier in
-            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)", [identifier])
-            applier.localSpeaker = identifier
-        }
-        store.database.identity.withLock { $0 = LocalIdentity(identifier: identifier, key: key, identityKey: key) }
-        try await store.sync()
+        try await store.adoptIdentity(identifier, key: key)
         return store
     }
 }

@@ -34,6 +34,10 @@ public protocol RecordZoneBackend: Sendable {
     func save(_ records: [Record], policy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer
     /// The current version of each record (tombstones included), or ``RecordZoneError/Code/unknownItem``.
     func fetch(_ ids: [RecordID]) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>]
+    /// A record anyone may read before holding any key (a zone server answers it without
+    /// authentication when its access policy says the record is public, ``ZoneAccessPolicy/isPublic(_:)``),
+    /// checked by the backend's policy as any record: nil when the backend does not hold it.
+    func fetchPublic(_ id: RecordID) async throws(RecordZoneError) -> Record?
     /// Live (not deleted) records of one type matching the query, one page at a time.
     func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult
 
@@ -49,6 +53,16 @@ public protocol RecordZoneBackend: Sendable {
 }
 
 extension RecordZoneBackend {
+    /// A backend anyone who reaches it may read (memory, a folder) fetches it as any record.
+    public func fetchPublic(_ id: RecordID) async throws(RecordZoneError) -> Record? {
+        switch try await fetch([id]).first {
+        case .success(let record)?: return record
+        case .failure(let error)? where error.code == .unknownItem || error.code == .zoneNotFound: return nil
+        case .failure(let error)?: throw error
+        case nil: return nil
+        }
+    }
+
     public func save(_ records: [Record], policy: SavePolicy, catchingUpFrom databaseToken: ChangeToken?) async throws(RecordZoneError) -> SaveAnswer {
         SaveAnswer(results: try await save(records, policy: policy))
     }

@@ -2,8 +2,8 @@ import CSodium
 import Foundation
 
 /// libsodium's encryption constructions, walled in beside its signatures: XChaCha20-Poly1305
-/// (IETF) for content, X25519 sealed boxes for sharing keys with a device, and ISO/IEC 7816-4
-/// padding (docs/ENCRYPTION.md).
+/// (IETF) for content, X25519 sealed boxes for sharing keys with a device, Argon2id and
+/// secretbox for a recovery code, and ISO/IEC 7816-4 padding (docs/ENCRYPTION.md).
 ///
 /// See <https://doc.libsodium.org/secret-key_cryptography/aead/chacha20-poly1305/xchacha20-poly1305_construction>
 /// and <https://doc.libsodium.org/public-key_cryptography/sealed_boxes>.
@@ -94,6 +94,55 @@ extension Sodium {
         let status = withBytes(box) { c, count in
             withBytes(publicKey) { pk, _ in withBytes(secretKey) { sk, _ in crypto_box_seal_open(&out, c, UInt64(count), pk, sk) } }
         }
+        return status == 0 ? Data(out) : nil
+    }
+
+    public static let secretboxKeyLength = Int(crypto_secretbox_KEYBYTES)
+    public static let secretboxNonceLength = Int(crypto_secretbox_NONCEBYTES)
+    public static let secretboxOverhead = Int(crypto_secretbox_MACBYTES)
+    public static let passwordSaltLength = Int(crypto_pwhash_SALTBYTES)
+    /// Argon2id's "moderate" cost (`crypto_pwhash_OPSLIMIT_MODERATE`, `MEMLIMIT_MODERATE`: 3
+    /// passes over 256 MiB), for a secret typed once on a new machine.
+    public static let passwordOpsLimitModerate = UInt64(crypto_pwhash_OPSLIMIT_MODERATE)
+    public static let passwordMemLimitModerate = UInt64(crypto_pwhash_MEMLIMIT_MODERATE)
+    /// The highest cost a stored record may ask for (`..._SENSITIVE`: 4 passes over 1 GiB).
+    public static let passwordOpsLimitMaximum = UInt64(crypto_pwhash_OPSLIMIT_SENSITIVE)
+    public static let passwordMemLimitMaximum = UInt64(crypto_pwhash_MEMLIMIT_SENSITIVE)
+
+    /// A 32-byte key from a password and a 16-byte salt (`crypto_pwhash`, Argon2id v1.3).
+    /// - Returns: nil when the limits are out of libsodium's range or memory runs out.
+    public static func passwordKey(_ password: Data, salt: Data, opsLimit: UInt64, memLimit: UInt64) -> Data? {
+        ensureInitialized()
+        guard salt.count == passwordSaltLength, opsLimit >= UInt64(crypto_pwhash_OPSLIMIT_MIN), opsLimit <= passwordOpsLimitMaximum,
+              memLimit >= UInt64(crypto_pwhash_MEMLIMIT_MIN), memLimit <= passwordMemLimitMaximum else { return nil }
+        var key = [UInt8](repeating: 0, count: secretboxKeyLength)
+        let status = withBytes(password) { p, count in
+            withBytes(salt) { s, _ in
+                p.withMemoryRebound(to: CChar.self, capacity: max(count, 1)) { chars in
+                    crypto_pwhash(&key, UInt64(key.count), chars, UInt64(count), s, opsLimit, Int(memLimit), crypto_pwhash_ALG_ARGON2ID13)
+                }
+            }
+        }
+        return status == 0 ? Data(key) : nil
+    }
+
+    /// Encrypts and authenticates with a secret key (`crypto_secretbox_easy`, XSalsa20-Poly1305).
+    /// - Returns: the tag and ciphertext (the nonce is the caller's to keep beside them).
+    public static func secretbox(_ message: Data, nonce: Data, key: Data) -> Data {
+        ensureInitialized()
+        precondition(nonce.count == secretboxNonceLength && key.count == secretboxKeyLength)
+        var out = [UInt8](repeating: 0, count: message.count + secretboxOverhead)
+        withBytes(message) { m, count in withBytes(nonce) { n, _ in withBytes(key) { k, _ in _ = crypto_secretbox_easy(&out, m, UInt64(count), n, k) } } }
+        return Data(out)
+    }
+
+    /// Checks and decrypts ``secretbox(_:nonce:key:)``'s output (`crypto_secretbox_open_easy`).
+    /// - Returns: nil for another key or a changed byte.
+    public static func secretboxOpen(_ box: Data, nonce: Data, key: Data) -> Data? {
+        ensureInitialized()
+        guard box.count >= secretboxOverhead, nonce.count == secretboxNonceLength, key.count == secretboxKeyLength else { return nil }
+        var out = [UInt8](repeating: 0, count: box.count - secretboxOverhead)
+        let status = withBytes(box) { c, count in withBytes(nonce) { n, _ in withBytes(key) { k, _ in crypto_secretbox_open_easy(&out, c, UInt64(count), n, k) } } }
         return status == 0 ? Data(out) : nil
     }
 

@@ -47,11 +47,15 @@ public struct OwnershipRule: Sendable, Hashable {
     public var recordType: String
     public var zones: Zones
     public var owner: Owner
+    /// Whether only the owner's identity key may sign the records (its devices may not): what
+    /// a linked device must not replace, as a recovery record.
+    public var identityKeyOnly: Bool
 
-    public init(recordType: String, zones: Zones = .any, owner: Owner) {
+    public init(recordType: String, zones: Zones = .any, owner: Owner, identityKeyOnly: Bool = false) {
         self.recordType = recordType
         self.zones = zones
         self.owner = owner
+        self.identityKeyOnly = identityKeyOnly
     }
 
     /// Whether the rule covers this ID.

@@ -15,11 +15,19 @@ public struct OwnershipRules: Sendable, Hashable {
     /// Whether a record whose ID no rule covers is refused (a closed schema, like the chat's).
     public let requiresOwner: Bool
     private let ownedTypes: Set<String>
+    /// The types some rule lets only an identity key sign (``OwnershipRule/identityKeyOnly``).
+    let identityKeyTypes: Set<String>
 
     public init(_ rules: [OwnershipRule] = [], requiresOwner: Bool = false) {
         all = Self.keyRules + rules
         self.requiresOwner = requiresOwner
         ownedTypes = Set(all.map(\.recordType))
+        identityKeyTypes = Set(all.filter(\.identityKeyOnly).map(\.recordType))
+    }
+
+    /// Whether only its owner's identity key may sign this record.
+    func requiresIdentityKey(_ record: Record) -> Bool {
+        identityKeyTypes.contains(record.recordType) && rule(for: record.id)?.identityKeyOnly == true
     }
 
     /// The rule that covers a record ID, if any.

@@ -208,6 +208,9 @@ public final class RecordPolicy: Sendable {
         case DeviceRevocation.recordType: return applyRevocation(record, identity: identity, draft: &draft)
         default: break
         }
+        if rules.requiresIdentityKey(record), let chain = draft.chain(identity), !chain.allowsIdentityKey(record.authorKey, at: record.clock) {
+            return chain.device(record.authorKey) != nil ? .deviceNotCertified("only the identity key signs a \(record.recordType)") : .keyConflict(identity: identity)
+        }
         if let chain = draft.chain(identity) {
             if chain.allows(record.authorKey, at: record.clock) { return nil }
             return chain.device(record.authorKey) != nil ? .deviceRevoked(identity: identity) : .keyConflict(identity: identity)

@@ -12,6 +12,14 @@ public protocol ZoneAccessPolicy: Sendable {
     /// The zones whose own records decide who may use them (``ZoneGovernance``), beyond what
     /// the methods above allow: nil when there are none.
     var governance: (any ZoneGovernance)? { get }
+    /// Whether anyone, unauthenticated, may fetch the record `id` by its ID
+    /// (`GET /v1/public/{zone}/{name}`): what a person needs before holding any key, as a
+    /// recovery record. False unless a policy says otherwise.
+    func isPublic(_ id: RecordID) -> Bool
+}
+
+extension ZoneAccessPolicy {
+    public func isPublic(_ id: RecordID) -> Bool { false }
 }
 
 /// Any authenticated identity may read and write any zone; only record ownership limits writes.
@@ -43,6 +51,7 @@ public struct ReplicatingZoneAccess: ZoneAccessPolicy {
     /// The base's; replicators pass it (``isReplicator(_:)``): they copy what members signed,
     /// in whatever order it comes, and every reader decides it by the rule.
     public var governance: (any ZoneGovernance)? { base.governance }
+    public func isPublic(_ id: RecordID) -> Bool { base.isPublic(id) }
     public func isReplicator(_ identity: String) -> Bool { replicators.contains(identity) }
 }
 

@@ -9,10 +9,11 @@ enum Route: CaseIterable {
     case databaseChanges, zoneChanges, waitForChanges
     case modify, fetch, query
     case putAsset, getAsset
+    case publicRecord
 
     var method: String {
         switch self {
-        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .getAsset: "GET"
+        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .getAsset, .publicRecord: "GET"
         case .createZone, .putAsset: "PUT"
         case .deleteZone: "DELETE"
         case .modify, .fetch, .query: "POST"
@@ -33,10 +34,11 @@ enum Route: CaseIterable {
         case .fetch: "/v1/records/fetch"
         case .query: "/v1/zones/{zone}/query"
         case .putAsset, .getAsset: "/v1/assets/{sha256}"
+        case .publicRecord: "/v1/public/{zone}/{name}"
         }
     }
 
-    var isAuthenticated: Bool { self != .health && self != .metrics }
+    var isAuthenticated: Bool { self != .health && self != .metrics && self != .publicRecord }
 
     struct Matched {
         var route: Route

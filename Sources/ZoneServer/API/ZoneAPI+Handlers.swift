@@ -131,6 +131,13 @@ extension ZoneAPI {
             }
             let data = try await storage.asset(try assetParameter(matched, size: UInt64(size)))
             return HTTPResponse(status: 200, headers: [("Content-Type", "application/octet-stream")], body: data)
+        case .publicRecord:
+            // Unauthenticated: only what the access policy makes public, the same 404 for a
+            // record that is not public as for one not held (no probing of other zones).
+            guard let name = matched.parameters["name"], let id = try? RecordID(zone: try zoneParameter(matched), name: name), access.isPublic(id),
+                  case .success(let signed)? = try await storage.stored([id]).first
+            else { throw APIError(.unknownItem, "no public record there") }
+            return .json(Wire.Outcome(record: signed))
         }
     }
 

@@ -35,6 +35,8 @@ final class ChatFixture: @unchecked Sendable {
     /// For ``ChatBackend/postgres``: a second zone server on the same database, as a deployment
     /// of several servers has (``store(_:tags:configuration:onSecondServer:)``).
     let secondServer: ZoneServer?
+    /// For ``ChatBackend/postgres``: the database the servers share.
+    let conninfo: String?
     var folder: String { directory.path + "/shared" }
 
     init(_ kind: ChatBackend) async throws {
@@ -42,8 +44,9 @@ final class ChatFixture: @unchecked Sendable {
         directory = try TemporaryDirectory("chat")
         server = InMemoryBackend(policy: ConversationStore.recordPolicy())
         var secondServer: ZoneServer?
+        let conninfo = kind == .postgres ? try await SharedPostgres.freshDatabase() : nil
+        self.conninfo = conninfo
         if kind.isServer {
-            let conninfo = kind == .postgres ? try await SharedPostgres.freshDatabase() : nil
             let storage: any ZoneStorage
             if let conninfo {
                 storage = try await PostgresZoneStorage(conninfo: conninfo, poolSize: 4, policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
@@ -63,6 +66,25 @@ final class ChatFixture: @unchecked Sendable {
             zoneServer = nil
         }
         self.secondServer = secondServer
+    }
+
+    /// Everything the backend keeps, as bytes to search: the folder's files, the SQLite
+    /// server's files, or a `pg_dump` of the PostgreSQL database (nil in memory).
+    func keptBytes() async throws -> [(place: String, bytes: Data)]? {
+        switch kind {
+        case .memory: return nil
+        case .filesystem, .http:
+            let path = kind == .filesystem ? folder : directory.path + "/server"
+            return (FileManager.default.enumerator(atPath: path)?.compactMap { $0 as? String } ?? []).compactMap { file in
+                (try? Data(contentsOf: URL(fileURLWithPath: path + "/" + file))).map { (path + "/" + file, $0) }
+            }
+        case .postgres:
+            let bin = try #require(PostgresCluster.binDirectory, "pg_dump is installed with PostgreSQL")
+            let dump = try ChildProcess(bin + "/pg_dump", ["--dbname", try #require(conninfo), "--data-only"])
+            let status = await dump.wait()
+            #expect(status == 0, "pg_dump: \(dump.standardError)")
+            return [("pg_dump", Data(dump.standardOutput.utf8))]
+        }
     }
 
     var serverURL: URL? { zoneServer.flatMap { URL(string: "http://127.0.0.1:\($0.port)") } }
@@ -117,6 +139,18 @@ final class ChatFixture: @unchecked Sendable {
         let store = try ConversationStore(directory: storePath(identifier), backend: factory(device: identifier, onSecondServer: onSecondServer), configuration: configuration)
         try await store.setupLocalSpeaker(identifier: identifier, name: identifier.capitalized, tags: tags)
         return store
+    }
+}
+
+/// The code of the ``ConversationError`` `body` throws (nil: it throws nothing, or another error).
+func code(_ body: () async throws -> Void) async -> ConversationError.Code? {
+    do {
+        try await body()
+        return nil
+    } catch let error as ConversationError {
+        return error.code
+    } catch {
+        return nil
     }
 }
 

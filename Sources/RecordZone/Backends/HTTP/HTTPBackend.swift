@@ -144,6 +144,15 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         return zip(ids, body.results).map { id, outcome in checked(outcome, id: id) }
     }
 
+    /// `GET /v1/public/{zone}/{name}`, which the server answers without authentication.
+    public func fetchPublic(_ id: RecordID) async throws(RecordZoneError) -> Record? {
+        let outcome: Wire.Outcome
+        do { outcome = try await get(Wire.Outcome.self, "/v1/public/\(id.zone.rawValue)/\(id.name)") } catch where error.code == .unknownItem {
+            return nil
+        }
+        return try checked(outcome, id: id).get()
+    }
+
     public func query(_ query: RecordQuery, cursor: QueryCursor?, limit: Int) async throws(RecordZoneError) -> QueryResult {
         let request = Wire.Query(recordType: query.recordType, predicates: query.predicates, sort: query.sort,
                                  cursor: cursor?.data.base64EncodedString(), limit: BackendLimits.clampPage(limit))
