@@ -17,7 +17,7 @@ import RecordZone
 ///   `message`, `readAt`.
 ///
 /// - `Recovery` in a speaker's zone (``Recovery``): the identity key, wrapped with a recovery code.
-/// - `EncryptionKey` in a speaker's zone and `KeyShare` in a conversation's or group's zone
+/// - `EncryptionKey` and `HistoryShare` in a speaker's zone and `KeyShare` in a conversation's or group's zone
 ///   (``EncryptionKey``, ``KeyShare``); a message's content then travels in `sealed`.
 /// - `GroupChange` in a group's zone `g-<h(creator)>-<16 hex random>`, named
 ///   `gc.<h(actor)>.<16 hex clock>-<16 hex random>` (``GroupChange``); messages and receipts
@@ -45,6 +45,8 @@ package enum ChatRecords {
         // The identity's recovery record (§3.3): the identity key alone signs it.
         OwnershipRule(recordType: Recovery.recordType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .name(prefix: Recovery.namePrefix, field: Recovery.identityField),
                       identityKeyOnly: true),
+        // Other senders' epochs passed between the owner's devices (§3.2).
+        OwnershipRule(recordType: HistoryShare.recordType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .hashedName(prefix: HistoryShare.namePrefix, field: HistoryShare.identityField)),
         OwnershipRule(recordType: speakerType, zones: .named(speakersZone.rawValue), owner: .name(prefix: "")),
         OwnershipRule(recordType: speakerType, zones: .ownersZone(prefix: speakerZonePrefix), owner: .name(prefix: "")),
         OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
@@ -75,11 +77,11 @@ package enum ChatRecords {
     }
 
     /// Prefixes of the key records' names, which no identifier may start with.
-    package static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix, EncryptionKey.namePrefix, Recovery.namePrefix]
+    package static let reservedPrefixes = [KeyRotation.namePrefix, DeviceCertificate.namePrefix, DeviceRevocation.namePrefix, EncryptionKey.namePrefix, HistoryShare.namePrefix, Recovery.namePrefix]
 
     /// Whether `identifier` follows the identifier rule: 1–64 characters of `a–z 0–9 . - _`,
     /// starting with a letter or a digit, and not with a key record's prefix (`rotation.`,
-    /// `device.`, `revoke.`, `ek.`, `recovery.`). One spelling per person, as Matrix user IDs and Signal usernames:
+    /// `device.`, `revoke.`, `ek.`, `hs.`, `recovery.`). One spelling per person, as Matrix user IDs and Signal usernames:
     /// no capitals, no look-alike letters from other scripts (`Ａlice`, Cyrillic `аlice`), no
     /// spaces or invisible characters. Names shown to people stay free-form.
     package static func isValidIdentifier(_ identifier: String) -> Bool {

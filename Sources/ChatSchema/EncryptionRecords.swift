@@ -107,6 +107,59 @@ public enum KeyShare {
     }
 }
 
+/// Another sender's epoch passed between a person's own devices (docs/PROTOCOL.md §3.2), so a
+/// new device reads the past without waiting for every sender to come back online: in the
+/// person's own zone, `hs.<h(owner)>.<epoch hex>`, fields `identity` (the owner), `zone` (the
+/// conversation's), `sender`, `device` (the epoch's device), `epoch` and `boxes` — for each of
+/// the owner's devices its Ed25519 key followed by the same sealed share text a ``KeyShare``
+/// box holds. Signed by any device of the owner; a later version carries every box again.
+public enum HistoryShare {
+    public static let recordType = "HistoryShare"
+    public static let namePrefix = "hs."
+    public static let identityField = "identity"
+    public static let zoneField = "zone"
+
+    public static func recordID(owner: String, epoch: Data) throws(RecordZoneError) -> RecordID {
+        try RecordID(zone: ChatRecords.speakerZone(owner), name: namePrefix + ChatRecords.identityHash(owner) + "." + epoch.hexString)
+    }
+
+    /// A history share (unsigned: one of the owner's devices signs it).
+    public static func record(owner: String, zone: ZoneName, sender: String, device: Data, epoch: Data,
+                              boxes: [(device: Data, box: Data)]) throws(RecordZoneError) -> Record {
+        Record(id: try recordID(owner: owner, epoch: epoch), type: recordType, fields: [
+            identityField: .string(owner), zoneField: .string(zone.rawValue), KeyShare.senderField: .string(sender),
+            KeyShare.deviceField: .bytes(device), KeyShare.epochField: .bytes(epoch),
+            KeyShare.boxesField: .list(boxes.sorted { $0.device.lexicographicallyPrecedes($1.device) }.map { .bytes($0.device + $0.box) }),
+        ])
+    }
+
+    public struct Parts: Sendable, Hashable {
+        public var owner: String
+        public var zone: ZoneName
+        public var sender: String
+        public var device: Data
+        public var epoch: Data
+        /// Each of the owner's devices' sealed share, by the device's Ed25519 key.
+        public var boxes: [Data: Data]
+    }
+
+    /// The record's parts, or why it is not a well-formed history share.
+    public static func parts(_ record: Record) throws(KeyRecordError) -> Parts {
+        guard !record.isDeleted else { throw .shape("a history share cannot be deleted") }
+        guard let owner = record.string(identityField), let zoneText = record.string(zoneField), let zone = try? ZoneName(zoneText),
+              let sender = record.string(KeyShare.senderField), let device = record[KeyShare.deviceField]?.bytesValue, device.count == Sodium.publicKeyLength,
+              let epoch = record[KeyShare.epochField]?.bytesValue, epoch.count == Sealing.epochLength, let list = record[KeyShare.boxesField]?.listValue
+        else { throw .shape("a history share needs identity, zone, sender, a 32-byte device, a 16-byte epoch and boxes") }
+        guard record.id == (try? recordID(owner: owner, epoch: epoch)) else { throw .shape("a history share's name does not match its fields") }
+        var boxes: [Data: Data] = [:]
+        for item in list {
+            guard let bytes = item.bytesValue, bytes.count > Sodium.publicKeyLength + Sodium.sealOverhead else { throw .shape("a history share's box is malformed") }
+            boxes[Data(bytes.prefix(Sodium.publicKeyLength))] = Data(bytes.dropFirst(Sodium.publicKeyLength))
+        }
+        return Parts(owner: owner, zone: zone, sender: sender, device: device, epoch: epoch, boxes: boxes)
+    }
+}
+
 /// Why a record is not a well-formed encryption key or key share.
 public enum KeyRecordError: Error, Sendable, Equatable, CustomStringConvertible {
     case shape(String)

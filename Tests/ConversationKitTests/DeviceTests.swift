@@ -13,6 +13,37 @@ import TestSupport
         return laptop
     }
 
+    /// A reader that meets a person's linked device before the person's own zone — bob, who
+    /// wrote to alice before he ever synced, reads the pair's folder files as he saves into them
+    /// — ends trusting alice's identity key as if he had read her zone first: when both her
+    /// keys wrote there (a conflict, until her zone's certificate relates them), and when only
+    /// the laptop did (pinned on first use to the laptop's key, until the certificate puts
+    /// her identity key at the root). Through a folder, where a save reads the zone.
+    @Test(arguments: [true, false])
+    func aLinkedDeviceMetBeforeItsPersonsZoneIsTrustedAsThatPersons(_ bothWrote: Bool) async throws {
+        let fixture = try await ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice")
+        let bob = try ConversationStore(directory: fixture.storePath("bob"), backend: fixture.factory(device: "bob"))
+        try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+        try await alice.sync()
+        let laptop = try await linkLaptop(fixture, from: alice)
+        var sent = [MessageID]()
+        if bothWrote { sent.append(try await alice.send("from the phone", to: "bob").id) }
+        sent.append(try await laptop.send("from the laptop", to: "bob").id)
+        try await syncAll([alice, laptop])
+        let reply = try await bob.send("hello alice", to: "alice")
+        try await bob.sync()
+        try await bob.sync()
+        #expect(bob.trust(of: "alice") == .firstUse)
+        #expect(try bob.speaker(fromRef: SpeakerRef(identifier: "alice"))?.publicKey == (try fixture.key(of: "alice")).publicKey)
+        let held = try bob.quarantine().map(\.reason)
+        #expect(held.isEmpty, "\(held)")
+        // Once alice's devices have seen bob's key, he reads both (they waited for their keys).
+        try await syncAll([alice, laptop, bob])
+        for id in sent { #expect(try bob.message(id).map { $0.content.hasPrefix("from the") && !$0.isWaitingForKey } == true, "\(id)") }
+        #expect(try alice.message(reply.id)?.content == "hello alice")
+    }
+
     /// Alice links her laptop to her first device, sends from both: bob sees one alice, and
     /// alice's two stores show the same conversation, her messages as her own on both.
     @Test(arguments: ChatBackend.allCases)

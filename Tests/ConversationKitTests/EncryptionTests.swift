@@ -118,6 +118,31 @@ import TestSupport
         #expect(try epoch(before.id) != epoch(after.id))
     }
 
+    /// A device linked after a sender left a group (and can write there no more) reads what
+    /// that sender said: the person's first device passes the sender's epoch on to it in a
+    /// `HistoryShare` in its own zone. Through a server, which refuses the removed sender's writes.
+    @Test(arguments: [ChatBackend.memory, .http])
+    func aNewDeviceReadsWhatASenderWhoLeftSaidFromItsOwnDevices(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
+        try await syncAll([alice, bob, carol])
+        let group = try await alice.createGroup(name: "Plans", members: ["bob", "carol"], history: .all)
+        try await syncAll([alice, bob, carol])
+        let said = try await carol.send("carol's last word", toGroup: group.id)
+        try await syncAll([carol, alice])
+        #expect(try alice.message(said.id)?.content == "carol's last word")
+        try await alice.removeMember("carol", from: group.id)
+        try await syncAll([alice, bob])
+        // Carol is gone for good; alice links a laptop.
+        let laptop = try await DeviceTests().linkLaptop(fixture, from: alice)
+        try await syncAll([laptop, alice, laptop, bob])
+        let read = try #require(try laptop.message(said.id))
+        #expect(read.content == "carol's last word" && !read.isWaitingForKey)
+        let shares = try alice.records(in: try ChatFixture.speakerZone("alice").rawValue, type: HistoryShare.recordType)
+        #expect(shares.count == 1)
+        #expect(try shares.map { try HistoryShare.parts($0).sender } == ["carol"])
+    }
+
     @Test func aRevokedDeviceReadsNothingSentAfterTheSenderLearnsOfIt() async throws {
         let fixture = try await ChatFixture(.memory)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")

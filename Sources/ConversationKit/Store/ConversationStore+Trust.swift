@@ -81,11 +81,54 @@ extension ConversationStore {
         guard policy.pins.pinVerified(key, for: identifier) else {
             throw ConversationError(.keyConflict, "the store holds another key for '\(identifier)'")
         }
-        let held = try heldBack(identifier)
+        try await admit(try heldBack(identifier))
+    }
+
+    /// Admits again what was held back for keys that records read in another order would have
+    /// decided at once — an identity's keys are decided in its own zone, but a folder or a first
+    /// sync may read a zone where a person's linked device wrote before that person's zone:
+    /// - an identity held in conflict for two of its keys is claimed by one once the device
+    ///   certificate that relates them is among its held records: pinned on first use, as in order;
+    /// - an identity pinned on first use to what turns out to be one of its devices' keys (only
+    ///   that device had written where it was first read) is put under its identity key when the
+    ///   certificate, which both keys signed, is among the records held back as key conflicts.
+    /// A rival key — a forgery — stays held: no certificate relates it.
+    /// - Returns: how many identities it settled.
+    @discardableResult
+    func settleResolvedConflicts() async throws(ConversationError) -> Int {
+        var settled = 0
+        for identifier in policy.pins.conflictedIdentities.sorted() {
+            let held = try heldBack(identifier)
+            let roots = policy.claimedIdentityKeys(of: identifier, in: held.map(\.record))
+            guard roots.count == 1, let key = roots.first, policy.pins.resolveConflict(identifier, key: key) else { continue }
+            try await admit(held)
+            settled += 1
+        }
+        let pinnedToADevice = try read { db in
+            try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'keyConflict' AND identity IS NOT NULL AND zone LIKE 's-%' AND name LIKE ?",
+                        [DeviceCertificate.namePrefix + "%"]) { $0.text(0) }
+        }
+        for identifier in pinnedToADevice {
+            guard let chain = policy.pins.chain(for: identifier) else { continue }
+            let held = try heldBack(identifier, code: .keyConflict)
+            let certifiesPin = held.contains { entry in
+                guard entry.record.recordType == DeviceCertificate.recordType, case .success(let parts) = DeviceCertificate.verify(entry.record, identity: identifier) else { return false }
+                return chain.isFirstUseOf(parts.device)
+            }
+            guard certifiesPin else { continue }
+            try await admit(held)
+            settled += 1
+        }
+        return settled
+    }
+
+    /// Admits held-back records again, as one batch (an identity's key records first): each
+    /// that passes is applied and leaves the quarantine; the others stay, with the new reason.
+    private func admit(_ held: [(id: Int64, record: Record)]) async throws(ConversationError) {
         let policy = self.policy
         try await write { applier in
-            for (id, record) in held {
-                if let reason = policy.check(record) {
+            for ((id, record), reason) in zip(held, policy.check(held.map(\.record))) {
+                if let reason {
                     try applier.db.execute("UPDATE ck_quarantine SET code = ?, reason = ? WHERE id = ?", [reason.code.rawValue, reason.description, id])
                 } else {
                     try applier.apply(record, origin: .remote)
@@ -95,11 +138,12 @@ extension ConversationStore {
         }
     }
 
-    /// Records held back because `identifier` was in conflict, with their quarantine row IDs.
-    private func heldBack(_ identifier: String) throws(ConversationError) -> [(id: Int64, record: Record)] {
+    /// Records held back for `identifier` (by default: because it was in conflict), with their
+    /// quarantine row IDs.
+    private func heldBack(_ identifier: String, code: RejectionReason.Code = .identityConflict) throws(ConversationError) -> [(id: Int64, record: Record)] {
         try read { db in
-            try db.rows("SELECT id, record FROM ck_quarantine WHERE identity = ? AND code = 'identityConflict' AND record IS NOT NULL ORDER BY id",
-                        [identifier]) { row in (row.int(0), row.blob(1)) }
+            try db.rows("SELECT id, record FROM ck_quarantine WHERE identity = ? AND code = ? AND record IS NOT NULL ORDER BY id",
+                        [identifier, code.rawValue]) { row in (row.int(0), row.blob(1)) }
         }.compactMap { id, bytes in (try? Record(canonical: bytes)).map { (id, $0) } }
     }
 }

@@ -320,7 +320,8 @@ public final class ConversationStore: Sendable {
             throw error
         }
         reachability.withLock { $0 = true }
-        if try await restateShadowed(as: local) > 0 {
+        let settled = try await settleResolvedConflicts()
+        if try await restateShadowed(as: local) > 0 || settled > 0 {
             let pushed = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend)
             report.pushed += pushed.pushed
             report.failed += pushed.failed

@@ -90,6 +90,10 @@ extension ConversationStore {
                         let pulled = try await engine.pull(zones: zones, backend: backend)
                         report.pulled += pulled.pulled
                         report.quarantined += pulled.quarantined
+                        // A device certificate held back with its identity may settle a conflict.
+                        if pulled.quarantined > 0, try await settleResolvedConflicts() > 0 {
+                            report.pushed += try await engine.pushOnly(localSpeaker: local.identifier, backend: backend).pushed
+                        }
                     }
                 }
                 reachability.withLock { $0 = true }

@@ -91,6 +91,8 @@ extension RecordApplier {
             ON CONFLICT (identity, device) DO UPDATE SET key = excluded.key WHERE key != excluded.key
             """, [parts.identity, parts.device, parts.key])
         guard db.changes > 0, let local = localSpeaker else { return }
+        // A device of this person's: every other sender's epoch this one holds goes to it too.
+        if parts.identity == local, parts.device != device?.key.publicKey { historyToShare = .all }
         // The conversations where this device holds epochs of this person's (its own, or its
         // other devices' to pass on) that the key's owner may read.
         let zones = parts.identity == local
@@ -111,24 +113,82 @@ extension RecordApplier {
         let zone = record.id.zone
         let held = try db.first("SELECT 1 FROM sender_keys WHERE zone = ? AND epoch = ?", [zone.rawValue, parts.epoch]) { _ in true } ?? false
         guard !held else { return }
+        try takeSenderKey(box, of: record, zone: zone, sender: parts.sender, device: parts.device, epoch: parts.epoch, origin: origin)
+    }
+
+    /// A history share to this device (another device of this person's passing on a sender's
+    /// epoch): opened and kept as a key share's, when this device does not hold the epoch yet.
+    mutating func projectHistoryShare(_ record: Record, origin: Origin) throws {
+        guard let device, let local = localSpeaker, let parts = try? HistoryShare.parts(record), parts.owner == local,
+              let box = parts.boxes[device.key.publicKey]
+        else { return }
+        let held = try db.first("SELECT 1 FROM sender_keys WHERE zone = ? AND epoch = ?", [parts.zone.rawValue, parts.epoch]) { _ in true } ?? false
+        guard !held else { return }
+        try takeSenderKey(box, of: record, zone: parts.zone, sender: parts.sender, device: parts.device, epoch: parts.epoch, origin: origin)
+    }
+
+    /// Opens a share's box for this device and keeps the sender key, then shows the messages
+    /// that waited for it; a box that does not open to what the record claims is refused
+    /// (quarantined): its key is never used.
+    private mutating func takeSenderKey(_ box: Data, of record: Record, zone: ZoneName, sender: String, device origin: Data, epoch: Data, origin source: Origin) throws {
+        guard let device, let local = localSpeaker else { return }
         let key: Data
         do {
-            key = try Sealing.openShare(box, zone: zone, sender: parts.sender, device: parts.device, epoch: parts.epoch,
+            key = try Sealing.openShare(box, zone: zone, sender: sender, device: origin, epoch: epoch,
                                         publicKey: device.boxKeys.publicKey, secretKey: device.boxKeys.secretKey)
         } catch {
             try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation("a key share whose box for this device does not open to what it claims (sealed to another device, or for another conversation, sender or epoch)"),
-                                          source: origin == .local ? "local" : "pull", data: try? record.encoded()))
+                                          source: source == .local ? "local" : "pull", data: try? record.encoded()))
             return
         }
-        try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)",
-                       [zone.rawValue, parts.epoch, parts.sender, parts.device, key])
-        // Another device of this person's epoch: this one passes it on where it is missing.
-        if parts.sender == local, parts.device != device.key.publicKey { zonesToShare.insert(zone.rawValue) }
+        try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)", [zone.rawValue, epoch, sender, origin, key])
+        // Another device of this person's epoch: this one passes it on where it is missing;
+        // another sender's: to this person's other devices that lack it.
+        if sender == local, origin != device.key.publicKey { zonesToShare.insert(zone.rawValue) }
+        if sender != local, case .epochs(var epochs) = historyToShare {
+            epochs.insert(epoch)
+            historyToShare = .epochs(epochs)
+        }
         let waiting = try db.rows("""
             SELECT r.record FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
             WHERE m.zone = ? AND m.waiting_epoch = ?
-            """, [zone.rawValue, parts.epoch]) { try? Record(canonical: $0.blob(0)) }
+            """, [zone.rawValue, epoch]) { try? Record(canonical: $0.blob(0)) }
         for case let message? in waiting { try projectMessage(message, origin: .remote, gated: false) }
+    }
+
+    /// Which other senders' epochs ``shareHistory()`` passes on to this person's other devices.
+    enum HistoryToShare: Equatable {
+        /// Those received in this transaction.
+        case epochs(Set<Data>)
+        /// Every one held (a device of this person's appeared).
+        case all
+    }
+
+    /// Passes other senders' epochs this device holds to this person's other devices (not
+    /// revoked) that the history share held lacks: one `HistoryShare` per epoch, every device's
+    /// box again — so a new device reads the past even from a sender who never comes back (one
+    /// removed from a group cannot write there any more).
+    mutating func shareHistory() throws {
+        let due = historyToShare
+        historyToShare = .epochs([])
+        guard due != .epochs([]), let device, let local = localSpeaker else { return }
+        let others = (try devices(of: [local])[local] ?? [:]).filter { $0.key != device.key.publicKey }
+        guard !others.isEmpty else { return }
+        let held = try db.rows("SELECT zone, epoch, sender, device, key FROM sender_keys WHERE sender != ? ORDER BY zone, epoch", [local]) {
+            ($0.text(0), $0.blob(1), $0.text(2), $0.blob(3), $0.blob(4))
+        }
+        for (zone, epoch, sender, origin, key) in held {
+            if case .epochs(let epochs) = due, !epochs.contains(epoch) { continue }
+            guard let zoneName = try? ZoneName(zone) else { continue }
+            let id = try HistoryShare.recordID(owner: local, epoch: epoch)
+            let shared = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name]) { try? Record(canonical: $0.blob(0)) } ?? nil
+            let has = Set((shared.flatMap { try? HistoryShare.parts($0) }?.boxes.keys).map(Array.init) ?? [])
+            guard !Set(others.keys).isSubset(of: has) else { continue }
+            let boxes = others.map { target, boxKey in
+                (device: target, box: Sealing.sealShare(zone: zoneName, sender: sender, device: origin, epoch: epoch, key: key, to: boxKey))
+            }
+            try commitLocal([try HistoryShare.record(owner: local, zone: zoneName, sender: sender, device: origin, epoch: epoch, boxes: boxes)], signedWith: device.key)
+        }
     }
 
     // MARK: Epochs
@@ -184,12 +244,21 @@ extension RecordApplier {
         for (epoch, key, first, last) in epochs {
             let recipients = try recipients(of: epoch, in: zone)
             var readers = Set(recipients.keys).union(pair)
+            // A reader added during the epoch (a since-added group whose sender had not learned
+            // of it) gets a share dated from when it may read: a server serves it nothing older.
+            var readableFrom: [String: RecordClock] = [:]
             if let first, let last {
                 let span = (RecordClock(rawValue: UInt64(bitPattern: first)), RecordClock(rawValue: UInt64(bitPattern: last)))
-                readers.formUnion(runs.filter { GroupMembership.mayRead(runs: $0.value, history: history, between: span.0, and: span.1) }.keys)
+                for (reader, readerRuns) in runs where GroupMembership.mayRead(runs: readerRuns, history: history, between: span.0, and: span.1) {
+                    readers.insert(reader)
+                    if history == .sinceAdded, !GroupMembership.mayRead(runs: readerRuns, history: history, between: span.0, and: span.0),
+                       let added = readerRuns.map(\.from).filter({ $0 >= span.0 && $0 < span.1 }).min() {
+                        readableFrom[reader] = RecordClock(rawValue: added.rawValue + 1)
+                    }
+                }
             }
             try withDevices(of: readers)
-            try share(epoch, key: key, in: zone, with: readers.sorted(), devices: devices, recipients: recipients, device: device)
+            try share(epoch, key: key, in: zone, with: readers.sorted(), devices: devices, recipients: recipients, device: device, readableFrom: readableFrom)
         }
         // The epochs of this person's other devices that this one holds: passed on to the
         // devices of the members now (both, in a pair) that the shares held lack — so an epoch
@@ -215,7 +284,8 @@ extension RecordApplier {
     /// was shared with (every device again: a version replaces the one before), and notes them.
     /// - Parameter origin: the epoch's device, when it is another device of this person's.
     private mutating func share(_ epoch: Data, key: Data, in zone: String, with members: [String], devices: [String: [Data: Data]],
-                                recipients: [String: Set<Data>], device: ConversationStore.LocalIdentity, origin: Data? = nil) throws {
+                                recipients: [String: Set<Data>], device: ConversationStore.LocalIdentity, origin: Data? = nil,
+                                readableFrom: [String: RecordClock] = [:]) throws {
         guard let local = localSpeaker, let zoneName = try? ZoneName(zone) else { return }
         let epochDevice = origin ?? device.key.publicKey
         for member in members.sorted() {
@@ -227,7 +297,7 @@ extension RecordApplier {
                     (device: target, box: Sealing.sealShare(zone: zoneName, sender: local, device: epochDevice, epoch: epoch, key: key, to: boxKey))
                 }
                 var record = try KeyShare.record(zone: zoneName, sender: local, recipient: member, epoch: epoch, boxes: boxes, device: origin)
-                try record.sign(with: device.key, clock: try shareClock(record.id, epoch: epoch))
+                try record.sign(with: device.key, clock: try shareClock(record.id, epoch: epoch, notBefore: readableFrom[member]))
                 try applyLocal(record)
             }
             guard origin == nil else { continue }  // another device's epoch: the shares held say who has it
@@ -240,14 +310,15 @@ extension RecordApplier {
     }
 
     /// The clock a share of `epoch` is signed at: its first message's (or now, before it has
-    /// one), past the share's version held. Dated with its epoch, a share written after this
-    /// device was revoked still counts for the messages it signed before (the revocation's
-    /// clock bounds what a device signs, PROTOCOL.md §4.3; a server refuses it anyway).
-    private func shareClock(_ id: RecordID, epoch: Data) throws -> RecordClock {
+    /// one) — or `notBefore`, the first clock its reader may read at — past the share's version
+    /// held. Dated with its epoch, a share written after this device was revoked still counts
+    /// for the messages it signed before (the revocation's clock bounds what a device signs,
+    /// PROTOCOL.md §4.3; a server refuses it anyway).
+    private func shareClock(_ id: RecordID, epoch: Data, notBefore: RecordClock? = nil) throws -> RecordClock {
         let first = try db.first("SELECT first_clock FROM own_epochs WHERE zone = ? AND epoch = ?", [id.zone.rawValue, epoch]) { $0.optionalInt(0) } ?? nil
         let held = try db.first("SELECT clock FROM ck_records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name]) { UInt64(bitPattern: $0.int(0)) }
         let at = first.map { UInt64(bitPattern: $0) } ?? clock.now().rawValue
-        return RecordClock(rawValue: max(at, held.map { $0 &+ 1 } ?? 0))
+        return RecordClock(rawValue: max(at, notBefore?.rawValue ?? 0, held.map { $0 &+ 1 } ?? 0))
     }
 
     /// Who is in a conversation now: a pair's two speakers, a group's members.

@@ -19,6 +19,8 @@ struct RecordApplier {
     /// Conversations whose sender keys this device shares again in ``finish()``: a member or a
     /// device appeared that an epoch was not shared with.
     var zonesToShare = Set<String>()
+    /// Other senders' epochs to pass on to this person's other devices in ``finish()``.
+    var historyToShare = HistoryToShare.epochs([])
     private(set) var events: [StoreEvent] = []
     private(set) var quarantinedCount = 0
     /// Whether this transaction queued a local change for the backend.
@@ -73,6 +75,7 @@ struct RecordApplier {
         case GroupChange.recordType: try applyGroupChange(record)
         case EncryptionKey.recordType: try projectEncryptionKey(record)
         case KeyShare.recordType: try projectKeyShare(record, origin: origin)
+        case HistoryShare.recordType: try projectHistoryShare(record, origin: origin)
         default: break  // a type from a newer version: kept in ck_records, not shown
         }
         return true
@@ -206,6 +209,9 @@ struct RecordApplier {
             return nil
         case EncryptionKey.recordType:
             do { _ = try EncryptionKey.parts(record) } catch { return error.description }
+            return nil
+        case HistoryShare.recordType:
+            do { _ = try HistoryShare.parts(record) } catch { return error.description }
             return nil
         case KeyShare.recordType:
             let parts: KeyShare.Parts
@@ -393,6 +399,7 @@ struct RecordApplier {
         let sharing = zonesToShare
         zonesToShare.removeAll()
         for zone in sharing.sorted() { try shareEpochs(in: zone) }
+        try shareHistory()
         for (zone, newest) in newestMessage {
             try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
         }

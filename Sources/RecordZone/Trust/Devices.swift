@@ -122,15 +122,15 @@ public enum DeviceCertificate {
     }
 
     /// The parts of a certificate, once its invitation and acceptance verify.
-    struct Parts {
-        var device: Data
-        var certifier: Data
-        var expires: RecordClock
+    public struct Parts: Sendable {
+        public var device: Data
+        public var certifier: Data
+        public var expires: RecordClock
     }
 
     /// Checks what a certificate can show by itself: its fields, the name, the invitation, the
     /// acceptance, and that it was signed before the invitation expired.
-    static func verify(_ record: Record, identity: String) -> Result<Parts, RejectionReason> {
+    public static func verify(_ record: Record, identity: String) -> Result<Parts, RejectionReason> {
         if record.isDeleted { return .failure(.malformed("a device certificate cannot be deleted (revoke the device)")) }
         guard let device = record[keyField]?.bytesValue, device.count == Sodium.publicKeyLength else { return .failure(.ownerFieldMissing(field: keyField)) }
         guard record.id.name.hasSuffix("." + device.hexString) else { return .failure(.ownerFieldMismatch(field: keyField)) }

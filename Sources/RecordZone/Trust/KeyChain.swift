@@ -50,6 +50,13 @@ public struct KeyChain: Hashable, Sendable, Codable {
         }.joined(separator: " ")
     }
 
+    /// Whether this chain is only `key` pinned on first use: no verification, rotation or device
+    /// has been seen for it (what a reader pins from a device's records read before its
+    /// identity's key records).
+    public func isFirstUseOf(_ key: Data) -> Bool {
+        current == key && !isVerified && retired.isEmpty && devices.isEmpty
+    }
+
     /// Whether `key` may sign one of the identity's records at `clock`: an identity key, or a
     /// certified device not revoked before `clock`.
     public func allows(_ key: Data, at clock: RecordClock) -> Bool {
@@ -69,11 +76,13 @@ public struct KeyChain: Hashable, Sendable, Codable {
 
     /// This chain with what `other` (the same identity's chain, decided elsewhere) adds: retired
     /// keys, devices and the earliest revocation of each, verification. The current key is the
-    /// one the other chain retired in favour of its own, else this chain's (a pin never
-    /// switches silently).
+    /// one the other chain retired in favour of its own, or certified this chain's first-use key
+    /// as its device, else this chain's (a pin never switches silently).
     public func merging(_ other: KeyChain) -> KeyChain {
         var merged = self
-        if other.current != current, other.retired.contains(where: { $0.key == current }) { merged.current = other.current }
+        if other.current != current, other.retired.contains(where: { $0.key == current }) || isFirstUseOf(current) && other.device(current) != nil {
+            merged.current = other.current
+        }
         for retired in other.retired where !merged.retired.contains(where: { $0.key == retired.key }) && retired.key != merged.current {
             merged.retired.append(retired)
         }

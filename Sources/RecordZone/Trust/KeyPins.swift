@@ -100,6 +100,18 @@ public final class KeyPins: Sendable {
         }
     }
 
+    /// Settles a conflict that what was held back resolves by itself: pins `key` for `identity`
+    /// on first use (unverified), as if the records had been read in another order, and takes
+    /// it out of conflict. - Returns: false when a chain is pinned already or it is not in conflict.
+    public func resolveConflict(_ identity: String, key: Data) -> Bool {
+        state.withLock { state in
+            guard state.chains[identity] == nil, state.conflicted.contains(identity) else { return false }
+            state.set(KeyChain(current: key), for: identity)
+            state.conflicted.remove(identity)
+            return true
+        }
+    }
+
     /// Identities held in conflict (no pin, claimed with unrelated keys), as read or as restored
     /// from storage.
     public var conflictedIdentities: Set<String> { state.withLock { $0.conflicted } }

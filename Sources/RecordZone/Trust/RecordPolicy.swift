@@ -283,7 +283,13 @@ public final class RecordPolicy: Sendable {
         case .success(let verified): parts = verified
         }
         var chain = draft.chain(identity) ?? KeyChain(current: parts.certifier)
-        guard chain.allowsIdentityKey(parts.certifier, at: record.clock) else { return .keyConflict(identity: identity) }
+        if !chain.allowsIdentityKey(parts.certifier, at: record.clock) {
+            // A pin taken on first use from a device's records (read before the identity's own
+            // zone) is that device: the certificate, which both keys signed, puts the identity
+            // key at the root — as the records read in order would have pinned it.
+            guard chain.isFirstUseOf(parts.device) else { return .keyConflict(identity: identity) }
+            chain = KeyChain(current: parts.certifier)
+        }
         if chain.devices.contains(where: { $0.enrollment == record.authorKey && $0.key != parts.device }) {
             return .deviceNotCertified("its link code certified another device already")
         }
