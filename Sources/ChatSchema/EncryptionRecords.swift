@@ -73,7 +73,7 @@ public enum KeyShare {
                               device: Data? = nil) throws(RecordZoneError) -> Record {
         var record = Record(id: try RecordID(zone: zone, name: name(sender: sender, epoch: epoch, recipient: recipient)), type: recordType, fields: [
             senderField: .string(sender), recipientField: .string(recipient), epochField: .bytes(epoch),
-            boxesField: .list(boxes.sorted { $0.device.lexicographicallyPrecedes($1.device) }.map { .bytes($0.device + $0.box) }),
+            boxesField: boxList(boxes),
         ])
         if let device { record[deviceField] = .bytes(device) }
         return record
@@ -96,14 +96,25 @@ public enum KeyShare {
               let epoch = record[epochField]?.bytesValue, epoch.count == Sealing.epochLength, let list = record[boxesField]?.listValue
         else { throw .shape("a key share needs sender, recipient, a 16-byte epoch and boxes") }
         guard record.id.name == name(sender: sender, epoch: epoch, recipient: recipient) else { throw .shape("a key share's name does not match its fields") }
-        var boxes: [Data: Data] = [:]
-        for item in list {
-            guard let bytes = item.bytesValue, bytes.count > Sodium.publicKeyLength + Sodium.sealOverhead else { throw .shape("a key share's box is malformed") }
-            boxes[Data(bytes.prefix(Sodium.publicKeyLength))] = Data(bytes.dropFirst(Sodium.publicKeyLength))
-        }
+        let boxes = try Self.boxes(list)
         let device = record[deviceField]?.bytesValue ?? record.authorKey
         guard device.count == Sodium.publicKeyLength else { throw .shape("a key share's device is not a 32-byte key") }
         return Parts(sender: sender, recipient: recipient, epoch: epoch, boxes: boxes, device: device)
+    }
+
+    /// `boxes` written: each device's key followed by its box, in the devices' byte order.
+    static func boxList(_ boxes: [(device: Data, box: Data)]) -> FieldValue {
+        .list(boxes.sorted { $0.device.lexicographicallyPrecedes($1.device) }.map { .bytes($0.device + $0.box) })
+    }
+
+    /// `boxes` read: each item a device's Ed25519 key followed by a sealed box, by device.
+    static func boxes(_ list: [FieldValue]) throws(KeyRecordError) -> [Data: Data] {
+        var boxes: [Data: Data] = [:]
+        for item in list {
+            guard let bytes = item.bytesValue, bytes.count > Sodium.publicKeyLength + Sodium.sealOverhead else { throw .shape("a share's box is malformed") }
+            boxes[Data(bytes.prefix(Sodium.publicKeyLength))] = Data(bytes.dropFirst(Sodium.publicKeyLength))
+        }
+        return boxes
     }
 }
 
@@ -129,7 +140,7 @@ public enum HistoryShare {
         Record(id: try recordID(owner: owner, epoch: epoch), type: recordType, fields: [
             identityField: .string(owner), zoneField: .string(zone.rawValue), KeyShare.senderField: .string(sender),
             KeyShare.deviceField: .bytes(device), KeyShare.epochField: .bytes(epoch),
-            KeyShare.boxesField: .list(boxes.sorted { $0.device.lexicographicallyPrecedes($1.device) }.map { .bytes($0.device + $0.box) }),
+            KeyShare.boxesField: KeyShare.boxList(boxes),
         ])
     }
 
@@ -151,12 +162,7 @@ public enum HistoryShare {
               let epoch = record[KeyShare.epochField]?.bytesValue, epoch.count == Sealing.epochLength, let list = record[KeyShare.boxesField]?.listValue
         else { throw .shape("a history share needs identity, zone, sender, a 32-byte device, a 16-byte epoch and boxes") }
         guard record.id == (try? recordID(owner: owner, epoch: epoch)) else { throw .shape("a history share's name does not match its fields") }
-        var boxes: [Data: Data] = [:]
-        for item in list {
-            guard let bytes = item.bytesValue, bytes.count > Sodium.publicKeyLength + Sodium.sealOverhead else { throw .shape("a history share's box is malformed") }
-            boxes[Data(bytes.prefix(Sodium.publicKeyLength))] = Data(bytes.dropFirst(Sodium.publicKeyLength))
-        }
-        return Parts(owner: owner, zone: zone, sender: sender, device: device, epoch: epoch, boxes: boxes)
+        return Parts(owner: owner, zone: zone, sender: sender, device: device, epoch: epoch, boxes: try KeyShare.boxes(list))
     }
 }
 
