@@ -29,8 +29,11 @@ public enum Sealing {
     /// - Parameter nonce: random unless given (test vectors give one).
     public static func sealMessage(_ plaintext: Data, epoch: Data, key: Data, context: Data, nonce: Data = Sodium.randomBytes(Sodium.aeadNonceLength)) -> Data {
         precondition(epoch.count == epochLength)
-        let ciphertext = Sodium.aeadEncrypt(Sodium.pad(plaintext, block: paddingBlock), additionalData: context, nonce: nonce, key: key)
-        return Data([envelopeVersion]) + epoch + nonce + ciphertext
+        var header = Data(capacity: 1 + epochLength + Sodium.aeadNonceLength)
+        header.append(envelopeVersion)
+        header.append(epoch)
+        header.append(nonce)
+        return Sodium.aeadEncryptPadded(plaintext, block: paddingBlock, prefix: header, additionalData: context, nonce: nonce, key: key)
     }
 
     /// The epoch an envelope names (to find its key).

@@ -17,6 +17,25 @@ func rate(seconds: Double, batch: Int = 1, _ body: () throws -> Void) rethrows -
     return Double(operations) / secondsIn(elapsed)
 }
 
+/// Runs `ours` and `raw` in turns of about 50 ms each for about `seconds` each in all, so both
+/// see the same machine (another process's burst lands on both, not on one): their ops/s.
+func interleavedRates(seconds: Double, ours: () throws -> Void, raw: () throws -> Void) rethrows -> (ours: Double, raw: Double) {
+    let clock = ContinuousClock()
+    try ours()  // warm up
+    try raw()
+    var counts = (ours: 0, raw: 0), spent = (ours: Duration.zero, raw: Duration.zero)
+    let slice = Duration.milliseconds(50)
+    while spent.ours < .seconds(seconds) || spent.raw < .seconds(seconds) {
+        var start = clock.now
+        repeat { try ours(); counts.ours += 1 } while clock.now - start < slice
+        spent.ours += clock.now - start
+        start = clock.now
+        repeat { try raw(); counts.raw += 1 } while clock.now - start < slice
+        spent.raw += clock.now - start
+    }
+    return (Double(counts.ours) / secondsIn(spent.ours), Double(counts.raw) / secondsIn(spent.raw))
+}
+
 /// Runs `body` on every core at once for about `seconds`; returns total ops/s.
 func parallelRate(seconds: Double, _ body: @escaping @Sendable () -> Void) -> Double {
     let cores = ProcessInfo.processInfo.activeProcessorCount

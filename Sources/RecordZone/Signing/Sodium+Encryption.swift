@@ -35,6 +35,33 @@ extension Sodium {
         return Data(out.prefix(Int(written)))
     }
 
+    /// `prefix ‖ aeadEncrypt(pad(plaintext, block), additionalData, nonce, key)` built in one
+    /// buffer (`sodium_pad`, then the AEAD): what a sealed envelope is, without the copies of
+    /// padding, encrypting and joining apart.
+    public static func aeadEncryptPadded(_ plaintext: Data, block: Int, prefix: Data, additionalData: Data, nonce: Data, key: Data) -> Data {
+        ensureInitialized()
+        precondition(nonce.count == aeadNonceLength && key.count == aeadKeyLength && block > 0)
+        let capacity = plaintext.count + block
+        var padded = [UInt8](repeating: 0, count: capacity)
+        plaintext.copyBytes(to: &padded, count: plaintext.count)
+        var paddedLength = 0
+        _ = sodium_pad(&paddedLength, &padded, plaintext.count, block, capacity)
+        var out = [UInt8](repeating: 0, count: prefix.count + paddedLength + aeadTagLength)
+        prefix.copyBytes(to: &out, count: prefix.count)
+        var written: UInt64 = 0
+        out.withUnsafeMutableBufferPointer { buffer in
+            withBytes(additionalData) { a, aCount in
+                withBytes(nonce) { n, _ in
+                    withBytes(key) { k, _ in
+                        _ = crypto_aead_xchacha20poly1305_ietf_encrypt(buffer.baseAddress! + prefix.count, &written, padded, UInt64(paddedLength),
+                                                                        a, UInt64(aCount), nil, n, k)
+                    }
+                }
+            }
+        }
+        return Data(out)
+    }
+
     /// Checks and decrypts (`crypto_aead_xchacha20poly1305_ietf_decrypt`). - Returns: nil when
     /// the tag does not verify (another key, other additional data, a changed byte).
     public static func aeadDecrypt(_ ciphertext: Data, additionalData: Data, nonce: Data, key: Data) -> Data? {
