@@ -10,6 +10,7 @@ import TestSupport
 final class SyncthingPair: @unchecked Sendable {
     let directory: TemporaryDirectory
     private var instances: [ChildProcess] = []
+    private var guiPorts: [Int] = []
     var copyA: String { directory.path + "/a/shared" }
     var copyB: String { directory.path + "/b/shared" }
 
@@ -27,6 +28,7 @@ final class SyncthingPair: @unchecked Sendable {
             ids.append(try #require(id, "syncthing generate printed no device ID"))
         }
         let ports = try (0..<4).map { _ in try freeLoopbackPort() }
+        guiPorts = Array(ports[2...])
         for (n, machine) in ["a", "b"].enumerated() {
             let config = Self.config(me: ids[n], peer: ids[1 - n], listen: ports[n], peerPort: ports[1 - n], gui: ports[2 + n],
                                      folder: "\(directory.path)/\(machine)/shared")
@@ -45,6 +47,20 @@ final class SyncthingPair: @unchecked Sendable {
             instance.kill(SIGTERM)
             _ = await instance.wait()
         }
+    }
+
+    /// Asks machine `machine` ("a" or "b") to scan its copy now, through Syncthing's REST API:
+    /// the file-system watcher is a shortcut Syncthing may lose (a busy machine out of inotify
+    /// instances), and the scan is what it would otherwise do only at the next rescan interval.
+    /// - Returns: whether Syncthing answered 200.
+    func scan(_ machine: String) async throws -> Bool {
+        let port = guiPorts[machine == "a" ? 0 : 1]
+        let answer = try await offPool {
+            let connection = try RawConnection(port: port)
+            connection.write("POST /rest/db/scan?folder=convkit HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: convkit-test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return connection.readToEnd()
+        }
+        return String(decoding: answer.prefix(12), as: UTF8.self) == "HTTP/1.1 200"
     }
 
     static func config(me: String, peer: String, listen: Int, peerPort: Int, gui: Int, folder: String) -> String {
@@ -152,6 +168,7 @@ func freeLoopbackPort() throws -> Int {
         #expect(try await pair.eventually(syncing: []) { try segments(pair.copyB) == mine }, "Syncthing copied alice's segments")
         let victim = try #require(mine.last)
         try FileManager.default.removeItem(atPath: pair.copyB + "/zones/" + victim)
+        #expect(try await pair.scan("b"), "Syncthing on machine B scans on request")
         #expect(try await pair.eventually(syncing: []) { !FileManager.default.fileExists(atPath: pair.copyA + "/zones/" + victim) }, "the deletion reached alice's copy")
         #expect(try await pair.eventually(syncing: [alice, bob]) { try count(bob) == 3 })
         try expectDelivered([alice, bob], count: 3)
