@@ -31,6 +31,19 @@ import TestSupport
         #expect(Sodium.aeadDecrypt(sealed, additionalData: aad, nonce: nonce, key: key) == plaintext)
     }
 
+    /// The envelope pads in its own buffer (one 0x80 after the text): byte for byte what
+    /// `sodium_pad` gives, for every length around the block boundaries.
+    @Test func anEnvelopePadsAsSodiumPadDoes() throws {
+        let nonce = Data(repeating: 0x24, count: Sodium.aeadNonceLength)
+        for length in Array(0...3) + Array(252...260) + Array(509...514) {
+            let text = Data((0..<length).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 1) })
+            let sealed = Sealing.sealMessage(text, epoch: Self.epoch, key: Self.key, context: Self.context(), nonce: nonce)
+            let ciphertext = sealed.suffix(from: sealed.startIndex + 1 + Sealing.epochLength + Sodium.aeadNonceLength)
+            let padded = try #require(Sodium.aeadDecrypt(Data(ciphertext), additionalData: Self.context(), nonce: nonce, key: Self.key), "length \(length)")
+            #expect(padded == Sodium.pad(text, block: Sealing.paddingBlock), "length \(length)")
+        }
+    }
+
     @Test func anEnvelopeOpensOnlyForItsRecordConversationAndSender() throws {
         let text = Data("Who brings the tent?".utf8)
         let sealed = Sealing.sealMessage(text, epoch: Self.epoch, key: Self.key, context: Self.context())

@@ -40,6 +40,11 @@ extension Record {
     /// decoded or signed here, the very bytes it was decoded from or signed as, with no work.
     public func encoded() throws(RecordZoneError) -> Data {
         if let signedBytes { return signedBytes }
+        return Data(try encodedByteArray())
+    }
+
+    /// ``encoded()`` written afresh, in the array it is written in.
+    package func encodedByteArray() throws(RecordZoneError) -> [UInt8] {
         var writer = ByteWriter()
         try writeBody(into: &writer)
         writer.u8(UInt8(signature.count))
@@ -47,10 +52,21 @@ extension Record {
         guard writer.bytes.count <= Self.maximumEncodedSize else {
             throw RecordZoneError(.limitExceeded, "record \(id) encodes to \(writer.bytes.count) bytes; the limit is \(Self.maximumEncodedSize)", recordID: id)
         }
-        return Data(writer.bytes)
+        return writer.bytes
     }
 
-    private func writeBody(into w: inout ByteWriter) throws(RecordZoneError) {
+    /// The full canonical encoding of an unsigned record with this one's ID and type holding
+    /// just `field` (no author, clock 0, not deleted, no signature), written straight from this
+    /// one: what a sealed envelope carries (PROTOCOL.md §3.2), without building that record.
+    package func unsignedEncoding(of field: String) throws(RecordZoneError) -> [UInt8] {
+        var writer = ByteWriter()
+        try writeBody(into: &writer, unsignedWith: field)
+        writer.u8(0)
+        return writer.bytes
+    }
+
+    /// - Parameter only: write the body of an unsigned record holding just this field.
+    func writeBody(into w: inout ByteWriter, unsignedWith only: String? = nil) throws(RecordZoneError) {
         let typeCount = recordType.utf8.count
         guard typeCount > 0, typeCount <= Self.maximumTypeLength else {
             throw RecordZoneError(.invalidArguments, "record type must be 1…\(Self.maximumTypeLength) bytes", recordID: id)
@@ -61,18 +77,7 @@ extension Record {
         else {
             throw RecordZoneError(.invalidArguments, "record \(id) has a malformed author key or signature", recordID: id)
         }
-        w.reserve(256)
-        w.append(CanonicalEncoding.magic)
-        w.u8(CanonicalEncoding.version)
-        w.string16(id.zone.rawValue)
-        w.string16(id.name)
-        w.string16(recordType)
-        w.u8(UInt8(authorKey.count))
-        w.append(authorKey)
-        w.u64(clock.rawValue)
-        w.u8(isDeleted ? 1 : 0)
-        w.u32(UInt32(fields.count))
-        for (key, value) in fields.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
+        func write(_ key: String, _ value: FieldValue) throws(RecordZoneError) {
             let keyCount = key.utf8.count
             guard keyCount > 0, keyCount <= CanonicalEncoding.maximumKeyLength else {
                 throw RecordZoneError(.invalidArguments, "field name must be 1…\(CanonicalEncoding.maximumKeyLength) bytes", recordID: id)
@@ -81,6 +86,27 @@ extension Record {
             w.string16(key)
             try w.value(value, allowList: true, field: key, id: id)
         }
+        w.reserve(1024)
+        w.append(CanonicalEncoding.magic)
+        w.u8(CanonicalEncoding.version)
+        w.string16(id.zone.rawValue)
+        w.string16(id.name)
+        w.string16(recordType)
+        if let only {
+            let value = fields[only]
+            w.u8(0)
+            w.u64(0)
+            w.u8(0)
+            w.u32(value == nil ? 0 : 1)
+            if let value { try write(only, value) }
+            return
+        }
+        w.u8(UInt8(authorKey.count))
+        w.append(authorKey)
+        w.u64(clock.rawValue)
+        w.u8(isDeleted ? 1 : 0)
+        w.u32(UInt32(fields.count))
+        for (key, value) in fields.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) { try write(key, value) }
     }
 }
 
@@ -96,7 +122,8 @@ struct ByteWriter {
     mutating func u64(_ v: UInt64) {
         withUnsafeBytes(of: v.bigEndian) { bytes.append(contentsOf: $0) }
     }
-    mutating func append(_ data: Data) { bytes.append(contentsOf: data) }
+    /// Through the bytes' buffer: `append(contentsOf: data)` walks a `Data` byte by byte.
+    mutating func append(_ data: Data) { data.withUnsafeBytes { bytes.append(contentsOf: $0) } }
     mutating func append(_ array: [UInt8]) { bytes.append(contentsOf: array) }
     mutating func string16(_ s: String) {
         u16(UInt16(truncatingIfNeeded: s.utf8.count))

@@ -64,13 +64,17 @@ public struct Record: Hashable, Sendable {
         authorKey = key.publicKey
         self.clock = clock
         signature = Data()
-        let body = try canonicalBytes()
-        guard body.count + Sodium.signatureLength + 1 <= Self.maximumEncodedSize else {
-            throw RecordZoneError(.limitExceeded, "record \(id) is \(body.count) bytes; the limit is \(Self.maximumEncodedSize)", recordID: id)
+        // The body written, signed and followed by its signature in one buffer.
+        var writer = ByteWriter()
+        try writeBody(into: &writer)
+        guard writer.bytes.count + Sodium.signatureLength + 1 <= Self.maximumEncodedSize else {
+            throw RecordZoneError(.limitExceeded, "record \(id) is \(writer.bytes.count) bytes; the limit is \(Self.maximumEncodedSize)", recordID: id)
         }
-        let signature = key.sign(body)
+        let signature = key.sign(writer.bytes)
+        writer.u8(UInt8(signature.count))
+        writer.append(signature)
         self.signature = signature
-        signedBytes = body + [UInt8(signature.count)] + signature
+        signedBytes = Data(writer.bytes)
     }
 
     /// Returns a signed tombstone for this record: same ID and type, no fields except those

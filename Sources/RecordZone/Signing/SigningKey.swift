@@ -35,7 +35,7 @@ public struct SigningKey: Sendable {
     }
 
     /// A detached Ed25519 signature over the bytes.
-    public func sign(_ message: Data) -> Data {
+    public func sign(_ message: some ContiguousBytes) -> Data {
         Sodium.sign(message, secretKey: secretKey)
     }
 

@@ -37,10 +37,21 @@ public enum Sodium {
     }
 
     /// A detached signature (`crypto_sign_detached`).
-    static func sign(_ message: Data, secretKey: [UInt8]) -> Data {
-        var signature = [UInt8](repeating: 0, count: signatureLength)
-        withBytes(message) { m, count in _ = crypto_sign_detached(&signature, nil, m, UInt64(count), secretKey) }
-        return Data(signature)
+    static func sign(_ message: some ContiguousBytes, secretKey: [UInt8]) -> Data {
+        var signature = Data(count: signatureLength)
+        signature.withUnsafeMutableBytes { out in
+            message.withUnsafeBytes { raw in
+                var empty: UInt8 = 0
+                let m = raw.bindMemory(to: UInt8.self)
+                guard let s = out.bindMemory(to: UInt8.self).baseAddress else { return }
+                if let base = m.baseAddress {
+                    _ = crypto_sign_detached(s, nil, base, UInt64(m.count), secretKey)
+                } else {
+                    _ = crypto_sign_detached(s, nil, &empty, 0, secretKey)
+                }
+            }
+        }
+        return signature
     }
 
     private static let verifications = Atomic<Int>(0)
