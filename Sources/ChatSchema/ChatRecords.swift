@@ -15,6 +15,9 @@ import RecordZone
 ///   `listener`, `content`, `spokenAt`, optional `editedAt`.
 /// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
 ///   `message`, `readAt`.
+/// - `Reaction` in a conversation or group zone, named `x.<h(reactor)>.<message name>`:
+///   `reactor`, `message`, `emoji` (sealed), `reactedAt` — one per reactor per message, so two
+///   people reacting offline never write the same record; a tombstone takes it back.
 ///
 /// - `Recovery` in a speaker's zone (``Recovery``): the identity key, wrapped with a recovery code.
 /// - `EncryptionKey` and `HistoryShare` in a speaker's zone and `KeyShare` in a conversation's or group's zone
@@ -34,9 +37,11 @@ package enum ChatRecords {
     package static let memberType = "ConversationMember"
     package static let messageType = "Message"
     package static let receiptType = "Receipt"
+    package static let reactionType = "Reaction"
 
     package static let messagePrefix = "m."
     package static let receiptPrefix = "r."
+    package static let reactionPrefix = "x."
     package static let memberPrefix = "member-"
 
     package static let rules: [OwnershipRule] = [
@@ -52,14 +57,26 @@ package enum ChatRecords {
         OwnershipRule(recordType: memberType, zones: .prefixed("c-"), owner: .name(prefix: memberPrefix, field: "speaker")),
         OwnershipRule(recordType: messageType, zones: .prefixed("c-"), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
+        OwnershipRule(recordType: reactionType, zones: .prefixed("c-"), owner: .hashedName(prefix: reactionPrefix, field: "reactor")),
         // Groups (`g-<h(creator)>-<random>`): their changes, and messages and receipts as in a pair.
         OwnershipRule(recordType: GroupChange.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: GroupChange.namePrefix, field: "actor")),
         OwnershipRule(recordType: messageType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
+        OwnershipRule(recordType: reactionType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: reactionPrefix, field: "reactor")),
         // Sender keys shared in a conversation's zone (§3.2).
         OwnershipRule(recordType: KeyShare.recordType, zones: .prefixed("c-"), owner: .hashedName(prefix: KeyShare.namePrefix, field: KeyShare.senderField)),
         OwnershipRule(recordType: KeyShare.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: KeyShare.namePrefix, field: KeyShare.senderField)),
     ]
+
+    /// What a record of `type` seals (docs/PROTOCOL.md §3.2), and the field naming its sender:
+    /// a message's content, a reaction's emoji. Nil for a type that seals nothing.
+    package static func sealing(_ type: String) -> (fields: [String], sender: String)? {
+        switch type {
+        case messageType: (["content"], "speaker")
+        case reactionType: (["emoji"], "reactor")
+        default: nil
+        }
+    }
 
     /// Whether a zone is a group's (`g-<h(creator)>-<16 hex random>`).
     package static func isGroupZone(_ zone: ZoneName) -> Bool { GroupMembership.creatorHash(of: zone) != nil }

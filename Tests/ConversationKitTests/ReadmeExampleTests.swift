@@ -25,15 +25,18 @@ import TestSupport
         let page = try bob.messages(in: conversation.id, limit: 50)
         print(page.messages.map(\.content))                   // ["Hi Bob!"]
         try await bob.markAllAsRead(in: conversation.id)      // a signed receipt for alice
+        try await bob.react(to: sent.id, with: "👋")          // one reaction per person per message, sealed
         try await bob.sync()
         try await alice.sync()
         print(try alice.message(sent.id)?.readAt as Any)      // when bob read it
+        print(try alice.reactions(to: sent.id).map(\.emoji))  // ["👋"]
 
         let swifties = try await alice.speakers(matching: SpeakerQuery(tag: "linux"))
         print(swifties.map(\.name))                           // ["Bob"]
         // README-END
         #expect(page.messages.map(\.content) == ["Hi Bob!"])
         #expect(try alice.message(sent.id)?.readAt != nil)
+        #expect(try alice.reactions(to: sent.id).map(\.emoji) == ["👋"])
         #expect(swifties.map(\.name) == ["Bob"])
         #expect(conversation.id == sent.id.conversation)
     }

@@ -255,6 +255,14 @@ import Testing
         ])
         try everyType.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_000, counter: 2))
         let tombstone = try message.tombstone(keeping: ["speaker"], signedWith: alice, clock: RecordClock(milliseconds: 1_700_000_000_500, counter: 0))
+        // A reaction to that message, its emoji sealed with the encryption vector's epoch, sender
+        // key and nonce (§3.2: AD with type "Reaction" and the reactor).
+        let reaction = Record(id: try RecordID(zone: zone, name: "x.\(OwnershipRule.identityHash("alice")).\(messageName)"), type: "Reaction", fields: [
+            "reactor": .string("alice"), "message": .string(messageName), "emoji": .string("👍"), "reactedAt": .date(milliseconds: 1_700_000_000_600),
+        ])
+        var sealedReaction = try Sealing.seal(["emoji"], of: reaction, sender: "alice", device: alice.publicKey, epoch: Data((0x10..<0x20).map { UInt8($0) }),
+                                              key: Data((0x20..<0x40).map { UInt8($0) }), nonce: Data((0x40..<0x58).map { UInt8($0) }))
+        try sealedReaction.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_600, counter: 0))
         func request(_ description: String, method: String, path: String, query: [(String, String)], body: Data) -> Vectors.RequestVector {
             let nonce = Data((0..<16).map { UInt8($0) })
             let timestamp: Int64 = 1_700_000_000_000
@@ -285,6 +293,8 @@ import Testing
             try vector("a chat message (m.<h(alice)>.<id> in a conversation zone)", message, seed: 1),
             try vector("every field type, sorted by key", everyType, seed: 1),
             try vector("a tombstone keeping its owner field", tombstone, seed: 1),
+            try vector("a reaction 👍 to that message (x.<h(alice)>.<message name>), its emoji sealed with epoch 10…1f, sender key 20…3f and nonce 40…57",
+                       sealedReaction, seed: 1),
         ], requests: [
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),

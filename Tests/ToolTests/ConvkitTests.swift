@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "react", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -54,7 +54,7 @@ import TestSupport
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
-            ["edit", "c-x/m.y", "text"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["react", "c-x/m.y", "👍"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
@@ -117,6 +117,16 @@ import TestSupport
         #expect(((try await ok(["conversations", "--json"] + bob).json as? [[String: Any]])?.first?["unread"] as? Int) == 1)
         #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
         #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
+        // Reactions: bob's, shown to alice with the message after a sync; a reaction needs an
+        // emoji, or --remove without one.
+        let reacted = try await ok(["react", sentID, "👍", "--json"] + bob)
+        #expect(((reacted.json as? [String: Any])?["reactions"] as? [[String: Any]])?.map { "\($0["reactor"] ?? "") \($0["emoji"] ?? "")" } == ["bob 👍"], "\(reacted.out)")
+        #expect(try await Self.convkit(["react", sentID] + bob).status == 64)
+        #expect(try await Self.convkit(["react", sentID, "👍", "--remove"] + bob).status == 64)
+        _ = try await ok(["sync"] + bob)
+        _ = try await ok(["sync"] + alice)
+        #expect(try await ok(["messages", "bob"] + alice).out.contains("👍 1 (bob)"))
+        #expect(try await ok(["react", sentID, "--remove"] + bob).out.contains("no reactions"))
         let second = try await ok(["send", "bob", "to delete", "--json"] + alice)
         _ = try await ok(["delete", try #require((second.json as? [String: Any])?["id"] as? String)] + alice)
         _ = try await ok(["sync", "--json"] + alice)

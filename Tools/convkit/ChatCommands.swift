@@ -32,6 +32,9 @@ enum ChatCommands {
         ToolCommand(Command("convkit edit", "Edit one of your messages.",
                             positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("text", "The new text.")],
                             options: [Targets.store]), run: edit),
+        ToolCommand(Command("convkit react", "React to a message with an emoji (replacing your earlier reaction), or take yours back with --remove.",
+                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("emoji", "The emoji (any short text; not with --remove).", optional: true)],
+                            options: [Targets.store, Option.flag("remove", "Take your reaction back."), Targets.json]), run: react),
         ToolCommand(Command("convkit delete", "Delete one of your messages (a signed tombstone).",
                             positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")], options: [Targets.store]), run: delete),
         ToolCommand(Command("convkit speakers", "List the speakers you know.",
@@ -258,6 +261,8 @@ enum ChatCommands {
             var value: [String: Any] = ["messages": try page.messages.map { message in
                 var entry = messageJSON(message)
                 if let readers = try readBy(message) { entry["readBy"] = readers }
+                let reactions = try store.reactions(to: message.id)
+                if !reactions.isEmpty { entry["reactions"] = reactions.map(reactionJSON) }
                 return entry
             }]
             if group != nil { value["events"] = events.map { ["at": Output.time($0.at), "actor": $0.actor, "action": $0.action.rawValue, "targets": $0.targets, "summary": $0.summary] as [String: Any] } }
@@ -275,8 +280,9 @@ enum ChatCommands {
             printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
             let read = try readBy(message).map { $0.isEmpty ? nil : "read by \($0.count) of \(others ?? 0)" } ?? (message.readAt != nil ? "read" : nil)
+            let reactions = try store.reactions(to: message.id)
             let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.editedAt != nil ? "edited" : nil, read,
-                         message.syncState == .synced ? nil : state(message.syncState)].compactMap { $0 }
+                         message.syncState == .synced ? nil : state(message.syncState), reactions.isEmpty ? nil : summary(of: reactions)].compactMap { $0 }
             Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
         }
         printEvents(until: .distantFuture)
@@ -328,6 +334,37 @@ enum ChatCommands {
         guard let text = context.arguments.positional(1) else { throw UsageError("missing <text>") }
         let message = try await store.edit(id, content: text)
         Output.line("\(message.id) edited, \(state(message.syncState))")
+    }
+
+    static func react(_ context: Context) async throws {
+        let store = try context.store()
+        let id = try messageID(context.arguments.positional(0))
+        let emoji = context.arguments.positional(1)
+        if context.arguments.has("remove") {
+            guard emoji == nil else { throw UsageError("--remove takes no <emoji>") }
+            try await store.removeReaction(from: id)
+        } else {
+            guard let emoji else { throw UsageError("missing <emoji> (or --remove)") }
+            try await store.react(to: id, with: emoji)
+        }
+        let reactions = try store.reactions(to: id)
+        if context.json { return try Output.json(["message": id.description, "reactions": reactions.map(reactionJSON)]) }
+        Output.line(reactions.isEmpty ? "\(id): no reactions" : "\(id): \(summary(of: reactions))")
+    }
+
+    static func reactionJSON(_ reaction: MessageReaction) -> [String: Any] {
+        var value: [String: Any] = ["reactor": reaction.reactor, "emoji": reaction.emoji, "reactedAt": Output.time(reaction.reactedAt)]
+        if reaction.isWaitingForKey { value["waitingForKey"] = true }
+        return value
+    }
+
+    /// "👍 2 (alice, bob), ❤️ 1 (carol)": each emoji with its count and who, most first.
+    static func summary(of reactions: [MessageReaction]) -> String {
+        let shown = reactions.filter { !$0.isWaitingForKey }
+        let groups = Dictionary(grouping: shown, by: \.emoji).sorted { ($0.value.count, $1.key) > ($1.value.count, $0.key) }
+        var parts = groups.map { "\($0.key) \($0.value.count) (\($0.value.map(\.reactor).joined(separator: ", ")))" }
+        if shown.count < reactions.count { parts.append("\(reactions.count - shown.count) waiting for its key") }
+        return parts.joined(separator: ", ")
     }
 
     static func delete(_ context: Context) async throws {

@@ -131,6 +131,13 @@ enum StoreSchema {
             ALTER TABLE messages ADD COLUMN waiting_epoch BLOB;
             CREATE INDEX messages_waiting ON messages (zone, waiting_epoch) WHERE waiting_epoch IS NOT NULL;
             """),
+        // Version 13: reactions, one per reactor per message (its emoji empty while it waits
+        // for the key of its epoch, as a message's content does).
+        Migration(version: 13, sql: """
+            CREATE TABLE reactions (zone TEXT NOT NULL, message TEXT NOT NULL, reactor TEXT NOT NULL, emoji TEXT NOT NULL,
+                reacted_at INTEGER NOT NULL, waiting_epoch BLOB, PRIMARY KEY (zone, message, reactor)) STRICT, WITHOUT ROWID;
+            CREATE INDEX reactions_waiting ON reactions (zone, waiting_epoch) WHERE waiting_epoch IS NOT NULL;
+            """),
     ]
 }
 

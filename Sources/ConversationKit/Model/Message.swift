@@ -122,6 +122,18 @@ public enum SyncActivity: Sendable, Hashable {
 }
 
 /// A speaker who read a message, and when (``ConversationStore/readers(of:)``).
+/// One speaker's reaction to a message (``ConversationStore/reactions(to:)``).
+public struct MessageReaction: Sendable, Hashable {
+    /// The longest reaction, in UTF-8 bytes: an emoji sequence (a family, a flag) fits many times.
+    public static let maximumEmojiBytes = 64
+
+    public let reactor: String
+    /// Empty while ``isWaitingForKey``.
+    public let emoji: String
+    public let reactedAt: Date
+    public let isWaitingForKey: Bool
+}
+
 public struct MessageReader: Sendable, Hashable {
     public let speaker: String
     public let readAt: Date

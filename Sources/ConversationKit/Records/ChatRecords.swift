@@ -50,6 +50,24 @@ extension ChatRecords {
         messagePrefix + identityHash(speaker) + "." + String(clock.rawValue, radix: 16).leftPadded(to: 16) + "-" + Sodium.randomBytes(8).hexString
     }
 
+    static func reactionName(for message: String, reactor: String) -> String { reactionPrefix + identityHash(reactor) + "." + message }
+
+    /// The message a reaction's name is for (`x.<h(reactor)>.<message name>`): what a tombstone,
+    /// which keeps only its owner's field, still says.
+    static func reactionMessage(ofName name: String) -> String? {
+        guard name.hasPrefix(reactionPrefix) else { return nil }
+        let rest = name.dropFirst(reactionPrefix.count)
+        guard let dot = rest.firstIndex(of: "."), rest.distance(from: rest.startIndex, to: dot) == 16 else { return nil }
+        let message = rest[rest.index(after: dot)...]
+        return message.isEmpty ? nil : String(message)
+    }
+
+    static func reaction(zone: ZoneName, message: String, reactor: String, emoji: String, reactedAt: Int64) throws(RecordZoneError) -> Record {
+        Record(id: try RecordID(zone: zone, name: reactionName(for: message, reactor: reactor)), type: reactionType, fields: [
+            "reactor": .string(reactor), "message": .string(message), "emoji": .string(emoji), "reactedAt": .date(milliseconds: reactedAt),
+        ])
+    }
+
     static func receiptName(for message: String, reader: String) -> String { receiptPrefix + identityHash(reader) + "." + message }
 
     static func receipt(zone: ZoneName, message: String, reader: String, readAt: Int64) throws(RecordZoneError) -> Record {

@@ -51,7 +51,7 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "receipts", "conversation_members", "conversations",
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "receipts", "reactions", "conversation_members", "conversations",
                           "group_members", "group_runs", "group_state"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }

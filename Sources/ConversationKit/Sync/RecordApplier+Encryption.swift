@@ -28,7 +28,8 @@ extension RecordApplier {
     func unseal(_ record: Record) throws -> Unsealed { try Self.unseal(record, in: db) }
 
     static func unseal(_ record: Record, in db: Database) throws -> Unsealed {
-        guard let speaker = record.string("speaker") else { return .refused("a sealed message without a speaker") }
+        guard let senderField = ChatRecords.sealing(record.recordType)?.sender else { return .refused("a sealed \(record.recordType), which seals nothing") }
+        guard let speaker = record.string(senderField) else { return .refused("a sealed \(record.recordType) without a \(senderField)") }
         let zone = record.id.zone.rawValue
         var held: Data?
         do {
@@ -41,6 +42,7 @@ extension RecordApplier {
         do {
             let opened = try Sealing.open(record, sender: speaker) { _ in held }
             guard (opened.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return .refused("message content over 64 KiB") }
+            guard (opened.string("emoji")?.utf8.count ?? 0) <= MessageReaction.maximumEmojiBytes else { return .refused("a reaction over \(MessageReaction.maximumEmojiBytes) bytes") }
             return .opened(opened)
         } catch {
             if case .keyMissing(let epoch) = error { return .waiting(epoch: epoch) }
@@ -56,8 +58,9 @@ extension RecordApplier {
         }
     }
 
-    /// Seals a message's `content` for its conversation with this device's current epoch (made
-    /// and shared first when due). A store not set up yet writes it as it is.
+    /// Seals what a record seals (a message's `content`, a reaction's `emoji`) for its
+    /// conversation with this device's current epoch (made and shared first when due). A store
+    /// not set up yet writes it as it is.
     /// - Parameter clock: the clock it will be signed at, when known (a group's message);
     ///   otherwise now (it is signed at or just after it).
     mutating func seal(_ record: Record, at clock: RecordClock? = nil) throws -> Record {
@@ -69,7 +72,7 @@ extension RecordApplier {
             UPDATE own_epochs SET messages = messages + 1, first_clock = min(coalesce(first_clock, ?), ?), last_clock = max(coalesce(last_clock, ?), ?)
             WHERE zone = ? AND epoch = ?
             """, [at, at, at, at, zone, epoch])
-        return try Sealing.seal(["content"], of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
+        return try Sealing.seal(ChatRecords.sealing(record.recordType)?.fields ?? ["content"], of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
     }
 
     /// Publishes this device's encryption key once (its record held with this key: nothing to do).
@@ -128,7 +131,7 @@ extension RecordApplier {
     }
 
     /// Opens a share's box for this device and keeps the sender key, then shows the messages
-    /// that waited for it; a box that does not open to what the record claims is refused
+    /// and reactions that waited for it; a box that does not open to what the record claims is refused
     /// (quarantined): its key is never used.
     private mutating func takeSenderKey(_ box: Data, of record: Record, zone: ZoneName, sender: String, device origin: Data, epoch: Data, origin source: Origin) throws {
         guard let device, let local = localSpeaker else { return }
@@ -154,6 +157,13 @@ extension RecordApplier {
             WHERE m.zone = ? AND m.waiting_epoch = ?
             """, [zone.rawValue, epoch]) { try? Record(canonical: $0.blob(0)) }
         for case let message? in waiting { try projectMessage(message, origin: .remote, gated: false) }
+        let waitingReactions = try db.rows("SELECT message, reactor FROM reactions WHERE zone = ? AND waiting_epoch = ?", [zone.rawValue, epoch]) {
+            ChatRecords.reactionName(for: $0.text(0), reactor: $0.text(1))
+        }
+        for name in waitingReactions {
+            let held = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [zone.rawValue, name]) { try? Record(canonical: $0.blob(0)) }
+            if case let reaction?? = held { try projectReaction(reaction, origin: .remote) }
+        }
     }
 
     /// Which other senders' epochs ``shareHistory()`` passes on to this person's other devices.
@@ -182,7 +192,12 @@ extension RecordApplier {
             guard let zoneName = try? ZoneName(zone) else { continue }
             let id = try HistoryShare.recordID(owner: local, epoch: epoch)
             let shared = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name]) { try? Record(canonical: $0.blob(0)) } ?? nil
+            // What the devices have: the boxes of the history share held, and of the sender's own
+            // share to this person (a device it already reached needs nothing passed on).
+            let direct = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?",
+                                      [zone, KeyShare.name(sender: sender, epoch: epoch, recipient: local)]) { try? Record(canonical: $0.blob(0)) } ?? nil
             let has = Set((shared.flatMap { try? HistoryShare.parts($0) }?.boxes.keys).map(Array.init) ?? [])
+                .union((direct.flatMap { try? KeyShare.parts($0) }?.boxes.keys).map(Array.init) ?? [])
             guard !Set(others.keys).isSubset(of: has) else { continue }
             let boxes = others.map { target, boxKey in
                 (device: target, box: Sealing.sealShare(zone: zoneName, sender: sender, device: origin, epoch: epoch, key: key, to: boxKey))

@@ -72,6 +72,7 @@ struct RecordApplier {
         case ChatRecords.memberType: try projectMember(record)
         case ChatRecords.messageType: try projectMessage(record, origin: origin)
         case ChatRecords.receiptType: try projectReceipt(record)
+        case ChatRecords.reactionType: try projectReaction(record, origin: origin)
         case GroupChange.recordType: try applyGroupChange(record)
         case EncryptionKey.recordType: try projectEncryptionKey(record)
         case KeyShare.recordType: try projectKeyShare(record, origin: origin)
@@ -233,6 +234,17 @@ struct RecordApplier {
                 return "receipt without message or readAt"
             }
             return nil
+        case ChatRecords.reactionType:
+            guard let reactor = record.string("reactor"), ChatRecords.isGroupZone(zone) || ChatRecords.isParticipant(reactor, in: zone) else {
+                return "reaction from outside the conversation"
+            }
+            guard let message = ChatRecords.reactionMessage(ofName: record.id.name) else { return "a reaction's name that names no message" }
+            if record.isDeleted { return nil }
+            guard record.string("message") == message, record.milliseconds("reactedAt") != nil,
+                  record[Sealing.sealedField]?.bytesValue != nil || !(record.string("emoji") ?? "").isEmpty
+            else { return "reaction without its message, emoji or reactedAt" }
+            guard (record.string("emoji")?.utf8.count ?? 0) <= MessageReaction.maximumEmojiBytes else { return "a reaction over \(MessageReaction.maximumEmojiBytes) bytes" }
+            return nil
         case ChatRecords.messageType:
             guard let speaker = record.string("speaker") else { return "message without a speaker" }
             if record.isDeleted {
@@ -387,6 +399,35 @@ struct RecordApplier {
             marked = db.changes > 0
         }
         if marked { events.append(.messageChanged(MessageID(conversation: zone, name: message))) }
+    }
+
+    /// Projects a reaction: one row per reactor per message (its emoji opened, or waiting for
+    /// its epoch's key); a tombstone takes it back. A sealed one that does not open is
+    /// quarantined, as a message is.
+    mutating func projectReaction(_ record: Record, origin: Origin) throws {
+        guard let reactor = record.string("reactor"), let message = ChatRecords.reactionMessage(ofName: record.id.name) else { return }
+        let zone = record.id.zone.rawValue
+        defer { events.append(.messageChanged(MessageID(conversation: zone, name: message))) }
+        if record.isDeleted {
+            try db.execute("DELETE FROM reactions WHERE zone = ? AND message = ? AND reactor = ?", [zone, message, reactor])
+            return
+        }
+        var emoji = record.string("emoji") ?? "", waiting: Data?
+        if record[Sealing.sealedField] != nil {
+            switch try unseal(record) {
+            case .opened(let plain): emoji = plain.string("emoji") ?? ""
+            case .waiting(let epoch): (emoji, waiting) = ("", epoch)
+            case .refused(let why):
+                try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation(why), source: origin == .local ? "local" : "pull", data: try? record.encoded()))
+                try db.execute("DELETE FROM reactions WHERE zone = ? AND message = ? AND reactor = ?", [zone, message, reactor])
+                return
+            }
+        }
+        guard let reactedAt = record.milliseconds("reactedAt"), waiting != nil || !emoji.isEmpty else { return }
+        try db.execute("""
+            INSERT INTO reactions (zone, message, reactor, emoji, reacted_at, waiting_epoch) VALUES (?, ?, ?, ?, ?, ?)
+            ON CONFLICT (zone, message, reactor) DO UPDATE SET emoji = excluded.emoji, reacted_at = excluded.reacted_at, waiting_epoch = excluded.waiting_epoch
+            """, [zone, message, reactor, emoji, reactedAt, waiting])
     }
 
     /// Writes what was gathered over the transaction; call once, before the commit.
