@@ -12,7 +12,8 @@ import RecordZone
 ///   same identifier), `participants` (both identifiers, sorted). Each side writes its own, so
 ///   two people starting the same conversation offline never conflict.
 /// - `Message` in a conversation zone, named `m.<h(speaker)>.<time-ordered id>`: `speaker`,
-///   `listener`, `content`, `spokenAt`, optional `editedAt`.
+///   `listener`, `content`, `spokenAt`, optional `editedAt`, optional `replyTo` (the name of the
+///   message it answers, in the same zone; sealed with the content).
 /// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
 ///   `message`, `readAt`.
 /// - `Reaction` in a conversation or group zone, named `x.<h(reactor)>.<message name>`:
@@ -72,7 +73,7 @@ package enum ChatRecords {
     /// a message's content, a reaction's emoji. Nil for a type that seals nothing.
     package static func sealing(_ type: String) -> (fields: [String], sender: String)? {
         switch type {
-        case messageType: (["content"], "speaker")
+        case messageType: (["content", "replyTo"], "speaker")
         case reactionType: (["emoji"], "reactor")
         default: nil
         }

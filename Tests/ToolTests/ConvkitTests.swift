@@ -127,6 +127,19 @@ import TestSupport
         _ = try await ok(["sync"] + alice)
         #expect(try await ok(["messages", "bob"] + alice).out.contains("👍 1 (bob)"))
         #expect(try await ok(["react", sentID, "--remove"] + bob).out.contains("no reactions"))
+        // A reply shows what it answers above it; once that is deleted, a placeholder.
+        let question = try await ok(["send", "bob", "Tent or hut?", "--json"] + alice)
+        let questionID = try #require((question.json as? [String: Any])?["id"] as? String)
+        _ = try await ok(["sync"] + alice)
+        _ = try await ok(["sync"] + bob)
+        let answer = try await ok(["send", "alice", "Tent", "--reply-to", questionID, "--json"] + bob)
+        #expect((answer.json as? [String: Any])?["replyTo"] as? String == questionID, "\(answer.out)")
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("  ↪ alice: Tent or hut?\n"))
+        _ = try await ok(["delete", questionID] + alice)
+        _ = try await ok(["sync"] + alice)
+        _ = try await ok(["sync"] + bob)
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("  ↪ (a deleted message)\n"))
+        try await fails(["send", "alice", "x", "--reply-to", "c-x/m.none"] + bob, "not in this conversation")
         let second = try await ok(["send", "bob", "to delete", "--json"] + alice)
         _ = try await ok(["delete", try #require((second.json as? [String: Any])?["id"] as? String)] + alice)
         _ = try await ok(["sync", "--json"] + alice)
@@ -208,7 +221,7 @@ import TestSupport
         #expect(try await ok(["messages", "alice"] + bob).out.contains("from the tablet"))
         #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
         let stats = try await ok(["stats", "--json"] + bob)
-        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 3, "Hi Bob (edited), from the tablet, pending one — not the forged one")
+        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 4, "Hi Bob (edited), Tent, from the tablet, pending one — not the forged one, not the deleted question")
 
         // Failures: exit 1 with a reason.
         try await fails(["whoami", "--store", dir.path + "/nobody"], "no store at")

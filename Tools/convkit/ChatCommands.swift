@@ -15,7 +15,8 @@ enum ChatCommands {
         ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
                             discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
                             positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."), Positional("text", "The message.")],
-                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag, Targets.json]), run: send),
+                            options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag,
+                                                             .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."), Targets.json]), run: send),
         ToolCommand(Command("convkit messages", "List a conversation's newest messages, oldest first.",
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")],
                             options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), groupFlag, Targets.json]),
@@ -149,6 +150,7 @@ enum ChatCommands {
         if let edited = message.editedAt { value["editedAt"] = Output.time(edited) }
         if let read = message.readAt { value["readAt"] = Output.time(read) }
         if message.isWaitingForKey { value["waitingForKey"] = true }
+        if let parent = message.replyTo { value["replyTo"] = parent.description }
         if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
@@ -164,12 +166,13 @@ enum ChatCommands {
     static func send(_ context: Context) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
+        let parent = try context.arguments.value("reply-to").map { try messageID($0) }
         var message: Message
         if let group = try group(to, store, context) {
-            message = try await store.send(text, toGroup: group.id)
+            message = try await store.send(text, toGroup: group.id, replyingTo: parent)
         } else {
             try await requireKnown(to, in: store, context)
-            message = try await store.send(text, to: to)
+            message = try await store.send(text, to: to, replyingTo: parent)
         }
         // Committed: from here on the message is reported, whatever the sync says.
         if context.arguments.has("sync") {
@@ -283,6 +286,13 @@ enum ChatCommands {
             let reactions = try store.reactions(to: message.id)
             let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.editedAt != nil ? "edited" : nil, read,
                          message.syncState == .synced ? nil : state(message.syncState), reactions.isEmpty ? nil : summary(of: reactions)].compactMap { $0 }
+            // Above a reply, what it answers: the start of that message, or a placeholder.
+            switch try store.parent(of: message.id) {
+            case .message(let parent)?: Output.line("  ↪ \(parent.speaker): \(parent.content.prefix(40))\(parent.content.count > 40 ? "…" : "")")
+            case .deleted?: Output.line("  ↪ (a deleted message)")
+            case .notHeld?: Output.line("  ↪ (a message not synced yet)")
+            case nil: break
+            }
             Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
         }
         printEvents(until: .distantFuture)

@@ -138,6 +138,11 @@ enum StoreSchema {
                 reacted_at INTEGER NOT NULL, waiting_epoch BLOB, PRIMARY KEY (zone, message, reactor)) STRICT, WITHOUT ROWID;
             CREATE INDEX reactions_waiting ON reactions (zone, waiting_epoch) WHERE waiting_epoch IS NOT NULL;
             """),
+        // Version 14: replies: the name of the message a message answers (from its sealed part).
+        Migration(version: 14, sql: """
+            ALTER TABLE messages ADD COLUMN reply_to TEXT;
+            CREATE INDEX messages_replies ON messages (zone, reply_to) WHERE reply_to IS NOT NULL;
+            """),
     ]
 }
 

@@ -34,6 +34,18 @@ public struct Message: Sendable, Hashable, Identifiable {
     /// (``StoreEvent/messageChanged(_:)``). Never a permanent state for a device that may
     /// read the message (docs/ENCRYPTION.md).
     public let isWaitingForKey: Bool
+    /// The message this one answers (``ConversationStore/parent(of:)`` says whether it is still
+    /// there), or nil.
+    public let replyTo: MessageID?
+}
+
+/// What a reply answers (``ConversationStore/parent(of:)``).
+public enum ReplyParent: Sendable, Hashable {
+    case message(Message)
+    /// Deleted by its speaker: shown as a placeholder ("a deleted message").
+    case deleted(MessageID)
+    /// Not in this store (not synced yet, or never readable here).
+    case notHeld(MessageID)
 }
 
 /// Where a local change stands with the backend.

@@ -35,12 +35,14 @@ extension ChatRecords {
         ])
     }
 
-    static func message(name: String, speaker: String, listener: String, content: String, spokenAt: Int64, editedAt: Int64?) throws(RecordZoneError) -> Record {
+    static func message(name: String, speaker: String, listener: String, content: String, spokenAt: Int64, editedAt: Int64?,
+                        replyTo: String? = nil) throws(RecordZoneError) -> Record {
         var fields: [String: FieldValue] = [
             "speaker": .string(speaker), "listener": .string(listener), "content": .string(content),
             "spokenAt": .date(milliseconds: spokenAt),
         ]
         if let editedAt { fields["editedAt"] = .date(milliseconds: editedAt) }
+        if let replyTo { fields["replyTo"] = .string(replyTo) }
         return Record(id: try RecordID(zone: conversationZone(speaker, listener), name: name), type: messageType, fields: fields)
     }
 

@@ -151,8 +151,9 @@ extension ConversationStore {
     /// Sends a message to a group: committed locally with its outbox entry and returned at once.
     /// - Throws: ``ConversationError/Code/notAllowedInGroup`` when the local speaker is not in
     ///   the group; the content errors of ``send(_:to:)``.
+    /// - Parameter replyingTo: the group message this one answers.
     @discardableResult
-    public func send(_ content: String, toGroup group: String) async throws(ConversationError) -> Message {
+    public func send(_ content: String, toGroup group: String, replyingTo parent: MessageID? = nil) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
         let zone = try Self.groupZone(group)
@@ -167,6 +168,7 @@ extension ConversationStore {
             var record = Record(id: try RecordID(zone: zone, name: name), type: ChatRecords.messageType, fields: [
                 "speaker": .string(local.identifier), "content": .string(content), "spokenAt": .date(milliseconds: max(now, (latest ?? Int64.min) &+ 1)),
             ])
+            if let replyTo = try Self.replyTarget(parent, in: group, db: applier.db) { record["replyTo"] = .string(replyTo) }
             record = try applier.seal(record, at: clock)
             try record.sign(with: local.key, clock: clock)
             try self.applyLocal(record, in: &applier)

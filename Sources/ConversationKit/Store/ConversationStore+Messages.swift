@@ -107,8 +107,10 @@ extension ConversationStore {
     /// or not; ``sync()`` delivers it.
     /// - Throws: ``ConversationError/Code/emptyContent``, ``ConversationError/Code/contentTooLarge``
     ///   (over 64 KiB of UTF-8), ``ConversationError/Code/invalidIdentifier``.
+    /// - Parameter replyingTo: the message this one answers, in the same conversation (sealed
+    ///   with the content; ``replies(to:)`` lists a message's answers).
     @discardableResult
-    public func send(_ content: String, to listener: String) async throws(ConversationError) -> Message {
+    public func send(_ content: String, to listener: String, replyingTo parent: MessageID? = nil) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
         try ChatRecords.validate(identifier: listener)
@@ -122,7 +124,9 @@ extension ConversationStore {
             // sender holds, whatever the clocks say (an answer never shows above its question).
             let latest = try applier.db.first("SELECT max(spoken_at) FROM messages WHERE zone = ?", [zone.rawValue]) { $0.optionalInt(0) } ?? nil
             let spokenAt = max(now, (latest ?? Int64.min) &+ 1)
-            let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil)
+            let replyTo = try Self.replyTarget(parent, in: zone.rawValue, db: applier.db)
+            let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil,
+                                                 replyTo: replyTo)
             try self.joinIfNeeded(listener, as: local, in: &applier)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
@@ -137,7 +141,8 @@ extension ConversationStore {
         return try await write { applier in
             let current = try self.ownMessage(id, local: local, db: applier.db)
             let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener, content: content,
-                                                 spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(self.configuration.now()))
+                                                 spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(self.configuration.now()),
+                                                 replyTo: current.replyTo?.name)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
@@ -207,6 +212,36 @@ extension ConversationStore {
                 MessageReader(speaker: $0.text(0), readAt: Self.date($0.int(1)))
             }
         }
+    }
+
+    /// The answers to a message, oldest first (a thread; `.count` is its reply count) — whether
+    /// or not the message itself is still there (see ``parent(of:)``).
+    public func replies(to id: MessageID) throws(ConversationError) -> [Message] {
+        try read { db in
+            try Self.requireConversation(db, id.conversation)
+            return try db.rows("SELECT \(Self.messageColumns) FROM messages WHERE zone = ? AND reply_to = ? AND is_deleted = 0 ORDER BY spoken_at, name",
+                               [id.conversation, id.name], Self.message(from:))
+        }
+    }
+
+    /// What a reply answers, as a view shows above it: the message, a deleted message (a
+    /// placeholder, never the text it had), or one this store does not hold (not synced yet).
+    /// Nil for a message that answers nothing.
+    public func parent(of id: MessageID) throws(ConversationError) -> ReplyParent? {
+        try read { db in
+            guard let parent = try Self.message(db, id).replyTo else { return nil }
+            if let shown = try? Self.message(db, parent) { return .message(shown) }
+            let deleted = try db.first("SELECT is_deleted FROM messages WHERE zone = ? AND name = ?", [parent.conversation, parent.name]) { $0.int(0) != 0 } ?? false
+            return deleted ? .deleted(parent) : .notHeld(parent)
+        }
+    }
+
+    /// The name a reply carries: `parent`'s, which must be a message of the same conversation
+    /// this store shows. - Throws: ``ConversationError/Code/unknownMessage``.
+    static func replyTarget(_ parent: MessageID?, in zone: String, db: Database) throws -> String? {
+        guard let parent else { return nil }
+        guard parent.conversation == zone else { throw ConversationError(.unknownMessage, "\(parent) is not in this conversation") }
+        return try message(db, parent).id.name
     }
 
     /// One message, if the store has it and it is not deleted.
@@ -286,7 +321,7 @@ extension ConversationStore {
         }
     }
 
-    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL"
+    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to"
 
     static func message(from row: Row) -> Message {
         let state: SyncState
@@ -297,7 +332,7 @@ extension ConversationStore {
         }
         return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),
                        spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state,
-                       isWaitingForKey: row.int(11) != 0)
+                       isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) })
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

@@ -72,7 +72,8 @@ extension RecordApplier {
             UPDATE own_epochs SET messages = messages + 1, first_clock = min(coalesce(first_clock, ?), ?), last_clock = max(coalesce(last_clock, ?), ?)
             WHERE zone = ? AND epoch = ?
             """, [at, at, at, at, zone, epoch])
-        return try Sealing.seal(ChatRecords.sealing(record.recordType)?.fields ?? ["content"], of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
+        let fields = (ChatRecords.sealing(record.recordType)?.fields ?? ["content"]).filter { record[$0] != nil }
+        return try Sealing.seal(fields, of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
     }
 
     /// Publishes this device's encryption key once (its record held with this key: nothing to do).

@@ -366,14 +366,16 @@ struct RecordApplier {
         guard let speaker = record.string("speaker"), let listener = isGroup ? "" : record.string("listener"),
             let content = waiting == nil ? opened.string("content") : "", let spokenAt = record.milliseconds("spokenAt")
         else { return }
+        // The message it answers: another message's name (anything else is not a reply).
+        let replyTo = opened.string("replyTo").flatMap { $0.hasPrefix(ChatRecords.messagePrefix) && $0 != name ? $0 : nil }
         try db.execute("""
-            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch)
-            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?)
+            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch, reply_to)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
                 spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL,
-                waiting_epoch = excluded.waiting_epoch
+                waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
-                  state.rawValue, waiting])
+                  state.rawValue, waiting, replyTo])
         if !isGroup { try ensureConversation(zone: zone, other: speaker == localSpeaker ? listener : speaker) }
         newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
