@@ -265,10 +265,11 @@ import Testing
         try sealedReaction.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_600, counter: 0))
         // A reply to it: content and replyTo sealed together, as one inner record.
         let reply = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).0000018bcfe56c4c-fedcba9876543210"), type: "Message", fields: [
-            "speaker": .string("alice"), "listener": .string("bob"), "content": .string("and cake"), "replyTo": .string(messageName),
+            "speaker": .string("alice"), "listener": .string("bob"), "content": .string("and cake, @bob"), "replyTo": .string(messageName),
+            "mentions": .list([.string("10:4:bob")]),
             "spokenAt": .date(milliseconds: 1_700_000_000_700),
         ])
-        var sealedReply = try Sealing.seal(["content", "replyTo"], of: reply, sender: "alice", device: alice.publicKey, epoch: Data((0x10..<0x20).map { UInt8($0) }),
+        var sealedReply = try Sealing.seal(["content", "replyTo", "mentions"], of: reply, sender: "alice", device: alice.publicKey, epoch: Data((0x10..<0x20).map { UInt8($0) }),
                                            key: Data((0x20..<0x40).map { UInt8($0) }), nonce: Data((0x40..<0x58).map { UInt8($0) }))
         try sealedReply.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_700, counter: 0))
         func request(_ description: String, method: String, path: String, query: [(String, String)], body: Data) -> Vectors.RequestVector {
@@ -303,7 +304,7 @@ import Testing
             try vector("a tombstone keeping its owner field", tombstone, seed: 1),
             try vector("a reaction 👍 to that message (x.<h(alice)>.<message name>), its emoji sealed with epoch 10…1f, sender key 20…3f and nonce 40…57",
                        sealedReaction, seed: 1),
-            try vector("a reply 'and cake' to that message, its content and replyTo sealed together (the same epoch, key and nonce: fixed for the vectors only; a writer draws a random nonce for every envelope)", sealedReply, seed: 1),
+            try vector("a reply 'and cake, @bob' to that message mentioning bob (bytes 10–13), its content, replyTo and mentions sealed together (the same epoch, key and nonce: fixed for the vectors only; a writer draws a random nonce for every envelope)", sealedReply, seed: 1),
         ], requests: [
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),

@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "react", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "react", "mentions", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -54,7 +54,7 @@ import TestSupport
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
-            ["edit", "c-x/m.y", "text"] + none, ["react", "c-x/m.y", "👍"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
@@ -140,6 +140,13 @@ import TestSupport
         _ = try await ok(["sync"] + bob)
         #expect(try await ok(["messages", "alice"] + bob).out.contains("  ↪ (a deleted message)\n"))
         try await fails(["send", "alice", "x", "--reply-to", "c-x/m.none"] + bob, "not in this conversation")
+        // A mention where the text says @alice; mentions of me list it.
+        #expect(try await ok(["mentions"] + alice).out.contains("no messages mention you"))
+        _ = try await ok(["send", "alice", "@alice: the tent is yours", "--mention", "alice", "--sync"] + bob)
+        _ = try await ok(["sync"] + alice)
+        let mentioning = try await ok(["mentions", "--json"] + alice)
+        #expect((mentioning.json as? [[String: Any]])?.first?["content"] as? String == "@alice: the tent is yours", "\(mentioning.out)")
+        #expect(try await Self.convkit(["send", "alice", "no name here", "--mention", "alice"] + bob).status == 64)
         let second = try await ok(["send", "bob", "to delete", "--json"] + alice)
         _ = try await ok(["delete", try #require((second.json as? [String: Any])?["id"] as? String)] + alice)
         _ = try await ok(["sync", "--json"] + alice)
@@ -221,7 +228,7 @@ import TestSupport
         #expect(try await ok(["messages", "alice"] + bob).out.contains("from the tablet"))
         #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
         let stats = try await ok(["stats", "--json"] + bob)
-        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 4, "Hi Bob (edited), Tent, from the tablet, pending one — not the forged one, not the deleted question")
+        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 5, "Hi Bob (edited), Tent, @alice…, from the tablet, pending one — not the forged one, not the deleted question")
 
         // Failures: exit 1 with a reason.
         try await fails(["whoami", "--store", dir.path + "/nobody"], "no store at")

@@ -50,14 +50,16 @@ struct PostgresServersTests {
         #expect(resumed.records.map(\.id.name) == [try item(zone, "second").id.name])
         #expect(try await bobOnTwo.fetchDatabaseChanges(since: feed.token).changedZones == [zone], "a database token from one server is valid on the other")
 
-        // A long poll on one wakes within a second of a write through the other.
+        // A long poll on one is woken by a write through the other (the notification), not by
+        // its 20-second timeout. How fast is a benchmark's question, not this test's: on a
+        // loaded CI machine it once took 1.05 s.
         let waiting = Task { try await bobOnTwo.waitForChanges(in: zone, since: resumed.token, timeout: .seconds(20)) }
         try await Task.sleep(for: .milliseconds(300))
         _ = try await aliceOnOne.save([try item(zone, "wake")]).map { try $0.get() }
         let saved = ContinuousClock.now
         #expect(try await waiting.value)
         let woke = ContinuousClock.now - saved
-        #expect(woke < .seconds(1), "the long poll woke \(woke) after the write")
+        #expect(woke < .seconds(10), "the long poll woke \(woke) after the write: by its timeout, not the write")
 
         // A request replayed on the other server is refused.
         let nonce = Sodium.randomBytes(16)

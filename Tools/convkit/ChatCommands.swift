@@ -16,7 +16,10 @@ enum ChatCommands {
                             discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
                             positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."), Positional("text", "The message.")],
                             options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag,
-                                                             .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."), Targets.json]), run: send),
+                                                             .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."),
+                                                             .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true), Targets.json]), run: send),
+        ToolCommand(Command("convkit mentions", "List the newest messages that mention you, in every conversation.",
+                            options: [Targets.store, Targets.json]), run: mentions),
         ToolCommand(Command("convkit messages", "List a conversation's newest messages, oldest first.",
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")],
                             options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), groupFlag, Targets.json]),
@@ -151,6 +154,7 @@ enum ChatCommands {
         if let read = message.readAt { value["readAt"] = Output.time(read) }
         if message.isWaitingForKey { value["waitingForKey"] = true }
         if let parent = message.replyTo { value["replyTo"] = parent.description }
+        if !message.mentions.isEmpty { value["mentions"] = message.mentions.map { ["speaker": $0.speaker, "start": $0.utf8Range.lowerBound, "length": $0.utf8Range.count] as [String: Any] } }
         if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
@@ -167,12 +171,17 @@ enum ChatCommands {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
         let parent = try context.arguments.value("reply-to").map { try messageID($0) }
+        let mentioned = context.arguments.all("mention")
+        let mentions = Mention.written(mentioned, in: text)
+        if let missing = mentioned.first(where: { id in !mentions.contains { $0.speaker == id } }) {
+            throw UsageError("--mention \(missing): the text does not say @\(missing)")
+        }
         var message: Message
         if let group = try group(to, store, context) {
-            message = try await store.send(text, toGroup: group.id, replyingTo: parent)
+            message = try await store.send(text, toGroup: group.id, replyingTo: parent, mentions: mentions)
         } else {
             try await requireKnown(to, in: store, context)
-            message = try await store.send(text, to: to, replyingTo: parent)
+            message = try await store.send(text, to: to, replyingTo: parent, mentions: mentions)
         }
         // Committed: from here on the message is reported, whatever the sync says.
         if context.arguments.has("sync") {
@@ -344,6 +353,14 @@ enum ChatCommands {
         guard let text = context.arguments.positional(1) else { throw UsageError("missing <text>") }
         let message = try await store.edit(id, content: text)
         Output.line("\(message.id) edited, \(state(message.syncState))")
+    }
+
+    static func mentions(_ context: Context) async throws {
+        let store = try context.store(readOnly: true)
+        let messages = try store.messagesMentioningMe()
+        if context.json { return try Output.json(messages.map(messageJSON)) }
+        if messages.isEmpty { Output.line("no messages mention you") }
+        for message in messages { Output.line("\(Output.time(message.spokenAt)) \(message.speaker): \(message.content)  \(message.id)") }
     }
 
     static func react(_ context: Context) async throws {

@@ -143,6 +143,12 @@ enum StoreSchema {
             ALTER TABLE messages ADD COLUMN reply_to TEXT;
             CREATE INDEX messages_replies ON messages (zone, reply_to) WHERE reply_to IS NOT NULL;
             """),
+        // Version 15: the speakers a message mentions, each at a span of its content (UTF-8 bytes).
+        Migration(version: 15, sql: """
+            CREATE TABLE message_mentions (zone TEXT NOT NULL, name TEXT NOT NULL, start INTEGER NOT NULL, length INTEGER NOT NULL, speaker TEXT NOT NULL,
+                PRIMARY KEY (zone, name, start)) STRICT, WITHOUT ROWID;
+            CREATE INDEX message_mentions_speaker ON message_mentions (speaker);
+            """),
     ]
 }
 

@@ -9,6 +9,8 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case invalidIdentifier
         case contentTooLarge
         case emptyContent
+        /// A mention that is not a span of the message's text naming a valid identifier.
+        case invalidMention
         case unknownSpeaker
         case unknownConversation
         case unknownMessage

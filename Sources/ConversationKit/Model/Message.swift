@@ -37,6 +37,57 @@ public struct Message: Sendable, Hashable, Identifiable {
     /// The message this one answers (``ConversationStore/parent(of:)`` says whether it is still
     /// there), or nil.
     public let replyTo: MessageID?
+    /// The speakers it mentions, each at a span of ``content``, in order.
+    public let mentions: [Mention]
+}
+
+/// A speaker mentioned at a span of a message's content ("@carol", or however the app shows
+/// her): the span in UTF-8 bytes, as the record carries it (docs/PROTOCOL.md §3).
+public struct Mention: Sendable, Hashable {
+    public let speaker: String
+    /// UTF-8 byte offsets into the content.
+    public let utf8Range: Range<Int>
+
+    public init(speaker: String, utf8Range: Range<Int>) {
+        self.speaker = speaker
+        self.utf8Range = utf8Range
+    }
+
+    /// A mention of `speaker` at `range` of `content`.
+    public init(speaker: String, range: Range<String.Index>, in content: String) {
+        let utf8 = content.utf8
+        self.init(speaker: speaker, utf8Range: utf8.distance(from: utf8.startIndex, to: range.lowerBound)..<utf8.distance(from: utf8.startIndex, to: range.upperBound))
+    }
+
+    /// Every "@speaker" written in `content`, for each of `speakers` (a mention that is not
+    /// written out is none).
+    public static func written(_ speakers: [String], in content: String) -> [Mention] {
+        speakers.flatMap { speaker in
+            var found: [Mention] = [], from = content.startIndex
+            while let range = content.range(of: "@" + speaker, range: from..<content.endIndex) {
+                // Not the start of a longer identifier (@carol in @caroline).
+                let next = range.upperBound < content.endIndex ? content[range.upperBound] : " "
+                if !(next.isLetter || next.isNumber || "._-".contains(next)) { found.append(Mention(speaker: speaker, range: range, in: content)) }
+                from = range.upperBound
+            }
+            return found
+        }.sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound }
+    }
+
+    /// The record's form: `"<start>:<length>:<identifier>"`.
+    var field: String { "\(utf8Range.lowerBound):\(utf8Range.count):\(speaker)" }
+
+    /// From the record's form, when it is a span of `content` on character boundaries naming a
+    /// valid identifier; nil otherwise (a reader ignores it).
+    init?(field: String, content: String) {
+        let parts = field.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count == 3, let start = Int(parts[0]), let length = Int(parts[1]), start >= 0, length > 0,
+              start + length <= content.utf8.count, ChatRecords.isValidIdentifier(String(parts[2])) else { return nil }
+        let utf8 = content.utf8
+        let lower = utf8.index(utf8.startIndex, offsetBy: start), upper = utf8.index(lower, offsetBy: length)
+        guard lower.samePosition(in: content.unicodeScalars) != nil, upper.samePosition(in: content.unicodeScalars) != nil else { return nil }
+        self.init(speaker: String(parts[2]), utf8Range: start..<(start + length))
+    }
 }
 
 /// What a reply answers (``ConversationStore/parent(of:)``).

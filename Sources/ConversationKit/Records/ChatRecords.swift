@@ -36,13 +36,14 @@ extension ChatRecords {
     }
 
     static func message(name: String, speaker: String, listener: String, content: String, spokenAt: Int64, editedAt: Int64?,
-                        replyTo: String? = nil) throws(RecordZoneError) -> Record {
+                        replyTo: String? = nil, mentions: [Mention] = []) throws(RecordZoneError) -> Record {
         var fields: [String: FieldValue] = [
             "speaker": .string(speaker), "listener": .string(listener), "content": .string(content),
             "spokenAt": .date(milliseconds: spokenAt),
         ]
         if let editedAt { fields["editedAt"] = .date(milliseconds: editedAt) }
         if let replyTo { fields["replyTo"] = .string(replyTo) }
+        if !mentions.isEmpty { fields["mentions"] = .list(mentions.map { .string($0.field) }) }
         return Record(id: try RecordID(zone: conversationZone(speaker, listener), name: name), type: messageType, fields: fields)
     }
 

@@ -153,9 +153,10 @@ extension ConversationStore {
     ///   the group; the content errors of ``send(_:to:)``.
     /// - Parameter replyingTo: the group message this one answers.
     @discardableResult
-    public func send(_ content: String, toGroup group: String, replyingTo parent: MessageID? = nil) async throws(ConversationError) -> Message {
+    public func send(_ content: String, toGroup group: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = []) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
+        try Self.validate(mentions, in: content)
         let zone = try Self.groupZone(group)
         let clock = clock.now()
         let name = ChatRecords.messageName(speaker: local.identifier, clock: clock)
@@ -169,6 +170,7 @@ extension ConversationStore {
                 "speaker": .string(local.identifier), "content": .string(content), "spokenAt": .date(milliseconds: max(now, (latest ?? Int64.min) &+ 1)),
             ])
             if let replyTo = try Self.replyTarget(parent, in: group, db: applier.db) { record["replyTo"] = .string(replyTo) }
+            if !mentions.isEmpty { record["mentions"] = .list(mentions.map { .string($0.field) }) }
             record = try applier.seal(record, at: clock)
             try record.sign(with: local.key, clock: clock)
             try self.applyLocal(record, in: &applier)

@@ -51,7 +51,7 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "receipts", "reactions", "conversation_members", "conversations",
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "receipts", "reactions", "conversation_members", "conversations",
                           "group_members", "group_runs", "group_state"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }
@@ -109,10 +109,15 @@ extension ConversationStore {
     ///   (over 64 KiB of UTF-8), ``ConversationError/Code/invalidIdentifier``.
     /// - Parameter replyingTo: the message this one answers, in the same conversation (sealed
     ///   with the content; ``replies(to:)`` lists a message's answers).
+    /// - Parameter mentions: speakers mentioned at spans of `content` (``Mention/written(_:in:)``
+    ///   finds "@identifier" spans); sealed with the content.
+    /// - Throws: ``ConversationError/Code/invalidMention`` for a span outside the content or an
+    ///   invalid identifier.
     @discardableResult
-    public func send(_ content: String, to listener: String, replyingTo parent: MessageID? = nil) async throws(ConversationError) -> Message {
+    public func send(_ content: String, to listener: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = []) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
+        try Self.validate(mentions, in: content)
         try ChatRecords.validate(identifier: listener)
         guard listener != local.identifier else { throw ConversationError(.invalidIdentifier, "cannot send a message to yourself") }
         let name = ChatRecords.messageName(speaker: local.identifier, clock: clock.now())
@@ -126,7 +131,7 @@ extension ConversationStore {
             let spokenAt = max(now, (latest ?? Int64.min) &+ 1)
             let replyTo = try Self.replyTarget(parent, in: zone.rawValue, db: applier.db)
             let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil,
-                                                 replyTo: replyTo)
+                                                 replyTo: replyTo, mentions: mentions)
             try self.joinIfNeeded(listener, as: local, in: &applier)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
@@ -134,15 +139,17 @@ extension ConversationStore {
     }
 
     /// Replaces the content of one of the local speaker's messages (a new signed version).
+    /// - Parameter mentions: the new text's mentions (the old ones' spans do not carry over).
     @discardableResult
-    public func edit(_ id: MessageID, content: String) async throws(ConversationError) -> Message {
+    public func edit(_ id: MessageID, content: String, mentions: [Mention] = []) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content)
+        try Self.validate(mentions, in: content)
         return try await write { applier in
             let current = try self.ownMessage(id, local: local, db: applier.db)
             let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener, content: content,
                                                  spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(self.configuration.now()),
-                                                 replyTo: current.replyTo?.name)
+                                                 replyTo: current.replyTo?.name, mentions: mentions)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
@@ -321,7 +328,29 @@ extension ConversationStore {
         }
     }
 
-    static let messageColumns = "zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to"
+    static func validate(_ mentions: [Mention], in content: String) throws(ConversationError) {
+        for mention in mentions where Mention(field: mention.field, content: content) == nil {
+            throw ConversationError(.invalidMention, "a mention of '\(mention.speaker)' at bytes \(mention.utf8Range) is not a span of the text naming a valid identifier")
+        }
+    }
+
+    /// The messages that mention the local speaker, newest first (Amity's and Slack's "mentions
+    /// of me").
+    public func messagesMentioningMe(limit: Int = 50) throws(ConversationError) -> [Message] {
+        let local = try requireIdentity()
+        return try read { db in
+            try db.rows("""
+                SELECT \(Self.messageColumns) FROM messages WHERE is_deleted = 0
+                    AND EXISTS (SELECT 1 FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name AND x.speaker = ?)
+                ORDER BY spoken_at DESC, name DESC LIMIT ?
+                """, [local.identifier, max(1, min(limit, 1000))], Self.message(from:))
+        }
+    }
+
+    static let messageColumns = """
+        zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
+        (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ') FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name)
+        """
 
     static func message(from row: Row) -> Message {
         let state: SyncState
@@ -332,7 +361,9 @@ extension ConversationStore {
         }
         return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),
                        spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state,
-                       isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) })
+                       isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) },
+                       mentions: (row.optionalText(13) ?? "").split(separator: " ").compactMap { Mention(field: String($0), content: row.text(4)) }
+                           .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound })
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

@@ -346,6 +346,7 @@ struct RecordApplier {
         if record.isDeleted {
             try db.execute("UPDATE messages SET is_deleted = 1, content = '', waiting_epoch = NULL, sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?",
                            [state.rawValue, zone, name])
+            try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
             if exists { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
             return
         }
@@ -376,6 +377,12 @@ struct RecordApplier {
                 waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
                   state.rawValue, waiting, replyTo])
+        try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
+        for case let field? in opened["mentions"]?.listValue?.map(\.stringValue) ?? [] {
+            guard let mention = Mention(field: field, content: content) else { continue }
+            try db.execute("INSERT OR IGNORE INTO message_mentions (zone, name, start, length, speaker) VALUES (?, ?, ?, ?, ?)",
+                           [zone, name, mention.utf8Range.lowerBound, mention.utf8Range.count, mention.speaker])
+        }
         if !isGroup { try ensureConversation(zone: zone, other: speaker == localSpeaker ? listener : speaker) }
         newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
