@@ -77,7 +77,7 @@ public struct Mention: Sendable, Hashable {
     /// The record's form: `"<start>:<length>:<identifier>"`.
     var field: String { "\(utf8Range.lowerBound):\(utf8Range.count):\(speaker)" }
 
-    /// From the record's form, when it is a span of `content` on character boundaries naming a
+    /// From the record's form, when it is a span of `content` on Unicode scalar boundaries naming a
     /// valid identifier; nil otherwise (a reader ignores it).
     init?(field: String, content: String) {
         let parts = field.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
