@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "react", "mentions", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "react", "mentions", "search", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -54,7 +54,7 @@ import TestSupport
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
-            ["edit", "c-x/m.y", "text"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
@@ -147,6 +147,12 @@ import TestSupport
         let mentioning = try await ok(["mentions", "--json"] + alice)
         #expect((mentioning.json as? [[String: Any]])?.first?["content"] as? String == "@alice: the tent is yours", "\(mentioning.out)")
         #expect(try await Self.convkit(["send", "alice", "no name here", "--mention", "alice"] + bob).status == 64)
+        // Search: the words, best first, with a snippet; only one conversation or speaker.
+        let searched = try await ok(["search", "tent yours", "--json"] + alice)
+        #expect((searched.json as? [[String: Any]])?.map { $0["snippet"] as? String } == ["@alice: the [tent] is [yours]"], "\(searched.out)")
+        #expect(try await ok(["search", "tent", "--from", "alice"] + alice).out.contains("no message holds tent"))
+        #expect(try await ok(["search", "tent", "--in", "bob"] + alice).out.contains("[tent]"))
+        try await fails(["search", "  "] + alice, "a search needs a word")
         let second = try await ok(["send", "bob", "to delete", "--json"] + alice)
         _ = try await ok(["delete", try #require((second.json as? [String: Any])?["id"] as? String)] + alice)
         _ = try await ok(["sync", "--json"] + alice)

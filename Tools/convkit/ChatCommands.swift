@@ -20,6 +20,10 @@ enum ChatCommands {
                                                              .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true), Targets.json]), run: send),
         ToolCommand(Command("convkit mentions", "List the newest messages that mention you, in every conversation.",
                             options: [Targets.store, Targets.json]), run: mentions),
+        ToolCommand(Command("convkit search", "Find messages by their words (every word; best first, with a snippet).",
+                            positionals: [Positional("words", "The words to find (matched as words: no search syntax).")],
+                            options: [Targets.store, .valued("in", "id", "Only this conversation: the other speaker, or a group's id."),
+                                      .valued("from", "id", "Only what this speaker said."), Targets.json]), run: search),
         ToolCommand(Command("convkit messages", "List a conversation's newest messages, oldest first.",
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")],
                             options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), groupFlag, Targets.json]),
@@ -353,6 +357,19 @@ enum ChatCommands {
         guard let text = context.arguments.positional(1) else { throw UsageError("missing <text>") }
         let message = try await store.edit(id, content: text)
         Output.line("\(message.id) edited, \(state(message.syncState))")
+    }
+
+    static func search(_ context: Context) async throws {
+        let store = try context.store(readOnly: true)
+        guard let words = context.arguments.positional(0) else { throw UsageError("missing <words>") }
+        var conversation: String?
+        if let other = context.arguments.value("in") {
+            conversation = try group(other, store, context)?.id ?? Self.conversation(store, with: other).id
+        }
+        let hits = try store.search(words, in: conversation, from: context.arguments.value("from"))
+        if context.json { return try Output.json(hits.map { hit in var value = messageJSON(hit.message); value["snippet"] = hit.snippet; return value }) }
+        if hits.isEmpty { Output.line("no message holds \(words)") }
+        for hit in hits { Output.line("\(Output.time(hit.message.spokenAt)) \(hit.message.speaker): \(hit.snippet)  \(hit.message.id)") }
     }
 
     static func mentions(_ context: Context) async throws {

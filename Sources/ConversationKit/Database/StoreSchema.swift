@@ -149,6 +149,23 @@ enum StoreSchema {
                 PRIMARY KEY (zone, name, start)) STRICT, WITHOUT ROWID;
             CREATE INDEX message_mentions_speaker ON message_mentions (speaker);
             """),
+        // Version 16: full-text search over the messages as shown here (opened, not deleted):
+        // an FTS5 index whose text is the messages table's own (external content, by rowid),
+        // kept in step by triggers on every insert, change and removal of a message.
+        Migration(version: 16, sql: """
+            CREATE VIRTUAL TABLE message_search USING fts5(content, content = 'messages', content_rowid = 'rowid', tokenize = 'unicode61 remove_diacritics 2');
+            INSERT INTO message_search (rowid, content) SELECT rowid, content FROM messages WHERE is_deleted = 0;
+            CREATE TRIGGER message_search_insert AFTER INSERT ON messages WHEN new.is_deleted = 0 BEGIN
+                INSERT INTO message_search (rowid, content) VALUES (new.rowid, new.content);
+            END;
+            CREATE TRIGGER message_search_delete AFTER DELETE ON messages WHEN old.is_deleted = 0 BEGIN
+                INSERT INTO message_search (message_search, rowid, content) VALUES ('delete', old.rowid, old.content);
+            END;
+            CREATE TRIGGER message_search_update AFTER UPDATE OF content, is_deleted ON messages BEGIN
+                INSERT INTO message_search (message_search, rowid, content) SELECT 'delete', old.rowid, old.content WHERE old.is_deleted = 0;
+                INSERT INTO message_search (rowid, content) SELECT new.rowid, new.content WHERE new.is_deleted = 0;
+            END;
+            """),
     ]
 }
 

@@ -1,0 +1,38 @@
+import Foundation
+import SQLiteKit
+
+/// Full-text search over this store's messages as it shows them (opened, not deleted), through
+/// SQLite's FTS5 (`unicode61` words, diacritics folded: "cafe" finds "café"; no word splitting
+/// for scripts written without spaces). The index follows every change of a message, by
+/// triggers (docs/STORE.md).
+extension ConversationStore {
+    /// The messages holding every word of `query`, best first (FTS5's bm25), each with a snippet
+    /// around the words, marked `[…]`. The words are matched as words, never as FTS5 syntax.
+    /// - Parameters:
+    ///   - conversation: only this conversation's (a pair's or a group's id).
+    ///   - speaker: only what this speaker said.
+    /// - Throws: ``ConversationError/Code/emptyContent`` for a query without a word.
+    public func search(_ query: String, in conversation: String? = nil, from speaker: String? = nil, limit: Int = 20) throws(ConversationError) -> [SearchHit] {
+        let words = query.split(whereSeparator: { $0.isWhitespace }).map { "\"" + $0.replacingOccurrences(of: "\"", with: "\"\"") + "\"" }
+        guard !words.isEmpty else { throw ConversationError(.emptyContent, "a search needs a word") }
+        return try read { db in
+            let hits = try db.rows("""
+                SELECT message_search.rowid, snippet(message_search, 0, '[', ']', '…', 12) FROM message_search
+                    JOIN messages m ON m.rowid = message_search.rowid
+                WHERE message_search MATCH ? AND m.is_deleted = 0 AND (? IS NULL OR m.zone = ?) AND (? IS NULL OR m.speaker = ?)
+                ORDER BY bm25(message_search), m.spoken_at DESC LIMIT ?
+                """,
+                [words.joined(separator: " "), conversation, conversation, speaker, speaker, max(1, min(limit, 1000))]) { ($0.int(0), $0.text(1)) }
+            return try hits.compactMap { rowid, snippet in
+                try db.first("SELECT \(Self.messageColumns) FROM messages WHERE rowid = ?", [rowid], Self.message(from:)).map { SearchHit(message: $0, snippet: snippet) }
+            }
+        }
+    }
+}
+
+/// A message found by ``ConversationStore/search(_:in:from:limit:)``.
+public struct SearchHit: Sendable, Hashable {
+    public let message: Message
+    /// The words around the match, the matched words in `[…]`.
+    public let snippet: String
+}
