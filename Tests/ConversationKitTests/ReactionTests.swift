@@ -56,6 +56,24 @@ import TestSupport
         await #expect(throws: ConversationError.self) { try await carol.react(to: message.id, with: "🙃") }
     }
 
+    /// A member removed while offline reacts before learning of it: over a backend that lets
+    /// anyone write (memory, as a folder), every reader leaves the reaction out, as it holds back
+    /// a message signed after the removal — whichever came first to it.
+    @Test func aReactionAfterItsReactorsRemovalIsNotCounted() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
+        try await syncAll([alice, bob, carol])
+        let group = try await alice.createGroup(name: "Trip", members: ["bob", "carol"])
+        try await syncAll([alice, bob, carol])
+        let message = try await alice.send("Which day?", toGroup: group.id)
+        try await syncAll([alice, bob, carol])
+        try await carol.react(to: message.id, with: "🙂")
+        try await alice.removeMember("carol", from: group.id)
+        try await carol.react(to: message.id, with: "🙃")
+        try await syncAll([alice, carol, bob, alice])
+        for store in [alice, bob] { #expect(try store.reactions(to: message.id).isEmpty) }
+    }
+
     /// A reaction sealed before its reactor shared the key with the reader's device waits, as
     /// a message does, and shows by itself once the share arrives.
     @Test func aReactionWhoseKeyIsNotHeldYetWaitsAndResolvesByItself() async throws {

@@ -166,6 +166,8 @@ enum StoreSchema {
                 INSERT INTO message_search (rowid, content) SELECT new.rowid, new.content WHERE new.is_deleted = 0;
             END;
             """),
+        // Version 17: a reaction's clock, so a group counts it only if its reactor was a member then.
+        Migration(version: 17, sql: "ALTER TABLE reactions ADD COLUMN clock INTEGER NOT NULL DEFAULT 0;"),
     ]
 }
 

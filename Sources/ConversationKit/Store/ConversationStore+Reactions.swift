@@ -43,14 +43,16 @@ extension ConversationStore {
     }
 
     /// A message's reactions, oldest first: one per reactor (in a group, only from those who
-    /// have been members). One whose key has not arrived yet has an empty emoji and
+    /// were members at the reaction's clock, as for a message — decided from the group as it
+    /// stands, so whatever order its changes came in). One whose key has not arrived yet has an empty emoji and
     /// ``MessageReaction/isWaitingForKey`` (it resolves by itself, as a message does).
     public func reactions(to id: MessageID) throws(ConversationError) -> [MessageReaction] {
         try read { db in
             _ = try Self.message(db, id)
             return try db.rows("""
                 SELECT x.reactor, x.emoji, x.reacted_at, x.waiting_epoch IS NOT NULL FROM reactions x WHERE x.zone = ? AND x.message = ?
-                    AND (x.zone NOT LIKE 'g-%' OR EXISTS (SELECT 1 FROM group_runs g WHERE g.zone = x.zone AND g.speaker = x.reactor))
+                    AND (x.zone NOT LIKE 'g-%' OR EXISTS (SELECT 1 FROM group_runs g WHERE g.zone = x.zone AND g.speaker = x.reactor
+                        AND g.from_clock < x.clock AND (g.until_clock IS NULL OR x.clock < g.until_clock)))
                 ORDER BY x.reacted_at, x.reactor
                 """, [id.conversation, id.name]) {
                 MessageReaction(reactor: $0.text(0), emoji: $0.text(1), reactedAt: Self.date($0.int(2)), isWaitingForKey: $0.int(3) != 0)

@@ -434,9 +434,10 @@ struct RecordApplier {
         }
         guard let reactedAt = record.milliseconds("reactedAt"), waiting != nil || !emoji.isEmpty else { return }
         try db.execute("""
-            INSERT INTO reactions (zone, message, reactor, emoji, reacted_at, waiting_epoch) VALUES (?, ?, ?, ?, ?, ?)
-            ON CONFLICT (zone, message, reactor) DO UPDATE SET emoji = excluded.emoji, reacted_at = excluded.reacted_at, waiting_epoch = excluded.waiting_epoch
-            """, [zone, message, reactor, emoji, reactedAt, waiting])
+            INSERT INTO reactions (zone, message, reactor, emoji, reacted_at, waiting_epoch, clock) VALUES (?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (zone, message, reactor) DO UPDATE SET emoji = excluded.emoji, reacted_at = excluded.reacted_at,
+                waiting_epoch = excluded.waiting_epoch, clock = excluded.clock
+            """, [zone, message, reactor, emoji, reactedAt, waiting, Int64(bitPattern: record.clock.rawValue)])
     }
 
     /// Writes what was gathered over the transaction; call once, before the commit.
