@@ -14,7 +14,8 @@ import RecordZone
 /// - `Message` in a conversation zone, named `m.<h(speaker)>.<time-ordered id>`: `speaker`,
 ///   `listener`, `content`, `spokenAt`, optional `editedAt`, optional `replyTo` (the name of the
 ///   message it answers, in the same zone) and `mentions` (`"<start>:<length>:<identifier>"`
-///   spans of the content in UTF-8 bytes), both sealed with the content.
+///   spans of the content in UTF-8 bytes), an app's `customType` and `customData`, and the earlier
+///   versions' `history` and `historyTimes`, all sealed with the content.
 /// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
 ///   `message`, `readAt`.
 /// - `Reaction` in a conversation or group zone, named `x.<h(reactor)>.<message name>`:
@@ -74,7 +75,7 @@ package enum ChatRecords {
     /// a message's content, a reaction's emoji. Nil for a type that seals nothing.
     package static func sealing(_ type: String) -> (fields: [String], sender: String)? {
         switch type {
-        case messageType: (["content", "replyTo", "mentions"], "speaker")
+        case messageType: (["content", "replyTo", "mentions", "customType", "customData", "history", "historyTimes"], "speaker")
         case reactionType: (["emoji"], "reactor")
         default: nil
         }

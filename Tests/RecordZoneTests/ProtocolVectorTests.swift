@@ -272,6 +272,17 @@ import Testing
         var sealedReply = try Sealing.seal(["content", "replyTo", "mentions"], of: reply, sender: "alice", device: alice.publicKey, epoch: Data((0x10..<0x20).map { UInt8($0) }),
                                            key: Data((0x20..<0x40).map { UInt8($0) }), nonce: Data((0x40..<0x58).map { UInt8($0) }))
         try sealedReply.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_700, counter: 0))
+        // An app's poll, edited once: its fallback text, custom type and data, and the text before
+        // the edit with its time, sealed together.
+        let poll = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).0000018bcfe56c4d-0123456789abcdef"), type: "Message", fields: [
+            "speaker": .string("alice"), "listener": .string("bob"), "content": .string("Poll: cake or pie?"),
+            "customType": .string("com.example.poll"), "customData": .bytes(Data(#"{"options":["cake","pie"]}"#.utf8)),
+            "history": .list([.string("Poll: cake?")]), "historyTimes": .list([.date(milliseconds: 1_700_000_000_800)]),
+            "spokenAt": .date(milliseconds: 1_700_000_000_800), "editedAt": .date(milliseconds: 1_700_000_000_900),
+        ])
+        var sealedPoll = try Sealing.seal(["content", "customType", "customData", "history", "historyTimes"], of: poll, sender: "alice", device: alice.publicKey,
+                                          epoch: Data((0x10..<0x20).map { UInt8($0) }), key: Data((0x20..<0x40).map { UInt8($0) }), nonce: Data((0x40..<0x58).map { UInt8($0) }))
+        try sealedPoll.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_900, counter: 0))
         func request(_ description: String, method: String, path: String, query: [(String, String)], body: Data) -> Vectors.RequestVector {
             let nonce = Data((0..<16).map { UInt8($0) })
             let timestamp: Int64 = 1_700_000_000_000
@@ -305,6 +316,7 @@ import Testing
             try vector("a reaction 👍 to that message (x.<h(alice)>.<message name>), its emoji sealed with epoch 10…1f, sender key 20…3f and nonce 40…57",
                        sealedReaction, seed: 1),
             try vector("a reply 'and cake, @bob' to that message mentioning bob (bytes 10–13), its content, replyTo and mentions sealed together (the same epoch, key and nonce: fixed for the vectors only; a writer draws a random nonce for every envelope)", sealedReply, seed: 1),
+            try vector("an app's poll (customType com.example.poll, customData its JSON as bytes) edited once: 'Poll: cake?' became 'Poll: cake or pie?', the earlier text in history with its time in historyTimes; all sealed together (the same epoch, key and nonce)", sealedPoll, seed: 1),
         ], requests: [
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),

@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "react", "mentions", "search", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -54,7 +54,7 @@ import TestSupport
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
-            ["edit", "c-x/m.y", "text"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["edits", "c-x/m.y"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
@@ -117,6 +117,9 @@ import TestSupport
         #expect(((try await ok(["conversations", "--json"] + bob).json as? [[String: Any]])?.first?["unread"] as? Int) == 1)
         #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
         #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
+        let versions = try await ok(["edits", sentID, "--json"] + alice)
+        #expect((versions.json as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob", "Hi Bob (edited)"], "\(versions.out)")
+        #expect(try await ok(["edits", sentID] + alice).out.hasSuffix(" Hi Bob (edited)\n"))
         // Reactions: bob's, shown to alice with the message after a sync; a reaction needs an
         // emoji, or --remove without one.
         let reacted = try await ok(["react", sentID, "👍", "--json"] + bob)
@@ -138,7 +141,15 @@ import TestSupport
         _ = try await ok(["delete", questionID] + alice)
         _ = try await ok(["sync"] + alice)
         _ = try await ok(["sync"] + bob)
-        #expect(try await ok(["messages", "alice"] + bob).out.contains("  ↪ (a deleted message)\n"))
+        let afterDeletion = try await ok(["messages", "alice"] + bob).out
+        #expect(afterDeletion.contains("  ↪ (a deleted message)\n") && afterDeletion.contains("Alice (alice): (a deleted message)  \(questionID)\n"), "\(afterDeletion)")
+        #expect(!afterDeletion.contains("Tent or hut?"))
+        // An app's own kind of message: its fallback text, its type; --data only with --custom.
+        let poll = try await ok(["send", "alice", "Poll: lunch?", "--custom", "com.example.poll", "--data", #"{"options":["pizza"]}"#, "--json"] + bob)
+        #expect(((poll.json as? [String: Any])?["custom"] as? [String: Any])?["type"] as? String == "com.example.poll", "\(poll.out)")
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("Poll: lunch?  [custom: com.example.poll, "))
+        #expect(try await Self.convkit(["send", "alice", "x", "--data", "{}"] + bob).status == 64)
+        try await fails(["send", "alice", "x", "--custom", "Bad Type"] + bob, "custom payload")
         try await fails(["send", "alice", "x", "--reply-to", "c-x/m.none"] + bob, "not in this conversation")
         // A mention where the text says @alice; mentions of me list it.
         #expect(try await ok(["mentions"] + alice).out.contains("no messages mention you"))
@@ -234,7 +245,7 @@ import TestSupport
         #expect(try await ok(["messages", "alice"] + bob).out.contains("from the tablet"))
         #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
         let stats = try await ok(["stats", "--json"] + bob)
-        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 5, "Hi Bob (edited), Tent, @alice…, from the tablet, pending one — not the forged one, not the deleted question")
+        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 6, "Hi Bob (edited), Tent, the poll, @alice…, from the tablet, pending one — not the forged one, not the deleted question")
 
         // Failures: exit 1 with a reason.
         try await fails(["whoami", "--store", dir.path + "/nobody"], "no store at")

@@ -17,7 +17,9 @@ enum ChatCommands {
                             positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."), Positional("text", "The message.")],
                             options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag,
                                                              .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."),
-                                                             .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true), Targets.json]), run: send),
+                                                             .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true),
+                                                             .valued("custom", "type", "An app's own kind of message (com.example.poll); <text> is shown where it is not understood."),
+                                                             .valued("data", "text", "With --custom: its data (UTF-8 text, such as JSON)."), Targets.json]), run: send),
         ToolCommand(Command("convkit mentions", "List the newest messages that mention you, in every conversation.",
                             options: [Targets.store, Targets.json]), run: mentions),
         ToolCommand(Command("convkit search", "Find messages by their words (every word; best first, with a snippet).",
@@ -37,9 +39,11 @@ enum ChatCommands {
                             positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: removeConversation),
         ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag]), run: read),
-        ToolCommand(Command("convkit edit", "Edit one of your messages.",
+        ToolCommand(Command("convkit edit", "Edit one of your messages (each version is kept: 'convkit edits').",
                             positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("text", "The new text.")],
-                            options: [Targets.store]), run: edit),
+                            options: [Targets.store, Targets.json]), run: edit),
+        ToolCommand(Command("convkit edits", "List a message's versions, oldest first (the current one last).",
+                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")], options: [Targets.store, Targets.json]), run: edits),
         ToolCommand(Command("convkit react", "React to a message with an emoji (replacing your earlier reaction), or take yours back with --remove.",
                             positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("emoji", "The emoji (any short text; not with --remove).", optional: true)],
                             options: [Targets.store, Option.flag("remove", "Take your reaction back."), Targets.json]), run: react),
@@ -159,6 +163,8 @@ enum ChatCommands {
         if message.isWaitingForKey { value["waitingForKey"] = true }
         if let parent = message.replyTo { value["replyTo"] = parent.description }
         if !message.mentions.isEmpty { value["mentions"] = message.mentions.map { ["speaker": $0.speaker, "start": $0.utf8Range.lowerBound, "length": $0.utf8Range.count] as [String: Any] } }
+        if let custom = message.custom { value["custom"] = ["type": custom.type, "data": custom.data.base64EncodedString()] }
+        if message.isDeleted { value["deleted"] = true }
         if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
@@ -180,12 +186,14 @@ enum ChatCommands {
         if let missing = mentioned.first(where: { id in !mentions.contains { $0.speaker == id } }) {
             throw UsageError("--mention \(missing): the text does not say @\(missing)")
         }
+        let custom = context.arguments.value("custom").map { CustomPayload(type: $0, data: Data((context.arguments.value("data") ?? "").utf8)) }
+        if custom == nil, context.arguments.value("data") != nil { throw UsageError("--data goes with --custom") }
         var message: Message
         if let group = try group(to, store, context) {
-            message = try await store.send(text, toGroup: group.id, replyingTo: parent, mentions: mentions)
+            message = try await store.send(text, toGroup: group.id, replyingTo: parent, mentions: mentions, custom: custom)
         } else {
             try await requireKnown(to, in: store, context)
-            message = try await store.send(text, to: to, replyingTo: parent, mentions: mentions)
+            message = try await store.send(text, to: to, replyingTo: parent, mentions: mentions, custom: custom)
         }
         // Committed: from here on the message is reported, whatever the sync says.
         if context.arguments.has("sync") {
@@ -259,7 +267,7 @@ enum ChatCommands {
         }
         let group = try group(other, store, context)
         let id = try group?.id ?? conversation(store, with: other).id
-        let page = try store.messages(in: id, limit: limit, before: cursor)
+        let page = try store.messages(in: id, limit: limit, before: cursor, includeDeleted: true)
         let older = page.olderCursor.map { "\($0.spokenAt):\($0.name)" }
         // A group's membership changes, in the page's span: from its first message (from the
         // start on the oldest page) to its last (to now on the newest).
@@ -295,9 +303,13 @@ enum ChatCommands {
         for message in page.messages {
             printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
+            if message.isDeleted {
+                Output.line("\(Output.time(message.spokenAt)) \(name): (a deleted message)  \(message.id)")
+                continue
+            }
             let read = try readBy(message).map { $0.isEmpty ? nil : "read by \($0.count) of \(others ?? 0)" } ?? (message.readAt != nil ? "read" : nil)
             let reactions = try store.reactions(to: message.id)
-            let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.editedAt != nil ? "edited" : nil, read,
+            let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.custom.map { "custom: \($0.type)" }, message.editedAt != nil ? "edited" : nil, read,
                          message.syncState == .synced ? nil : state(message.syncState), reactions.isEmpty ? nil : summary(of: reactions)].compactMap { $0 }
             // Above a reply, what it answers: the start of that message, or a placeholder.
             switch try store.parent(of: message.id) {
@@ -356,7 +368,15 @@ enum ChatCommands {
         let id = try messageID(context.arguments.positional(0))
         guard let text = context.arguments.positional(1) else { throw UsageError("missing <text>") }
         let message = try await store.edit(id, content: text)
+        if context.json { return try Output.json(messageJSON(message)) }
         Output.line("\(message.id) edited, \(state(message.syncState))")
+    }
+
+    static func edits(_ context: Context) async throws {
+        let store = try context.store(readOnly: true)
+        let versions = try store.editHistory(of: try messageID(context.arguments.positional(0)))
+        if context.json { return try Output.json(versions.map { ["content": $0.content, "at": Output.time($0.at)] }) }
+        for version in versions { Output.line("\(Output.time(version.at)) \(version.content)") }
     }
 
     static func search(_ context: Context) async throws {

@@ -52,7 +52,7 @@ enum ChatView {
                 }
                 // Names, content and reasons come from others: made safe before they reach the
                 // terminal (this line's own escape codes are added around them).
-                let line = "[\(time)] \(state.names[message.speaker] ?? message.speaker): \(message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
+                let line = "[\(time)] \(state.names[message.speaker] ?? message.speaker): \(message.isDeleted ? "(a deleted message)" : message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
                 out += String(DisplayText.safe(line).prefix(columns)) + "\r\n"
             }
             out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(DisplayText.safe(state.status).prefix(columns))\u{1B}[0m"
@@ -106,7 +106,7 @@ enum ChatView {
         let refresher = Task {
             var lastShown: [Message] = []
             while !Task.isCancelled {
-                if let page = try? store.messages(in: conversation.id, limit: 200), page.messages != lastShown {
+                if let page = try? store.messages(in: conversation.id, limit: 200, includeDeleted: true), page.messages != lastShown {
                     lastShown = page.messages
                     // Names of those without one yet (a profile that arrived since, a new member).
                     let known = screen.state.withLock { $0.names }

@@ -168,6 +168,14 @@ enum StoreSchema {
             """),
         // Version 17: a reaction's clock, so a group counts it only if its reactor was a member then.
         Migration(version: 17, sql: "ALTER TABLE reactions ADD COLUMN clock INTEGER NOT NULL DEFAULT 0;"),
+        // Version 18: a message's custom payload (an app's type and data), and the versions of
+        // its text before the current one (its record's history, oldest first: version 0).
+        Migration(version: 18, sql: """
+            ALTER TABLE messages ADD COLUMN custom_type TEXT;
+            ALTER TABLE messages ADD COLUMN custom_data BLOB;
+            CREATE TABLE message_versions (zone TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL, content TEXT NOT NULL, at INTEGER NOT NULL,
+                PRIMARY KEY (zone, name, version)) STRICT, WITHOUT ROWID;
+            """),
     ]
 }
 

@@ -11,6 +11,10 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case emptyContent
         /// A mention that is not a span of the message's text naming a valid identifier.
         case invalidMention
+        /// A custom payload whose type breaks the type rule or whose data is over 64 KiB.
+        case invalidCustomPayload
+        /// An edit past ``Message/maximumEdits`` (the history each version carries is bounded).
+        case tooManyEdits
         case unknownSpeaker
         case unknownConversation
         case unknownMessage

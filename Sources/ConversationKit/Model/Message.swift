@@ -17,6 +17,10 @@ public struct MessageID: Sendable, Hashable, Codable, CustomStringConvertible {
 /// One message, as a value snapshot.
 public struct Message: Sendable, Hashable, Identifiable {
     public static let maximumContentBytes = 64 * 1024
+    /// How many times a message may be edited: each version carries the texts before it
+    /// (``ConversationStore/editHistory(of:)``), so a message stays within a record's size
+    /// (as Signal bounds edits).
+    public static let maximumEdits = 10
 
     public let id: MessageID
     public let content: String
@@ -39,6 +43,46 @@ public struct Message: Sendable, Hashable, Identifiable {
     public let replyTo: MessageID?
     /// The speakers it mentions, each at a span of ``content``, in order.
     public let mentions: [Mention]
+    /// An app's own kind of message (a poll, a location): its type and data, with ``content``
+    /// as the text shown where the type is not understood.
+    public let custom: CustomPayload?
+    /// Deleted by its speaker: a placeholder ("a deleted message") in its place, with no
+    /// content, only from ``ConversationStore/messages(in:limit:before:includeDeleted:)``
+    /// asked with `includeDeleted`.
+    public let isDeleted: Bool
+}
+
+/// An app's own message data (Amity's custom messages, Matrix's custom event types), sealed
+/// with the message: a type naming its format, and the data.
+public struct CustomPayload: Sendable, Hashable {
+    public static let maximumDataBytes = 64 * 1024
+    public static let maximumTypeBytes = 128
+
+    /// Reverse-DNS style (`com.example.poll`): 1–128 characters of `a–z 0–9 . - _`, starting
+    /// with a letter.
+    public let type: String
+    public let data: Data
+
+    public init(type: String, data: Data) {
+        self.type = type
+        self.data = data
+    }
+
+    /// Whether it follows the rules above (a reader ignores a payload that does not).
+    public var isValid: Bool {
+        let bytes = Array(type.utf8)
+        guard let first = bytes.first, bytes.count <= Self.maximumTypeBytes, (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(first) else { return false }
+        return data.count <= Self.maximumDataBytes && bytes.allSatisfy {
+            (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_")
+        }
+    }
+}
+
+/// One version of a message's text (``ConversationStore/editHistory(of:)``).
+public struct MessageVersion: Sendable, Hashable {
+    public let content: String
+    /// When it was said (the first version) or edited to this.
+    public let at: Date
 }
 
 /// A speaker mentioned at a span of a message's content ("@carol", or however the app shows

@@ -35,16 +35,53 @@ extension ChatRecords {
         ])
     }
 
-    static func message(name: String, speaker: String, listener: String, content: String, spokenAt: Int64, editedAt: Int64?,
-                        replyTo: String? = nil, mentions: [Mention] = []) throws(RecordZoneError) -> Record {
-        var fields: [String: FieldValue] = [
-            "speaker": .string(speaker), "listener": .string(listener), "content": .string(content),
-            "spokenAt": .date(milliseconds: spokenAt),
-        ]
+    /// A message's record, in the pair zone of `speaker` and `listener`, or in `zone` (a group's:
+    /// no listener). `history`: the versions before this one, oldest first (docs/PROTOCOL.md §3).
+    static func message(name: String, speaker: String, listener: String?, in zone: ZoneName? = nil, content: String, spokenAt: Int64, editedAt: Int64?,
+                        replyTo: String? = nil, mentions: [Mention] = [], custom: CustomPayload? = nil, history: [MessageVersion] = []) throws(RecordZoneError) -> Record {
+        var fields: [String: FieldValue] = ["speaker": .string(speaker), "content": .string(content), "spokenAt": .date(milliseconds: spokenAt)]
+        if let listener { fields["listener"] = .string(listener) }
         if let editedAt { fields["editedAt"] = .date(milliseconds: editedAt) }
         if let replyTo { fields["replyTo"] = .string(replyTo) }
         if !mentions.isEmpty { fields["mentions"] = .list(mentions.map { .string($0.field) }) }
-        return Record(id: try RecordID(zone: conversationZone(speaker, listener), name: name), type: messageType, fields: fields)
+        if let custom {
+            fields["customType"] = .string(custom.type)
+            fields["customData"] = .bytes(custom.data)
+        }
+        if !history.isEmpty {
+            fields["history"] = .list(history.map { .string($0.content) })
+            fields["historyTimes"] = .list(history.map { .date(milliseconds: Int64(($0.at.timeIntervalSince1970 * 1000).rounded())) })
+        }
+        return Record(id: try RecordID(zone: zone ?? conversationZone(speaker, listener ?? ""), name: name), type: messageType, fields: fields)
+    }
+
+    /// The versions before a message's current one, as its record carries them: nil when the
+    /// two lists do not match or hold more than ``Message/maximumEdits`` (a reader then shows none).
+    static func history(of record: Record) -> [MessageVersion]? {
+        guard let texts = record["history"]?.listValue else { return record["historyTimes"] == nil ? [] : nil }
+        guard let times = record["historyTimes"]?.listValue, texts.count == times.count, texts.count <= Message.maximumEdits else { return nil }
+        var versions: [MessageVersion] = []
+        for (text, time) in zip(texts, times) {
+            guard let content = text.stringValue, let at = time.dateValue, content.utf8.count <= Message.maximumContentBytes else { return nil }
+            versions.append(MessageVersion(content: content, at: at))
+        }
+        return versions
+    }
+
+    /// The app payload a message's record carries, when it carries a valid one.
+    static func custom(of record: Record) -> CustomPayload? {
+        guard let type = record.string("customType"), let data = record["customData"]?.bytesValue else { return nil }
+        let payload = CustomPayload(type: type, data: data)
+        return payload.isValid ? payload : nil
+    }
+
+    /// The clock in a message's name (`m.<h(speaker)>.<16 hex clock>-<random>`): the time a
+    /// deleted message's placeholder stands at, the same for every reader.
+    static func messageClock(ofName name: String) -> RecordClock? {
+        let parts = name.split(separator: ".", maxSplits: 2)
+        guard parts.count == 3, parts[0] == "m", let dash = parts[2].firstIndex(of: "-") else { return nil }
+        let hex = parts[2][..<dash]
+        return hex.count == 16 ? UInt64(hex, radix: 16).map(RecordClock.init(rawValue:)) : nil
     }
 
     /// A new message's name: the sender's hash, then the version clock (so one sender's

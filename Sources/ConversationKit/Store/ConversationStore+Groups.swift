@@ -153,10 +153,10 @@ extension ConversationStore {
     ///   the group; the content errors of ``send(_:to:)``.
     /// - Parameter replyingTo: the group message this one answers.
     @discardableResult
-    public func send(_ content: String, toGroup group: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = []) async throws(ConversationError) -> Message {
+    public func send(_ content: String, toGroup group: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = [],
+                     custom: CustomPayload? = nil) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
-        try Self.validate(content: content)
-        try Self.validate(mentions, in: content)
+        try Self.validate(content: content, mentions: mentions, custom: custom)
         let zone = try Self.groupZone(group)
         let clock = clock.now()
         let name = ChatRecords.messageName(speaker: local.identifier, clock: clock)
@@ -166,11 +166,9 @@ extension ConversationStore {
                 throw ConversationError(.notAllowedInGroup, "\(local.identifier) is not in the group \(group)")
             }
             let latest = try applier.db.first("SELECT max(spoken_at) FROM messages WHERE zone = ?", [group]) { $0.optionalInt(0) } ?? nil
-            var record = Record(id: try RecordID(zone: zone, name: name), type: ChatRecords.messageType, fields: [
-                "speaker": .string(local.identifier), "content": .string(content), "spokenAt": .date(milliseconds: max(now, (latest ?? Int64.min) &+ 1)),
-            ])
-            if let replyTo = try Self.replyTarget(parent, in: group, db: applier.db) { record["replyTo"] = .string(replyTo) }
-            if !mentions.isEmpty { record["mentions"] = .list(mentions.map { .string($0.field) }) }
+            var record = try ChatRecords.message(name: name, speaker: local.identifier, listener: nil, in: zone, content: content,
+                                                 spokenAt: max(now, (latest ?? Int64.min) &+ 1), editedAt: nil,
+                                                 replyTo: try Self.replyTarget(parent, in: group, db: applier.db), mentions: mentions, custom: custom)
             record = try applier.seal(record, at: clock)
             try record.sign(with: local.key, clock: clock)
             try self.applyLocal(record, in: &applier)

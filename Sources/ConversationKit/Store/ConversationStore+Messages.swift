@@ -51,7 +51,7 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "receipts", "reactions", "conversation_members", "conversations",
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "message_versions", "receipts", "reactions", "conversation_members", "conversations",
                           "group_members", "group_runs", "group_state"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }
@@ -113,11 +113,14 @@ extension ConversationStore {
     ///   finds "@identifier" spans); sealed with the content.
     /// - Throws: ``ConversationError/Code/invalidMention`` for a span outside the content or an
     ///   invalid identifier.
+    /// - Parameter custom: an app's own kind of message, sealed with it; `content` is then the
+    ///   text shown where its type is not understood.
+    ///   ``ConversationError/Code/invalidCustomPayload`` when it breaks ``CustomPayload/isValid``.
     @discardableResult
-    public func send(_ content: String, to listener: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = []) async throws(ConversationError) -> Message {
+    public func send(_ content: String, to listener: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = [],
+                     custom: CustomPayload? = nil) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
-        try Self.validate(content: content)
-        try Self.validate(mentions, in: content)
+        try Self.validate(content: content, mentions: mentions, custom: custom)
         try ChatRecords.validate(identifier: listener)
         guard listener != local.identifier else { throw ConversationError(.invalidIdentifier, "cannot send a message to yourself") }
         let name = ChatRecords.messageName(speaker: local.identifier, clock: clock.now())
@@ -131,31 +134,56 @@ extension ConversationStore {
             let spokenAt = max(now, (latest ?? Int64.min) &+ 1)
             let replyTo = try Self.replyTarget(parent, in: zone.rawValue, db: applier.db)
             let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil,
-                                                 replyTo: replyTo, mentions: mentions)
+                                                 replyTo: replyTo, mentions: mentions, custom: custom)
             try self.joinIfNeeded(listener, as: local, in: &applier)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
 
-    /// Replaces the content of one of the local speaker's messages (a new signed version).
+    /// Replaces the content of one of the local speaker's messages (a new signed version, in a
+    /// pair or a group). The version carries the texts before it, so every reader holds the same
+    /// history (``editHistory(of:)``); a custom payload and what it answers stay as they were.
     /// - Parameter mentions: the new text's mentions (the old ones' spans do not carry over).
+    /// - Throws: ``ConversationError/Code/tooManyEdits`` past ``Message/maximumEdits``.
     @discardableResult
     public func edit(_ id: MessageID, content: String, mentions: [Mention] = []) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
-        try Self.validate(content: content)
-        try Self.validate(mentions, in: content)
+        try Self.validate(content: content, mentions: mentions, custom: nil)
         return try await write { applier in
             let current = try self.ownMessage(id, local: local, db: applier.db)
-            let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener, content: content,
-                                                 spokenAt: Self.milliseconds(current.spokenAt), editedAt: Self.milliseconds(self.configuration.now()),
-                                                 replyTo: current.replyTo?.name, mentions: mentions)
+            var history = try Self.history(applier.db, id)
+            guard history.count < Message.maximumEdits else {
+                throw ConversationError(.tooManyEdits, "\(id) was edited \(history.count) times, the most a message may be")
+            }
+            history.append(MessageVersion(content: current.content, at: current.editedAt ?? current.spokenAt))
+            let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener.isEmpty ? nil : current.listener,
+                                                 in: try ZoneName(id.conversation), content: content, spokenAt: Self.milliseconds(current.spokenAt),
+                                                 editedAt: Self.milliseconds(self.configuration.now()), replyTo: current.replyTo?.name, mentions: mentions,
+                                                 custom: current.custom, history: history)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
 
-    /// Deletes one of the local speaker's messages with a signed tombstone.
+    /// Every version of a message's text, oldest first, the current one last (one version for a
+    /// message never edited). Empty for a deleted message: its history went with it.
+    public func editHistory(of id: MessageID) throws(ConversationError) -> [MessageVersion] {
+        try read { db in
+            let message = try Self.message(db, id)
+            return try Self.history(db, id) + [MessageVersion(content: message.content, at: message.editedAt ?? message.spokenAt)]
+        }
+    }
+
+    /// The versions before a message's current one, oldest first.
+    static func history(_ db: Database, _ id: MessageID) throws -> [MessageVersion] {
+        try db.rows("SELECT content, at FROM message_versions WHERE zone = ? AND name = ? ORDER BY version", [id.conversation, id.name]) {
+            MessageVersion(content: $0.text(0), at: date($0.int(1)))
+        }
+    }
+
+    /// Deletes one of the local speaker's messages with a signed tombstone: every reader then
+    /// shows a placeholder in its place (``Message/isDeleted``), its text and history gone.
     public func delete(_ id: MessageID) async throws(ConversationError) {
         let local = try requireIdentity()
         try await write { applier in
@@ -258,11 +286,13 @@ extension ConversationStore {
 
     /// A page of a conversation's messages, oldest first: the newest `limit` messages, or the
     /// `limit` messages just before `cursor` (``MessagePage/olderCursor`` of the page after).
-    public func messages(in conversation: String, limit: Int = 50, before cursor: MessageCursor? = nil) throws(ConversationError) -> MessagePage {
+    /// - Parameter includeDeleted: with deleted messages' placeholders in their places
+    ///   (``Message/isDeleted``), as a chat view shows them.
+    public func messages(in conversation: String, limit: Int = 50, before cursor: MessageCursor? = nil, includeDeleted: Bool = false) throws(ConversationError) -> MessagePage {
         let limit = max(1, min(limit, 1000))
         return try read { db in
             try Self.requireConversation(db, conversation)
-            var sql = "SELECT \(Self.messageColumns) FROM messages WHERE zone = ? AND is_deleted = 0"
+            var sql = "SELECT \(Self.messageColumns) FROM messages WHERE zone = ?\(includeDeleted ? "" : " AND is_deleted = 0")"
             var values: [any DatabaseValueConvertible] = [conversation]
             if let cursor {
                 sql += " AND (spoken_at, name) < (?, ?)"
@@ -320,6 +350,15 @@ extension ConversationStore {
         }
     }
 
+    static func validate(content: String, mentions: [Mention], custom: CustomPayload?) throws(ConversationError) {
+        try validate(content: content)
+        try validate(mentions, in: content)
+        if let custom, !custom.isValid {
+            throw ConversationError(.invalidCustomPayload, "a custom payload's type is 1-\(CustomPayload.maximumTypeBytes) characters of a-z 0-9 . - _ starting with a letter "
+                                    + "('\(custom.type)'), its data at most \(CustomPayload.maximumDataBytes) bytes (\(custom.data.count))")
+        }
+    }
+
     static func validate(content: String) throws(ConversationError) {
         guard !content.isEmpty else { throw ConversationError(.emptyContent, "a message needs content") }
         let count = content.utf8.count
@@ -349,7 +388,8 @@ extension ConversationStore {
 
     static let messageColumns = """
         zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
-        (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ') FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name)
+        (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ') FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name),
+        custom_type, custom_data, is_deleted
         """
 
     static func message(from row: Row) -> Message {
@@ -363,7 +403,8 @@ extension ConversationStore {
                        spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state,
                        isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) },
                        mentions: (row.optionalText(13) ?? "").split(separator: " ").compactMap { Mention(field: String($0), content: row.text(4)) }
-                           .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound })
+                           .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound },
+                       custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0)
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

@@ -344,10 +344,7 @@ struct RecordApplier {
         let state = origin == .local ? SyncStateColumn.pending : .synced
         let exists = try db.first("SELECT 1 FROM messages WHERE zone = ? AND name = ?", [zone, name]) { _ in true } ?? false
         if record.isDeleted {
-            try db.execute("UPDATE messages SET is_deleted = 1, content = '', waiting_epoch = NULL, sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?",
-                           [state.rawValue, zone, name])
-            try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
-            if exists { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
+            try projectDeletion(record, exists: exists, state: state)
             return
         }
         let isGroup = ChatRecords.isGroupZone(record.id.zone)
@@ -377,6 +374,13 @@ struct RecordApplier {
                 waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
                   state.rawValue, waiting, replyTo])
+        let custom = ChatRecords.custom(of: opened)
+        try db.execute("UPDATE messages SET custom_type = ?, custom_data = ? WHERE zone = ? AND name = ?", [custom?.type, custom?.data, zone, name])
+        try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
+        for (version, earlier) in (ChatRecords.history(of: opened) ?? []).enumerated() {
+            try db.execute("INSERT INTO message_versions (zone, name, version, content, at) VALUES (?, ?, ?, ?, ?)",
+                           [zone, name, version, earlier.content, Int64((earlier.at.timeIntervalSince1970 * 1000).rounded())])
+        }
         try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         for case let field? in opened["mentions"]?.listValue?.map(\.stringValue) ?? [] {
             guard let mention = Mention(field: field, content: content) else { continue }
@@ -385,6 +389,31 @@ struct RecordApplier {
         }
         if !isGroup { try ensureConversation(zone: zone, other: speaker == localSpeaker ? listener : speaker) }
         newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
+        events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
+    }
+
+    /// A message's tombstone: a placeholder in its place, with nothing of what it said (text,
+    /// history, mentions, payload, what it answered), at its name's clock — so a reader that held
+    /// the message and one that only ever saw the tombstone show the same placeholder at the same
+    /// place. One the local speaker may not read at that clock (a group's, before they joined)
+    /// is not shown.
+    private mutating func projectDeletion(_ record: Record, exists: Bool, state: SyncStateColumn) throws {
+        let zone = record.id.zone.rawValue, name = record.id.name
+        let clock = ChatRecords.messageClock(ofName: name) ?? record.clock
+        let spokenAt = Int64(clock.milliseconds)
+        let isGroup = ChatRecords.isGroupZone(record.id.zone)
+        let mayRead = try exists || !isGroup || localMayRead(zone: zone, at: clock)
+        guard let speaker = record.string("speaker"), mayRead else { return }
+        // A pair's listener: the one of the two who is not its speaker.
+        let other = try db.first("SELECT other FROM conversations WHERE zone = ?", [zone]) { $0.text(0) }
+        guard let listener = isGroup ? "" : speaker == localSpeaker ? other : localSpeaker else { return }
+        try db.execute("""
+            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, is_deleted, sync_state) VALUES (?, ?, ?, ?, '', ?, 1, ?)
+            ON CONFLICT (zone, name) DO UPDATE SET is_deleted = 1, content = '', spoken_at = excluded.spoken_at, edited_at = NULL, reply_to = NULL,
+                custom_type = NULL, custom_data = NULL, waiting_epoch = NULL, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
+            """, [zone, name, speaker, listener, spokenAt, state.rawValue])
+        try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
+        try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
     }
 
