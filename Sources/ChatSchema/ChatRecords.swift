@@ -21,6 +21,9 @@ import RecordZone
 /// - `Reaction` in a conversation or group zone, named `x.<h(reactor)>.<message name>`:
 ///   `reactor`, `message`, `emoji` (sealed), `reactedAt` — one per reactor per message, so two
 ///   people reacting offline never write the same record; a tombstone takes it back.
+/// - `Delivery` in a conversation or group zone, named `d.<h(member)>.<16 hex of the writing
+///   device's key>`: `member`, `held` (per sender, `"<count>:<newest message name>"` of the
+///   messages the device holds) — the delivered ticks, one record per device, not per message.
 ///
 /// - `Recovery` in a speaker's zone (``Recovery``): the identity key, wrapped with a recovery code.
 /// - `EncryptionKey` and `HistoryShare` in a speaker's zone and `KeyShare` in a conversation's or group's zone
@@ -41,10 +44,12 @@ package enum ChatRecords {
     package static let messageType = "Message"
     package static let receiptType = "Receipt"
     package static let reactionType = "Reaction"
+    package static let deliveryType = "Delivery"
 
     package static let messagePrefix = "m."
     package static let receiptPrefix = "r."
     package static let reactionPrefix = "x."
+    package static let deliveryPrefix = "d."
     package static let memberPrefix = "member-"
 
     package static let rules: [OwnershipRule] = [
@@ -61,11 +66,13 @@ package enum ChatRecords {
         OwnershipRule(recordType: messageType, zones: .prefixed("c-"), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
         OwnershipRule(recordType: reactionType, zones: .prefixed("c-"), owner: .hashedName(prefix: reactionPrefix, field: "reactor")),
+        OwnershipRule(recordType: deliveryType, zones: .prefixed("c-"), owner: .hashedName(prefix: deliveryPrefix, field: "member")),
         // Groups (`g-<h(creator)>-<random>`): their changes, and messages and receipts as in a pair.
         OwnershipRule(recordType: GroupChange.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: GroupChange.namePrefix, field: "actor")),
         OwnershipRule(recordType: messageType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
         OwnershipRule(recordType: receiptType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
         OwnershipRule(recordType: reactionType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: reactionPrefix, field: "reactor")),
+        OwnershipRule(recordType: deliveryType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: deliveryPrefix, field: "member")),
         // Sender keys shared in a conversation's zone (§3.2).
         OwnershipRule(recordType: KeyShare.recordType, zones: .prefixed("c-"), owner: .hashedName(prefix: KeyShare.namePrefix, field: KeyShare.senderField)),
         OwnershipRule(recordType: KeyShare.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: KeyShare.namePrefix, field: KeyShare.senderField)),

@@ -283,6 +283,12 @@ import Testing
         var sealedPoll = try Sealing.seal(["content", "customType", "customData", "history", "historyTimes"], of: poll, sender: "alice", device: alice.publicKey,
                                           epoch: Data((0x10..<0x20).map { UInt8($0) }), key: Data((0x20..<0x40).map { UInt8($0) }), nonce: Data((0x40..<0x58).map { UInt8($0) }))
         try sealedPoll.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_000_900, counter: 0))
+        // Bob's device says it holds three of alice's messages, the newest the poll above.
+        let bobDevice = try key(2)
+        var delivery = Record(id: try RecordID(zone: zone, name: "d.\(OwnershipRule.identityHash("bob")).\(bobDevice.publicKey.prefix(8).hexString)"), type: "Delivery", fields: [
+            "member": .string("bob"), "held": .list([.string("3:\(poll.id.name)")]),
+        ])
+        try delivery.sign(with: bobDevice, clock: RecordClock(milliseconds: 1_700_000_001_000, counter: 0))
         func request(_ description: String, method: String, path: String, query: [(String, String)], body: Data) -> Vectors.RequestVector {
             let nonce = Data((0..<16).map { UInt8($0) })
             let timestamp: Int64 = 1_700_000_000_000
@@ -317,6 +323,7 @@ import Testing
                        sealedReaction, seed: 1),
             try vector("a reply 'and cake, @bob' to that message mentioning bob (bytes 10–13), its content, replyTo and mentions sealed together (the same epoch, key and nonce: fixed for the vectors only; a writer draws a random nonce for every envelope)", sealedReply, seed: 1),
             try vector("an app's poll (customType com.example.poll, customData its JSON as bytes) edited once: 'Poll: cake?' became 'Poll: cake or pie?', the earlier text in history with its time in historyTimes; all sealed together (the same epoch, key and nonce)", sealedPoll, seed: 1),
+            try vector("bob's device (seed 02…) holds 3 of alice's messages in the zone, the newest the poll above (d.<h(bob)>.<first 8 bytes of its key in hex>)", delivery, seed: 2),
         ], requests: [
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),

@@ -115,6 +115,10 @@ import TestSupport
         #expect(((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob"])
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Alice (alice): Hi Bob"))
         #expect(((try await ok(["conversations", "--json"] + bob).json as? [[String: Any]])?.first?["unread"] as? Int) == 1)
+        // Bob's store holds it (his sync said so): delivered, on alice's side, once she syncs.
+        #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  \(sentID)"))
+        _ = try await ok(["sync"] + alice)
+        #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  [delivered]  \(sentID)"))
         #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
         #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
         let versions = try await ok(["edits", sentID, "--json"] + alice)

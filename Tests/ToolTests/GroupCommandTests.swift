@@ -33,7 +33,7 @@ import TestSupport
         _ = try await ok(["sync"] + store("alice"))
         _ = try await ok(["sync"] + store("carol"))
         let read = try await ok(["messages", id] + store("carol")).out
-        #expect(read.contains("Who brings the tent?  [read by 1 of 2]"), "\(read)")
+        #expect(read.contains("Who brings the tent?  [delivered to 1, read by 1 of 2]"), "\(read)")
         // A plain member cannot add anyone: the rule's reason, exit 1.
         let refused = try await ConvkitTests.convkit(["group", "add", "Trip", "--member", "dave"] + store("alice"))
         #expect(refused.status == 1 && refused.err.contains("only an admin may add"), "\(refused.err)")

@@ -165,6 +165,7 @@ enum ChatCommands {
         if !message.mentions.isEmpty { value["mentions"] = message.mentions.map { ["speaker": $0.speaker, "start": $0.utf8Range.lowerBound, "length": $0.utf8Range.count] as [String: Any] } }
         if let custom = message.custom { value["custom"] = ["type": custom.type, "data": custom.data.base64EncodedString()] }
         if message.isDeleted { value["deleted"] = true }
+        if message.isDelivered { value["delivered"] = true }
         if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
@@ -284,7 +285,10 @@ enum ChatCommands {
         if context.json {
             var value: [String: Any] = ["messages": try page.messages.map { message in
                 var entry = messageJSON(message)
-                if let readers = try readBy(message) { entry["readBy"] = readers }
+                if let readers = try readBy(message) {
+                    entry["readBy"] = readers
+                    entry["deliveredTo"] = try store.deliveredTo(message.id)
+                }
                 let reactions = try store.reactions(to: message.id)
                 if !reactions.isEmpty { entry["reactions"] = reactions.map(reactionJSON) }
                 return entry
@@ -307,7 +311,12 @@ enum ChatCommands {
                 Output.line("\(Output.time(message.spokenAt)) \(name): (a deleted message)  \(message.id)")
                 continue
             }
-            let read = try readBy(message).map { $0.isEmpty ? nil : "read by \($0.count) of \(others ?? 0)" } ?? (message.readAt != nil ? "read" : nil)
+            // Ticks: read, else delivered (a group's per member: "delivered to 3, read by 1 of 4").
+            let read = try readBy(message).map { readers -> String? in
+                let ticks = [try store.deliveredTo(message.id).count, readers.count]
+                let said = zip(["delivered to", "read by"], ticks).filter { $0.1 > 0 }.map { "\($0.0) \($0.1)" }
+                return said.isEmpty ? nil : said.joined(separator: ", ") + " of \(others ?? 0)"
+            } ?? (message.readAt != nil ? "read" : message.isDelivered ? "delivered" : nil)
             let reactions = try store.reactions(to: message.id)
             let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.custom.map { "custom: \($0.type)" }, message.editedAt != nil ? "edited" : nil, read,
                          message.syncState == .synced ? nil : state(message.syncState), reactions.isEmpty ? nil : summary(of: reactions)].compactMap { $0 }

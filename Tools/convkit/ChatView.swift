@@ -44,7 +44,7 @@ enum ChatView {
                 var notes = [String]()
                 if message.isWaitingForKey { notes.append("waiting for its key") }
                 if message.editedAt != nil { notes.append("edited") }
-                if message.readAt != nil { notes.append("read") }
+                if message.readAt != nil { notes.append("read") } else if message.isDelivered { notes.append("delivered") }
                 switch message.syncState {
                 case .pending: notes.append("sending")
                 case .failed(let reason): notes.append("failed: \(reason)")

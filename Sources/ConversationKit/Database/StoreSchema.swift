@@ -176,6 +176,22 @@ enum StoreSchema {
             CREATE TABLE message_versions (zone TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL, content TEXT NOT NULL, at INTEGER NOT NULL,
                 PRIMARY KEY (zone, name, version)) STRICT, WITHOUT ROWID;
             """),
+        // Version 19: delivered ticks (docs/PROTOCOL.md §3). How many Message records this store
+        // holds of each sender per zone (by the name's `m.<h(sender)>.` prefix) and the newest
+        // name, kept as records arrive (what this device's Delivery record says); and, from the
+        // other members' devices' Delivery records, the newest of the local speaker's messages
+        // each holds with every one before it.
+        Migration(version: 19, sql: """
+            CREATE TABLE held_messages (zone TEXT NOT NULL, sender TEXT NOT NULL, count INTEGER NOT NULL, newest TEXT NOT NULL,
+                PRIMARY KEY (zone, sender)) STRICT, WITHOUT ROWID;
+            INSERT INTO held_messages (zone, sender, count, newest)
+                SELECT zone, substr(name, 1, 19), count(*), max(name) FROM ck_records
+                WHERE type = 'Message' AND length(name) > 19 AND substr(name, 1, 2) = 'm.' AND substr(name, 19, 1) = '.' GROUP BY zone, substr(name, 1, 19);
+            CREATE TABLE deliveries (zone TEXT NOT NULL, name TEXT NOT NULL, member TEXT NOT NULL, through TEXT NOT NULL,
+                PRIMARY KEY (zone, name)) STRICT, WITHOUT ROWID;
+            CREATE INDEX deliveries_by_member ON deliveries (zone, member, through);
+            CREATE INDEX messages_failed ON messages (zone, name) WHERE sync_state = 2;
+            """),
     ]
 }
 

@@ -50,6 +50,11 @@ public struct Message: Sendable, Hashable, Identifiable {
     /// content, only from ``ConversationStore/messages(in:limit:before:includeDeleted:)``
     /// asked with `includeDeleted`.
     public let isDeleted: Bool
+    /// One of the local speaker's messages in a pair that the listener's store holds (one of
+    /// their devices said so, or they read it) — beyond ``SyncState/synced``, which only says
+    /// the backend has it. False for a message someone else said, and in a group (see
+    /// ``ConversationStore/deliveredTo(_:)``).
+    public let isDelivered: Bool
 }
 
 /// An app's own message data (Amity's custom messages, Matrix's custom event types), sealed

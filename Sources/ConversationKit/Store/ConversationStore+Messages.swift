@@ -51,7 +51,7 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "message_versions", "receipts", "reactions", "conversation_members", "conversations",
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "message_versions", "held_messages", "deliveries", "receipts", "reactions", "conversation_members", "conversations",
                           "group_members", "group_runs", "group_state"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }
@@ -249,6 +249,24 @@ extension ConversationStore {
         }
     }
 
+    /// Whose stores hold one of the local speaker's messages, by name: the members (in a pair,
+    /// the listener) one of whose devices said it holds the message and every one before it
+    /// (a Delivery record), or who read it — "delivered to 4, read by 2 of 5" with
+    /// ``readers(of:)``. Empty for a message someone else said. In a group, only those who were
+    /// ever in it count.
+    public func deliveredTo(_ id: MessageID) throws(ConversationError) -> [String] {
+        let local = try requireIdentity()
+        return try read { db in
+            let message = try Self.message(db, id)
+            guard message.speaker == local.identifier else { return [] }
+            let member = "(? NOT LIKE 'g-%' OR EXISTS (SELECT 1 FROM group_runs g WHERE g.zone = ? AND g.speaker = who))"
+            return try db.rows("""
+                SELECT who FROM (SELECT member AS who FROM deliveries WHERE zone = ? AND through >= ? UNION SELECT reader FROM receipts WHERE zone = ? AND message = ?)
+                WHERE who != ? AND \(member) ORDER BY who
+                """, [id.conversation, id.name, id.conversation, id.name, local.identifier, id.conversation, id.conversation]) { $0.text(0) }
+        }
+    }
+
     /// The answers to a message, oldest first (a thread; `.count` is its reply count) — whether
     /// or not the message itself is still there (see ``parent(of:)``).
     public func replies(to id: MessageID) throws(ConversationError) -> [Message] {
@@ -389,7 +407,8 @@ extension ConversationStore {
     static let messageColumns = """
         zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
         (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ') FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name),
-        custom_type, custom_data, is_deleted
+        custom_type, custom_data, is_deleted,
+        read_at IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries d WHERE d.zone = messages.zone AND d.member = messages.listener AND d.through >= messages.name)
         """
 
     static func message(from row: Row) -> Message {
@@ -404,7 +423,8 @@ extension ConversationStore {
                        isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) },
                        mentions: (row.optionalText(13) ?? "").split(separator: " ").compactMap { Mention(field: String($0), content: row.text(4)) }
                            .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound },
-                       custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0)
+                       custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0,
+                       isDelivered: row.int(17) != 0)
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

@@ -398,6 +398,8 @@ enum CacheReset {
                 AND NOT (zone = ? AND name = ?) AND zone != ?
             """, values + [ChatRecords.speakersZone.rawValue, local, ChatRecords.speakerZone(local).rawValue])
         try db.execute("DELETE FROM messages WHERE \(filter) AND sync_state = ?", values + [SyncStateColumn.synced.rawValue])
+        try RecordApplier.recountHeld(where: filter, values, in: db)
+        try db.execute("DELETE FROM deliveries WHERE \(filter)", values)
         try db.execute("DELETE FROM receipts WHERE \(filter)", values)
         try db.execute("DELETE FROM conversation_members WHERE \(filter) AND speaker != ?", values + [local])
         try db.execute("""

@@ -25,6 +25,10 @@ struct RecordApplier {
     private(set) var quarantinedCount = 0
     /// Whether this transaction queued a local change for the backend.
     var queuedLocalChange = false
+    /// Zones where messages of others arrived: this device's Delivery record is written again
+    /// in ``finish()``. Zones where the local speaker's own arrived from another of its devices:
+    /// the Delivery records held there are weighed again.
+    var deliveryZones = Set<String>(), reweighedZones = Set<String>()
     /// Conversations already ensured in this transaction, and their newest message time.
     private var ensured = Set<String>()
     private var newestMessage: [String: Int64] = [:]
@@ -48,9 +52,10 @@ struct RecordApplier {
     @discardableResult
     mutating func apply(_ record: Record, origin: Origin) throws -> Bool {
         let zone = record.id.zone.rawValue, name = record.id.name
-        if let held = try db.first("SELECT clock, author, signature FROM ck_records WHERE zone = ? AND name = ?", [zone, name], { row in
+        let held = try db.first("SELECT clock, author, signature FROM ck_records WHERE zone = ? AND name = ?", [zone, name]) { row in
             (UInt64(bitPattern: row.int(0)), row.blob(1), row.blob(2))
-        }) {
+        }
+        if let held {
             var current = Record(id: record.id, type: record.recordType)
             current.clock = RecordClock(rawValue: held.0)
             current.authorKey = held.1
@@ -67,12 +72,14 @@ struct RecordApplier {
             ON CONFLICT (zone, name) DO UPDATE SET type = excluded.type, clock = excluded.clock, author = excluded.author,
                 signature = excluded.signature, is_deleted = excluded.is_deleted, record = excluded.record
             """, [zone, name, record.recordType, record.clock.rawValue, record.authorKey, record.signature, record.isDeleted, try record.encoded()])
+        if held == nil, record.recordType == ChatRecords.messageType { try countHeld(record, origin: origin) }
         switch record.recordType {
         case ChatRecords.speakerType: try projectSpeaker(record)
         case ChatRecords.memberType: try projectMember(record)
         case ChatRecords.messageType: try projectMessage(record, origin: origin)
         case ChatRecords.receiptType: try projectReceipt(record)
         case ChatRecords.reactionType: try projectReaction(record, origin: origin)
+        case ChatRecords.deliveryType: try projectDelivery(record)
         case GroupChange.recordType: try applyGroupChange(record)
         case EncryptionKey.recordType: try projectEncryptionKey(record)
         case KeyShare.recordType: try projectKeyShare(record, origin: origin)
@@ -257,6 +264,15 @@ struct RecordApplier {
                 return "message whose speaker and listener do not match its conversation"
             }
             guard (record.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return "message content over 64 KiB" }
+            return nil
+        case ChatRecords.deliveryType:
+            guard let member = record.string("member"), ChatRecords.isValidIdentifier(member),
+                  ChatRecords.isGroupZone(zone) || ChatRecords.isParticipant(member, in: zone) else { return "delivery from outside the conversation" }
+            if record.isDeleted { return nil }
+            guard let held = record["held"]?.listValue, held.count <= Self.maximumDeliverySenders,
+                  held.allSatisfy({ $0.stringValue.flatMap(Self.heldEntry) != nil }) else {
+                return "a delivery whose held list is not up to \(Self.maximumDeliverySenders) \"<count>:<message name>\" entries"
+            }
             return nil
         case ChatRecords.receiptType:
             guard let reader = record.string("reader"), ChatRecords.isParticipant(reader, in: zone) else {
@@ -484,6 +500,7 @@ struct RecordApplier {
             try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
         }
         newestMessage.removeAll()
+        try finishDeliveries()
     }
 
     // MARK: Groups

@@ -1,0 +1,112 @@
+import Foundation
+import RecordZone
+import SQLiteKit
+
+/// Delivered ticks (docs/PROTOCOL.md §3, "Delivery"): each device says, in one record per zone,
+/// how many messages of each sender it holds and the newest one's name; a sender whose own count
+/// up to that name is the same knows the device holds every one of them — no record per message,
+/// and no tick for a message the device lacks (a later one arriving first does not count).
+extension RecordApplier {
+    /// The most senders a Delivery record lists (a group's active speakers).
+    static let maximumDeliverySenders = 1000
+
+    /// A held list's entry, `"<count>:<message name>"`, when well formed.
+    static func heldEntry(_ entry: String) -> (count: Int64, newest: String)? {
+        guard let colon = entry.firstIndex(of: ":"), let count = Int64(entry[..<colon]), count > 0 else { return nil }
+        let newest = String(entry[entry.index(after: colon)...])
+        return senderPrefix(ofMessage: newest) == nil ? nil : (count, newest)
+    }
+
+    /// `m.<h(sender)>.`: the part of a message's name that names its sender.
+    static func senderPrefix(ofMessage name: String) -> Substring? {
+        let prefixLength = ChatRecords.messagePrefix.count + 17
+        guard name.count > prefixLength, name.hasPrefix(ChatRecords.messagePrefix) else { return nil }
+        let prefix = name.prefix(prefixLength)
+        return prefix.last == "." ? prefix : nil
+    }
+
+    /// The local speaker's messages' prefix, and the first string after all of them.
+    private func ownRange() -> (prefix: String, end: String)? {
+        guard let local = localSpeaker else { return nil }
+        let hash = ChatRecords.identityHash(local)
+        return (ChatRecords.messagePrefix + hash + ".", ChatRecords.messagePrefix + hash + "/")
+    }
+
+    /// Counts again the Message records held, by zone and sender (after records were dropped).
+    static func recountHeld(where filter: String, _ values: [any DatabaseValueConvertible], in db: Database) throws {
+        try db.execute("DELETE FROM held_messages WHERE \(filter)", values)
+        try db.execute("""
+            INSERT INTO held_messages (zone, sender, count, newest)
+                SELECT zone, substr(name, 1, 19), count(*), max(name) FROM ck_records
+                WHERE \(filter) AND type = ? AND length(name) > 19 AND substr(name, 1, 2) = 'm.' AND substr(name, 19, 1) = '.' GROUP BY zone, substr(name, 1, 19)
+            """, values + [ChatRecords.messageType])
+    }
+
+    /// A Message record new to this store: counted under its sender.
+    mutating func countHeld(_ record: Record, origin: Origin) throws {
+        let zone = record.id.zone.rawValue
+        guard let sender = Self.senderPrefix(ofMessage: record.id.name) else { return }
+        try db.execute("""
+            INSERT INTO held_messages (zone, sender, count, newest) VALUES (?, ?, 1, ?)
+            ON CONFLICT (zone, sender) DO UPDATE SET count = count + 1, newest = max(newest, excluded.newest)
+            """, [zone, String(sender), record.id.name])
+        guard origin == .remote else { return }
+        if String(sender) == ownRange()?.prefix { reweighedZones.insert(zone) } else { deliveryZones.insert(zone) }
+    }
+
+    /// Another member's device's Delivery record: how far it holds the local speaker's messages.
+    mutating func projectDelivery(_ record: Record) throws {
+        let zone = record.id.zone.rawValue, name = record.id.name
+        guard !record.isDeleted else {
+            try db.execute("DELETE FROM deliveries WHERE zone = ? AND name = ?", [zone, name])
+            return
+        }
+        guard let member = record.string("member"), member != localSpeaker, let own = ownRange(),
+              let held = (record["held"]?.listValue ?? []).lazy.compactMap({ $0.stringValue.flatMap(Self.heldEntry) }).first(where: { $0.newest.hasPrefix(own.prefix) })
+        else { return }
+        // Every one of the local speaker's messages up to `newest` that a backend took, counted
+        // here: what the device must hold for its count to match.
+        let total = try db.first("SELECT count FROM held_messages WHERE zone = ? AND sender = ?", [zone, own.prefix]) { $0.int(0) } ?? 0
+        let after = try db.first("SELECT count(*) FROM ck_records WHERE zone = ? AND name > ? AND name < ? AND type = ?",
+                                 [zone, held.newest, own.end, ChatRecords.messageType]) { $0.int(0) } ?? 0
+        let refused = try db.first("""
+            SELECT count(*) FROM messages WHERE zone = ? AND sync_state = ? AND coalesce(sync_error_code, '') != ? AND name >= ? AND name <= ?
+            """, [zone, SyncStateColumn.failed.rawValue, SyncFailure.Code.notInGroup.rawValue, own.prefix, held.newest]) { $0.int(0) } ?? 0
+        guard held.count == total - after - refused else { return }
+        let through = try db.first("SELECT through FROM deliveries WHERE zone = ? AND name = ?", [zone, name]) { $0.text(0) }
+        guard through.map({ held.newest > $0 }) ?? true else { return }
+        try db.execute("INSERT INTO deliveries (zone, name, member, through) VALUES (?, ?, ?, ?) ON CONFLICT (zone, name) DO UPDATE SET through = excluded.through",
+                       [zone, name, member, held.newest])
+        for message in try db.rows("SELECT name FROM messages WHERE zone = ? AND name > ? AND name <= ?", [zone, through ?? own.prefix, held.newest], { $0.text(0) }) {
+            note(.messageChanged(MessageID(conversation: zone, name: message)))
+        }
+    }
+
+    /// Writes this device's Delivery record where others' messages arrived, and weighs again the
+    /// records held where the local speaker's own arrived from its other devices (a count that
+    /// did not match for want of them may match now).
+    mutating func finishDeliveries() throws {
+        for zone in reweighedZones.sorted() {
+            let records = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND is_deleted = 0", [zone, ChatRecords.deliveryType]) {
+                try? Record(canonical: $0.blob(0))
+            }
+            for case let record? in records { try projectDelivery(record) }
+        }
+        reweighedZones.removeAll()
+        let zones = deliveryZones
+        deliveryZones.removeAll()
+        guard let device, let local = localSpeaker, let own = ownRange() else { return }
+        for zone in zones.sorted() {
+            guard let zoneName = try? ZoneName(zone) else { continue }
+            // Not in a group any more: nothing to say there (a server would refuse it).
+            if ChatRecords.isGroupZone(zoneName), !(try isGroupMember(local, zone: zone, at: clock.now())) { continue }
+            let held = try db.rows("SELECT count, newest FROM held_messages WHERE zone = ? AND sender != ? ORDER BY sender LIMIT ?",
+                                   [zone, own.prefix, Self.maximumDeliverySenders]) { FieldValue.string("\($0.int(0)):\($0.text(1))") }
+            guard !held.isEmpty else { continue }
+            let id = try RecordID(zone: zoneName, name: ChatRecords.deliveryPrefix + ChatRecords.identityHash(local) + "." + device.key.publicKey.prefix(8).hexString)
+            let current = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [zone, id.name]) { try? Record(canonical: $0.blob(0)) } ?? nil
+            if current?.isDeleted == false, current?["held"] == .list(held) { continue }
+            try commitLocal([Record(id: id, type: ChatRecords.deliveryType, fields: ["member": .string(local), "held": .list(held)])], signedWith: device.key)
+        }
+    }
+}

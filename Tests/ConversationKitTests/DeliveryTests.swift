@@ -1,0 +1,109 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import SQLiteKit
+import Testing
+import TestSupport
+
+/// Delivered ticks (docs/PROTOCOL.md §3, "Delivery"): a message shows delivered once a device of
+/// its listener holds it and every one before it — not when the backend has it (`synced`), and
+/// not for an earlier message a device lacks while it holds a later one.
+@Suite struct DeliveryTests {
+    @Test(arguments: ChatBackend.allCases)
+    func aMessageIsDeliveredWhenTheListenersStoreHoldsIt(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let first = try await alice.send("one", to: "bob"), second = try await alice.send("two", to: "bob")
+        try await alice.sync()
+        #expect(try alice.message(second.id)?.syncState == .synced)
+        #expect(try alice.message(second.id)?.isDelivered == false, "on the backend, not yet with bob")
+        try await bob.sync()   // pulls both, and pushes his Delivery record in the same sync
+        try await alice.sync()
+        for id in [first.id, second.id] {
+            #expect(try alice.message(id)?.isDelivered == true)
+            #expect(try alice.message(id)?.readAt == nil, "delivered, not read")
+            #expect(try alice.deliveredTo(id) == ["bob"])
+        }
+        // Bob's own view of alice's messages says nothing of delivery; nor does his of his own yet.
+        #expect(try bob.message(first.id)?.isDelivered == false)
+        #expect(try bob.deliveredTo(first.id) == [])
+        // One Delivery record per device and zone, replaced as messages arrive, never one per message.
+        let third = try await alice.send("three", to: "bob")
+        try await syncAll([alice, bob, alice])
+        #expect(try alice.message(third.id)?.isDelivered == true)
+        let deliveries = try await Self.records(of: "Delivery", in: first.id.conversation, fixture)
+        #expect(Set(deliveries.map(\.id)).count == 1 && deliveries.allSatisfy { $0.string("member") == "bob" }, "\(deliveries.map(\.id))")
+    }
+
+    /// Ticks per member in a group of five: delivered to those whose stores hold it, read by those
+    /// who read it.
+    @Test(arguments: ChatBackend.allCases)
+    func aGroupOfFiveShowsDeliveredAndReadPerMember(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let names = ["alice", "bob", "carol", "dave", "erin"]
+        var stores: [String: ConversationStore] = [:]
+        for name in names { stores[name] = try await fixture.store(name) }
+        let all = names.compactMap { stores[$0] }
+        try await syncAll(all)
+        let alice = try #require(stores["alice"])
+        let group = try await alice.createGroup(name: "Five", members: Array(names.dropFirst()))
+        try await syncAll(all)
+        let sent = try await alice.send("who has it?", toGroup: group.id)
+        try await alice.sync()
+        #expect(try alice.deliveredTo(sent.id) == [])
+        for name in ["bob", "carol", "dave"] { try await #require(stores[name]).sync() }
+        for name in ["bob", "carol"] { try await #require(stores[name]).markAllAsRead(in: group.id) }
+        for name in ["bob", "carol"] { try await #require(stores[name]).sync() }
+        try await alice.sync()
+        #expect(try alice.deliveredTo(sent.id) == ["bob", "carol", "dave"])
+        #expect(try alice.readers(of: sent.id).map(\.speaker).sorted() == ["bob", "carol"])
+        #expect(try alice.message(sent.id)?.isDelivered == false, "a group's ticks are per member")
+        try await #require(stores["erin"]).sync()
+        try await alice.sync()
+        #expect(try alice.deliveredTo(sent.id) == ["bob", "carol", "dave", "erin"])
+    }
+
+    /// A device that holds a later message but not an earlier one says so by its count: the
+    /// earlier one is not shown delivered, and neither is the later one (the count does not
+    /// say which is missing) until the earlier one arrives.
+    @Test func aMessageTheListenerLacksIsNotDeliveredThoughALaterOneIs() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let lost = try await alice.send("this one is held up", to: "bob")
+        let later = try await alice.send("this one arrives", to: "bob")
+        // Only the later one reaches the backend, as a sync tool or a retry might have it.
+        let zone = try ZoneName(later.id.conversation)
+        let db = try Database(path: fixture.storePath("alice") + "/store.sqlite", readOnly: true)
+        let bytes = try #require(try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [zone.rawValue, later.id.name]) { $0.blob(0) })
+        let signed = try Record(canonical: bytes)
+        let raw = try fixture.rawBackend("alice", key: try fixture.key(of: "alice"))
+        try await raw.createZone(zone)
+        let results = try await raw.save([signed])
+        #expect(results.allSatisfy { (try? $0.get()) != nil }, "\(results)")
+        try await bob.sync()
+        #expect(try bob.message(later.id) != nil && bob.message(lost.id) == nil)
+        // Alice pushes both, then reads bob's count: one of two up to the later one.
+        try await alice.sync()
+        #expect(try alice.message(lost.id)?.syncState == .synced)
+        #expect(try alice.message(later.id)?.isDelivered == false)
+        #expect(try alice.message(lost.id)?.isDelivered == false)
+        #expect(try alice.deliveredTo(lost.id) == [])
+        try await syncAll([bob, alice])
+        #expect(try alice.message(lost.id)?.isDelivered == true && alice.message(later.id)?.isDelivered == true)
+    }
+
+    /// Every record of `type` the backend holds in `zone`, as a raw reader fetches it.
+    static func records(of type: String, in zone: String, _ fixture: ChatFixture) async throws -> [Record] {
+        let reader = try fixture.rawBackend("alice", key: try fixture.key(of: "alice"))
+        var records: [Record] = [], token: ChangeToken? = nil
+        while true {
+            let page = try await reader.fetchChanges(in: try ZoneName(zone), since: token, limit: 200)
+            records += page.changedRecords.filter { $0.recordType == type }
+            token = page.token
+            if !page.moreComing { break }
+        }
+        return records
+    }
+}
