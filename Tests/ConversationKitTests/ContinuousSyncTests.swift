@@ -101,7 +101,7 @@ import TestSupport
         let other = try ConversationStore(directory: fixture.storePath("alice"), backend: fixture.factory(device: "alice"))
         let events = bob.events()
         let sent = try await other.send("from the other instance", to: "bob")
-        #expect(await Self.time(events) { $0 == .messageAdded(sent.id) } != nil)
+        #expect(await Self.time(events, seconds: 30) { $0 == .messageAdded(sent.id) } != nil)
     }
 
     /// The server goes away while both stores run: the sender's store reports it unreachable,

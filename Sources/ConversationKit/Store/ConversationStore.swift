@@ -398,6 +398,9 @@ enum CacheReset {
                 AND NOT (zone = ? AND name = ?) AND zone != ?
             """, values + [ChatRecords.speakersZone.rawValue, local, ChatRecords.speakerZone(local).rawValue])
         try db.execute("DELETE FROM messages WHERE \(filter) AND sync_state = ?", values + [SyncStateColumn.synced.rawValue])
+        for table in ["message_mentions", "message_versions"] {
+            try db.execute("DELETE FROM \(table) WHERE \(filter) AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.zone = \(table).zone AND m.name = \(table).name)", values)
+        }
         try RecordApplier.recountHeld(where: filter, values, in: db)
         try db.execute("DELETE FROM deliveries WHERE \(filter)", values)
         try db.execute("DELETE FROM receipts WHERE \(filter)", values)

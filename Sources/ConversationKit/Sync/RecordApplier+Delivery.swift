@@ -46,16 +46,28 @@ extension RecordApplier {
     mutating func countHeld(_ record: Record, origin: Origin) throws {
         let zone = record.id.zone.rawValue
         guard let sender = Self.senderPrefix(ofMessage: record.id.name) else { return }
-        try db.execute("""
-            INSERT INTO held_messages (zone, sender, count, newest) VALUES (?, ?, 1, ?)
-            ON CONFLICT (zone, sender) DO UPDATE SET count = count + 1, newest = max(newest, excluded.newest)
-            """, [zone, String(sender), record.id.name])
+        let key = HeldSender(zone: zone, sender: String(sender))
+        let pending = heldPending[key]
+        heldPending[key] = ((pending?.count ?? 0) + 1, max(pending?.newest ?? "", record.id.name))
         guard origin == .remote else { return }
         if String(sender) == ownRange()?.prefix { reweighedZones.insert(zone) } else { deliveryZones.insert(zone) }
     }
 
+    /// Writes the counts of this transaction's new Message records (once per transaction, not
+    /// once per message).
+    mutating func flushHeld() throws {
+        for (key, held) in heldPending {
+            try db.execute("""
+                INSERT INTO held_messages (zone, sender, count, newest) VALUES (?, ?, ?, ?)
+                ON CONFLICT (zone, sender) DO UPDATE SET count = count + excluded.count, newest = max(newest, excluded.newest)
+                """, [key.zone, key.sender, held.count, held.newest])
+        }
+        heldPending.removeAll()
+    }
+
     /// Another member's device's Delivery record: how far it holds the local speaker's messages.
     mutating func projectDelivery(_ record: Record) throws {
+        try flushHeld()
         let zone = record.id.zone.rawValue, name = record.id.name
         guard !record.isDeleted else {
             try db.execute("DELETE FROM deliveries WHERE zone = ? AND name = ?", [zone, name])
@@ -86,6 +98,7 @@ extension RecordApplier {
     /// records held where the local speaker's own arrived from its other devices (a count that
     /// did not match for want of them may match now).
     mutating func finishDeliveries() throws {
+        try flushHeld()
         for zone in reweighedZones.sorted() {
             let records = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND is_deleted = 0", [zone, ChatRecords.deliveryType]) {
                 try? Record(canonical: $0.blob(0))
@@ -109,4 +122,10 @@ extension RecordApplier {
             try commitLocal([Record(id: id, type: ChatRecords.deliveryType, fields: ["member": .string(local), "held": .list(held)])], signedWith: device.key)
         }
     }
+}
+
+/// A zone and a sender's name prefix (`m.<h(sender)>.`).
+struct HeldSender: Hashable {
+    var zone: String
+    var sender: String
 }

@@ -29,6 +29,8 @@ struct RecordApplier {
     /// in ``finish()``. Zones where the local speaker's own arrived from another of its devices:
     /// the Delivery records held there are weighed again.
     var deliveryZones = Set<String>(), reweighedZones = Set<String>()
+    /// Message records new in this transaction, by zone and sender, not yet in `held_messages`.
+    var heldPending: [HeldSender: (count: Int64, newest: String)] = [:]
     /// Conversations already ensured in this transaction, and their newest message time.
     private var ensured = Set<String>()
     private var newestMessage: [String: Int64] = [:]
@@ -372,8 +374,7 @@ struct RecordApplier {
             case .waiting(let epoch): waiting = epoch
             case .refused(let why):
                 try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation(why), source: origin == .local ? "local" : "pull", data: try? record.encoded()))
-                try db.execute("DELETE FROM messages WHERE zone = ? AND name = ?", [zone, name])
-                if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
+                try removeMessageRow(zone: zone, name: name)
                 return
             }
         }
@@ -382,22 +383,25 @@ struct RecordApplier {
         else { return }
         // The message it answers: another message's name (anything else is not a reply).
         let replyTo = opened.string("replyTo").flatMap { $0.hasPrefix(ChatRecords.messagePrefix) && $0 != name ? $0 : nil }
+        let custom = ChatRecords.custom(of: opened)
         try db.execute("""
-            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch, reply_to)
-            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?)
+            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch, reply_to,
+                custom_type, custom_data)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
                 spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL,
-                waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to
+                waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to, custom_type = excluded.custom_type, custom_data = excluded.custom_data
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
-                  state.rawValue, waiting, replyTo])
-        let custom = ChatRecords.custom(of: opened)
-        try db.execute("UPDATE messages SET custom_type = ?, custom_data = ? WHERE zone = ? AND name = ?", [custom?.type, custom?.data, zone, name])
-        try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
+                  state.rawValue, waiting, replyTo, custom?.type, custom?.data])
+        // A new row has no versions or mentions yet (every removal of a row takes its own).
+        if exists {
+            try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
+            try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
+        }
         for (version, earlier) in (ChatRecords.history(of: opened) ?? []).enumerated() {
             try db.execute("INSERT INTO message_versions (zone, name, version, content, at) VALUES (?, ?, ?, ?, ?)",
                            [zone, name, version, earlier.content, Int64((earlier.at.timeIntervalSince1970 * 1000).rounded())])
         }
-        try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         for case let field? in opened["mentions"]?.listValue?.map(\.stringValue) ?? [] {
             guard let mention = Mention(field: field, content: content) else { continue }
             try db.execute("INSERT OR IGNORE INTO message_mentions (zone, name, start, length, speaker) VALUES (?, ?, ?, ?, ?)",
@@ -431,6 +435,15 @@ struct RecordApplier {
         try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
+    }
+
+    /// Takes a message out of the view, with its mentions and versions.
+    private mutating func removeMessageRow(zone: String, name: String) throws {
+        try db.execute("DELETE FROM messages WHERE zone = ? AND name = ?", [zone, name])
+        let removed = db.changes > 0
+        try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
+        try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
+        if removed { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
     }
 
     private mutating func projectReceipt(_ record: Record) throws {
@@ -546,8 +559,7 @@ struct RecordApplier {
                      SyncFailure(.notInGroup, message: "\(local) was not in the group at this message's clock: nobody else sees it"))
             return
         }
-        try db.execute("DELETE FROM messages WHERE zone = ? AND name = ?", [zone, name])
-        if db.changes > 0 { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
+        try removeMessageRow(zone: zone, name: name)
     }
 
     /// A group's change: after every change decided so far (the usual case), decided alone
