@@ -28,6 +28,7 @@ import TestSupport
         try await bob.react(to: sent.id, with: "👋")          // one reaction per person per message, sealed
         try await bob.sync()
         try await alice.sync()
+        print(try alice.message(sent.id)?.isDelivered as Any) // true: bob's store holds it ("synced" only says the backend does)
         print(try alice.message(sent.id)?.readAt as Any)      // when bob read it
         print(try alice.reactions(to: sent.id).map(\.emoji))  // ["👋"]
 
@@ -36,6 +37,7 @@ import TestSupport
         // README-END
         #expect(page.messages.map(\.content) == ["Hi Bob!"])
         #expect(try alice.message(sent.id)?.readAt != nil)
+        #expect(try alice.message(sent.id)?.isDelivered == true)
         #expect(try alice.reactions(to: sent.id).map(\.emoji) == ["👋"])
         #expect(swifties.map(\.name) == ["Bob"])
         #expect(conversation.id == sent.id.conversation)

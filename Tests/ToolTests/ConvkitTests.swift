@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "conversations set", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -55,7 +55,7 @@ import TestSupport
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
             ["edit", "c-x/m.y", "text"] + none, ["edits", "c-x/m.y"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
-            ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
+            ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["conversations", "set", "bob", "--pin"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
             ["recovery", "create"] + none, ["recovery", "restore", "alice", "--code-file", file, "--zone-dir", dir.path + "/zones"] + none,
@@ -120,6 +120,21 @@ import TestSupport
         _ = try await ok(["sync"] + alice)
         #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  [delivered]  \(sentID)"))
         #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
+        // Housekeeping, on this device only: pinned, archived (out of the list but with
+        // --archived), muted, marked unread; contradictions and nothing to set are usage errors.
+        let pinned = try await ok(["conversations", "set", "alice", "--pin", "--mute", "3600", "--unread", "--json"] + bob)
+        #expect((pinned.json as? [String: Any])?["markedUnread"] as? Bool == true && (pinned.json as? [String: Any])?["pinnedAt"] != nil, "\(pinned.out)")
+        #expect(try await ok(["conversations"] + bob).out.contains("[pinned, muted, marked unread]"))
+        #expect(try await ok(["conversations", "set", "alice", "--archive"] + bob).out.contains("alice: archived, pinned, muted, marked unread"))
+        #expect(!(try await ok(["conversations"] + bob).out.contains("alice")))
+        #expect(try await ok(["conversations", "--archived"] + bob).out.contains("[pinned, archived, muted, marked unread]"))
+        _ = try await ok(["conversations", "set", "alice", "--unarchive", "--unpin", "--unmute"] + bob)
+        _ = try await ok(["read", "alice"] + bob)
+        #expect(try await ok(["conversations", "--json"] + bob).json as? [[String: Any]] != nil)
+        #expect(!(try await ok(["conversations"] + bob).out.contains("[")))
+        for bad in [["--pin", "--unpin"], ["--mute", "soon"], ["--mute", "60", "--unmute"], []] {
+            #expect(try await Self.convkit(["conversations", "set", "alice"] + bad + bob).status == 64, "\(bad)")
+        }
         #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
         let versions = try await ok(["edits", sentID, "--json"] + alice)
         #expect((versions.json as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob", "Hi Bob (edited)"], "\(versions.out)")

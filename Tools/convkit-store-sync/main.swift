@@ -98,7 +98,7 @@ do {
     printer.cancel()
     if parsed.has("check") {
         var lines = ""
-        for conversation in try store.conversations() {
+        for conversation in try store.conversations(includeArchived: true) {
             var cursor: MessageCursor? = nil
             repeat {
                 let page = try store.messages(in: conversation.id, limit: 500, before: cursor)

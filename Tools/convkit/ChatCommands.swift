@@ -30,7 +30,15 @@ enum ChatCommands {
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")],
                             options: [Targets.store, .valued("limit", "n", "How many. (default: 20)"), .valued("before", "cursor", "Older than this cursor (printed with each page)."), groupFlag, Targets.json]),
                     run: messages),
-        ToolCommand(Command("convkit conversations", "List the conversations, with unread counts.", options: [Targets.store, Targets.json]), run: conversations),
+        ToolCommand(Command("convkit conversations", "List the conversations, pinned first, with unread counts (not the archived ones, but with --archived).",
+                            options: [Targets.store, .flag("archived", "The archived ones too."), Targets.json]), run: conversations),
+        ToolCommand(Command("convkit conversations set", "Archive, pin, mute or mark unread a conversation, on this device only (never synced).",
+                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")],
+                            options: [Targets.store, groupFlag, .flag("archive", "Archive it."), .flag("unarchive", "Bring it back from the archive."),
+                                      .flag("pin", "Pin it (first in the list)."), .flag("unpin", "Unpin it."),
+                                      .valued("mute", "seconds", "Mute it for so many seconds, or 'forever'."), .flag("unmute", "Unmute it."),
+                                      .flag("unread", "Mark it unread (until it is read)."), .valued("draft", "text", "Keep this draft ('' clears it)."), Targets.json]),
+                    run: setConversation),
         ToolCommand(Command("convkit encryption", "Show who a conversation's messages are sealed for: each member's devices, with fingerprints.",
                             discussion: "Every message is sealed (end-to-end encrypted) for the devices listed; a member without one has not published a device yet.",
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag, Targets.json]),
@@ -335,20 +343,56 @@ enum ChatCommands {
 
     static func conversations(_ context: Context) async throws {
         let store = try context.store(readOnly: true)
-        let list = try store.conversations()
-        if context.json {
-            try Output.json(list.map { conversation in
-                var value: [String: Any] = ["id": conversation.id, "with": conversation.nonLocalSpeaker, "unread": conversation.unreadCount,
-                                            "lastMessageAt": conversation.lastMessageAt.map(Output.time) ?? ""]
-                if let name = conversation.groupName { value["group"] = name }
-                return value
-            })
-            return
-        }
+        let list = try store.conversations(includeArchived: context.arguments.has("archived"))
+        if context.json { return try Output.json(list.map(conversationJSON)) }
         for conversation in list {
             let title = conversation.groupName.map { "\($0) (group)" } ?? conversation.nonLocalSpeaker
-            Output.line("\(title)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")  \(conversation.id)")
+            let flags = [conversation.pinnedAt == nil ? nil : "pinned", conversation.isArchived ? "archived" : nil, conversation.isMuted() ? "muted" : nil,
+                         conversation.isMarkedUnread ? "marked unread" : nil, conversation.draft == nil ? nil : "draft"].compactMap { $0 }
+            Output.line("\(title)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")"
+                        + (flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]") + "  \(conversation.id)")
         }
+    }
+
+    static func conversationJSON(_ conversation: Conversation) -> [String: Any] {
+        var value: [String: Any] = ["id": conversation.id, "with": conversation.nonLocalSpeaker, "unread": conversation.unreadCount,
+                                    "lastMessageAt": conversation.lastMessageAt.map(Output.time) ?? ""]
+        if let name = conversation.groupName { value["group"] = name }
+        if conversation.isArchived { value["archived"] = true }
+        if let pinned = conversation.pinnedAt { value["pinnedAt"] = Output.time(pinned) }
+        if let muted = conversation.mutedUntil, conversation.isMuted() { value["mutedUntil"] = muted == .distantFuture ? "forever" : Output.time(muted) }
+        if conversation.isMarkedUnread { value["markedUnread"] = true }
+        if let draft = conversation.draft { value["draft"] = draft }
+        return value
+    }
+
+    static func setConversation(_ context: Context) async throws {
+        let store = try context.store()
+        guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        let arguments = context.arguments
+        for (yes, no) in [("archive", "unarchive"), ("pin", "unpin"), ("mute", "unmute")] where (arguments.has(yes) || arguments.value(yes) != nil) && arguments.has(no) {
+            throw UsageError("--\(yes) and --\(no) together")
+        }
+        var mute: Date?? = arguments.has("unmute") ? .some(nil) : nil
+        if let text = arguments.value("mute") {
+            guard let until = text == "forever" ? Date.distantFuture : Double(text).flatMap({ $0 > 0 ? Date().addingTimeInterval($0) : nil }) else {
+                throw UsageError("--mute takes a number of seconds, or 'forever'")
+            }
+            mute = until
+        }
+        let changes = ["archive", "unarchive", "pin", "unpin", "unmute", "unread"].contains(where: arguments.has) || mute != nil || arguments.value("draft") != nil
+        guard changes else { throw UsageError("nothing to set: --archive, --unarchive, --pin, --unpin, --mute, --unmute, --unread or --draft") }
+        let id = try (group(other, store, context) ?? conversation(store, with: other)).id
+        if arguments.has("archive") || arguments.has("unarchive") { try await store.archive(id, arguments.has("archive")) }
+        if arguments.has("pin") || arguments.has("unpin") { try await store.pin(id, arguments.has("pin")) }
+        if let mute { try await store.mute(id, until: mute) }
+        if arguments.has("unread") { try await store.markUnread(id) }
+        if let draft = arguments.value("draft") { try await store.setDraft(draft, in: id) }
+        guard let now = try store.conversations(includeArchived: true).first(where: { $0.id == id }) else { throw UsageError("no conversation with \(other)") }
+        if context.json { return try Output.json(conversationJSON(now)) }
+        let flags = [now.isArchived ? "archived" : nil, now.pinnedAt == nil ? nil : "pinned", now.isMuted() ? "muted" : nil,
+                     now.isMarkedUnread ? "marked unread" : nil, now.draft == nil ? nil : "draft"].compactMap { $0 }
+        Output.line("\(other): \(flags.isEmpty ? "none of archived, pinned, muted, marked unread, draft" : flags.joined(separator: ", "))")
     }
 
     static func removeConversation(_ context: Context) async throws {

@@ -64,7 +64,7 @@ enum GroupCommands {
     /// The group a command names: by id, or by a name no other group of the store has.
     static func resolve(_ text: String?, in store: ConversationStore) throws -> Conversation {
         guard let text else { throw UsageError("missing <group>") }
-        let groups = try store.conversations().filter(\.isGroup)
+        let groups = try store.conversations(includeArchived: true).filter(\.isGroup)
         if let group = groups.first(where: { $0.id == text }) { return group }
         let named = groups.filter { $0.groupName == text }
         guard named.count <= 1 else { throw ToolFailure("\(named.count) groups are called '\(text)': name one by its id (\(named.map(\.id).joined(separator: ", ")))") }
@@ -107,7 +107,7 @@ enum GroupCommands {
 
     static func list(_ context: Context) async throws {
         let store = try context.store(readOnly: true)
-        let groups = try store.conversations().filter(\.isGroup)
+        let groups = try store.conversations(includeArchived: true).filter(\.isGroup)
         if context.json {
             try Output.json(groups.map { group in
                 var entry: [String: Any] = ["id": group.id, "name": group.groupName ?? "", "unread": group.unreadCount]

@@ -192,6 +192,12 @@ enum StoreSchema {
             CREATE INDEX deliveries_by_member ON deliveries (zone, member, through);
             CREATE INDEX messages_failed ON messages (zone, name) WHERE sync_state = 2;
             """),
+        // Version 20: what this device keeps of a conversation for its person alone (never
+        // synced): archived, muted until, pinned at, marked unread, a draft.
+        Migration(version: 20, sql: """
+            CREATE TABLE conversation_settings (zone TEXT PRIMARY KEY, is_archived INTEGER NOT NULL DEFAULT 0, muted_until INTEGER, pinned_at INTEGER,
+                is_marked_unread INTEGER NOT NULL DEFAULT 0, draft TEXT) STRICT;
+            """),
     ]
 }
 

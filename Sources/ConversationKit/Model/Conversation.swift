@@ -21,6 +21,33 @@ public struct Conversation: Sendable, Hashable, Identifiable {
     public var groupDescription: String? = nil
     /// A group's avatar's size, when it has one (``ConversationStore/avatarImage(ofGroup:)``).
     public var groupAvatarSize: PixelSize? = nil
+    /// This device's own settings (``ConversationStore/archive(_:_:)`` and the rest): kept here,
+    /// never synced.
+    public var isArchived = false
+    /// Muted until then (``Date/distantFuture``: until unmuted); nil when not muted.
+    public var mutedUntil: Date? = nil
+    /// Pinned then: pinned conversations come first, in the order they were pinned.
+    public var pinnedAt: Date? = nil
+    /// Marked unread by its person ("mark as unread"): cleared when its messages are marked read.
+    public var isMarkedUnread = false
+    /// What was typed and not sent: cleared by a send.
+    public var draft: String? = nil
+
+    /// Whether it is muted at `date`.
+    public func isMuted(at date: Date = Date()) -> Bool { mutedUntil.map { $0 > date } ?? false }
+
+    /// The order of ``ConversationStore/conversations(includeArchived:)``: pinned first (as
+    /// pinned), then by last activity, newest first, then by ID.
+    public static func listOrder(_ a: Conversation, _ b: Conversation) -> Bool {
+        switch (a.pinnedAt, b.pinnedAt) {
+        case (let x?, let y?) where x != y: return x < y
+        case (.some, nil): return true
+        case (nil, .some): return false
+        default: break
+        }
+        let (x, y) = (a.lastMessageAt ?? Date(timeIntervalSince1970: 0), b.lastMessageAt ?? Date(timeIntervalSince1970: 0))
+        return x != y ? x > y : a.id < b.id
+    }
 
     /// Whether this is a group (``ConversationStore/createGroup(name:members:)``).
     public var isGroup: Bool { groupName != nil }

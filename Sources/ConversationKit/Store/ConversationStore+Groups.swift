@@ -172,6 +172,7 @@ extension ConversationStore {
             record = try applier.seal(record, at: clock)
             try record.sign(with: local.key, clock: clock)
             try self.applyLocal(record, in: &applier)
+            try Self.clearDraft(group, in: &applier)
             return try Self.message(applier.db, MessageID(conversation: group, name: name))
         }
     }

@@ -51,7 +51,7 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "message_versions", "held_messages", "deliveries", "receipts", "reactions", "conversation_members", "conversations",
+            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "message_versions", "held_messages", "deliveries", "receipts", "reactions", "conversation_members", "conversations", "conversation_settings",
                           "group_members", "group_runs", "group_state"] {
                 try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
             }
@@ -77,10 +77,11 @@ extension ConversationStore {
         }
     }
 
-    /// Every conversation, most recent first.
-    public func conversations() throws(ConversationError) -> [Conversation] {
+    /// Every conversation: pinned first, then the most recent (``Conversation/listOrder(_:_:)``);
+    /// archived ones only when asked.
+    public func conversations(includeArchived: Bool = false) throws(ConversationError) -> [Conversation] {
         let local = try requireIdentity()
-        return try read { db in try Self.conversations(db, where: "1", [], local: local.identifier) }
+        return try read { db in try Self.conversations(db, where: includeArchived ? "1" : "coalesce(s.is_archived, 0) = 0", [], local: local.identifier) }
     }
 
     /// Unread messages to the local speaker in one conversation.
@@ -137,6 +138,7 @@ extension ConversationStore {
                                                  replyTo: replyTo, mentions: mentions, custom: custom)
             try self.joinIfNeeded(listener, as: local, in: &applier)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
+            try Self.clearDraft(zone.rawValue, in: &applier)
             return try Self.message(applier.db, id)
         }
     }
@@ -213,6 +215,16 @@ extension ConversationStore {
             }
         }
         try await markAsRead(unread)
+        try await write { applier in
+            try applier.db.execute("UPDATE conversation_settings SET is_marked_unread = 0 WHERE zone = ? AND is_marked_unread = 1", [conversation])
+            if applier.db.changes > 0 { applier.note(.conversationChanged(conversation)) }
+        }
+    }
+
+    /// A send's end to the conversation's draft.
+    static func clearDraft(_ zone: String, in applier: inout RecordApplier) throws {
+        try applier.db.execute("UPDATE conversation_settings SET draft = NULL WHERE zone = ? AND draft IS NOT NULL", [zone])
+        if applier.db.changes > 0 { applier.note(.conversationChanged(zone)) }
     }
 
     private func markAsRead(_ ids: [MessageID]) async throws(ConversationError) {
@@ -327,20 +339,23 @@ extension ConversationStore {
         }
     }
 
-    /// The newest `limit` messages of a conversation now and after every change to it.
+    /// The newest `limit` messages of a conversation now and after every change to it (a
+    /// ``liveMessages(in:pageSize:includeDeleted:)`` collection's snapshots; for a conversation
+    /// not here yet, from when it appears).
     public func observeMessages(in conversation: String, limit: Int = 50) -> AsyncStream<[Message]> {
         let events = self.events()
         return AsyncStream { continuation in
             let task = Task {
-                if let page = try? messages(in: conversation, limit: limit) { continuation.yield(page.messages) }
-                for await event in events {
-                    switch event {
-                    case .messageAdded(let id), .messageChanged(let id), .syncStateChanged(let id):
-                        guard id.conversation == conversation, let page = try? messages(in: conversation, limit: limit) else { continue }
-                        continuation.yield(page.messages)
-                    default: continue
+                var live = try? liveMessages(in: conversation, pageSize: limit, includeDeleted: false)
+                if live == nil {
+                    for await event in events {
+                        guard case .conversationChanged(conversation) = event else { continue }
+                        live = try? liveMessages(in: conversation, pageSize: limit, includeDeleted: false)
+                        if live != nil { break }
                     }
                 }
+                guard let live else { return continuation.finish() }
+                for await snapshot in live.snapshots { continuation.yield(Array(snapshot.messages.suffix(limit))) }
                 continuation.finish()
             }
             continuation.onTermination = { _ in task.cancel() }
@@ -442,13 +457,17 @@ extension ConversationStore {
         try db.rows("""
             SELECT c.zone, c.other, c.started_by, c.joined_by, c.last_message_at,
                 (SELECT count(*) FROM messages m WHERE m.zone = c.zone AND \(unreadToLocal)),
-                c.group_name, g.description, g.avatar_width, g.avatar_height
-            FROM conversations c LEFT JOIN group_state g ON g.zone = c.zone WHERE \(condition) ORDER BY coalesce(c.last_message_at, 0) DESC, c.zone
+                c.group_name, g.description, g.avatar_width, g.avatar_height,
+                coalesce(s.is_archived, 0), s.muted_until, s.pinned_at, coalesce(s.is_marked_unread, 0), s.draft
+            FROM conversations c LEFT JOIN group_state g ON g.zone = c.zone LEFT JOIN conversation_settings s ON s.zone = c.zone
+            WHERE \(condition) ORDER BY s.pinned_at IS NULL, s.pinned_at, coalesce(c.last_message_at, 0) DESC, c.zone
             """, [local, local] + values) { row in
             Conversation(id: row.text(0), nonLocalSpeaker: row.text(1), startedBy: row.optionalText(2), joinedBy: row.optionalText(3),
                          unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date), groupName: row.optionalText(6),
                          groupDescription: row.optionalText(7),
-                         groupAvatarSize: row.optionalInt(8).flatMap { width in row.optionalInt(9).map { PixelSize(width: Int(width), height: Int($0)) } })
+                         groupAvatarSize: row.optionalInt(8).flatMap { width in row.optionalInt(9).map { PixelSize(width: Int(width), height: Int($0)) } },
+                         isArchived: row.int(10) != 0, mutedUntil: row.optionalInt(11).map(date), pinnedAt: row.optionalInt(12).map(date),
+                         isMarkedUnread: row.int(13) != 0, draft: row.optionalText(14))
         }
     }
 
