@@ -32,7 +32,7 @@ import TestSupport
         let third = try await alice.send("three", to: "bob")
         try await syncAll([alice, bob, alice])
         #expect(try alice.message(third.id)?.isDelivered == true)
-        let deliveries = try await Self.records(of: "Delivery", in: first.id.conversation, fixture)
+        let deliveries = try await fixture.backendRecords(of: "Delivery", in: first.id.conversation)
         #expect(Set(deliveries.map(\.id)).count == 1 && deliveries.allSatisfy { $0.string("member") == "bob" }, "\(deliveries.map(\.id))")
     }
 
@@ -92,18 +92,5 @@ import TestSupport
         #expect(try alice.deliveredTo(lost.id) == [])
         try await syncAll([bob, alice])
         #expect(try alice.message(lost.id)?.isDelivered == true && alice.message(later.id)?.isDelivered == true)
-    }
-
-    /// Every record of `type` the backend holds in `zone`, as a raw reader fetches it.
-    static func records(of type: String, in zone: String, _ fixture: ChatFixture) async throws -> [Record] {
-        let reader = try fixture.rawBackend("alice", key: try fixture.key(of: "alice"))
-        var records: [Record] = [], token: ChangeToken? = nil
-        while true {
-            let page = try await reader.fetchChanges(in: try ZoneName(zone), since: token, limit: 200)
-            records += page.changedRecords.filter { $0.recordType == type }
-            token = page.token
-            if !page.moreComing { break }
-        }
-        return records
     }
 }

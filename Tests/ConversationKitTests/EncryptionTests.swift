@@ -14,15 +14,7 @@ import TestSupport
 
     /// Every message record a backend holds in `zone`, as a raw reader fetches it.
     static func messageRecords(in zone: String, _ fixture: ChatFixture) async throws -> [Record] {
-        let reader = try fixture.rawBackend("alice", key: try fixture.key(of: "alice"))
-        var records: [Record] = [], token: ChangeToken? = nil
-        while true {
-            let page = try await reader.fetchChanges(in: try ZoneName(zone), since: token, limit: 200)
-            records += page.changedRecords.filter { $0.recordType == "Message" }
-            token = page.token
-            if !page.moreComing { break }
-        }
-        return records
+        try await fixture.backendRecords(of: "Message", in: zone)
     }
 
     /// The places the backend keeps (``ChatFixture/keptBytes()``) that hold `text`, as UTF-8 or

@@ -13,6 +13,7 @@ import ZoneServer
     defer { try? FileManager.default.removeItem(atPath: root) }
     let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
     let content = "Hello there! This is a message about as long as a chat line usually is."
+    let rareContent = "Hello there! A zebra crossed the road, in a message as long as a chat line usually is."
 
     // 1. Sends, each its own durable transaction (sealed for alice's device and bob's), against
     // one-row raw transactions plus a raw seal and sign.
@@ -115,7 +116,8 @@ import ZoneServer
             bulk.bind(addMessage, 1, zone)
             bulk.bind(addMessage, 2, String(format: "%08d", m))
             bulk.bind(addMessage, 3, "speaker\(c)")
-            bulk.bind(addMessage, 4, content)
+            // One message in 10,000 holds a rare word, for the search below (100 of 1,000,000).
+            bulk.bind(addMessage, 4, (c * perConversation + m) % 10_000 == 0 ? rareContent : content)
             sqlite3_bind_int64(addMessage, 5, 1_700_000_000_000 + Int64(m) * 1000)
             try bulk.run(addMessage)
         }
@@ -147,6 +149,30 @@ import ZoneServer
     }
     reporter.report(Row(name: "newest 50 of 1 among \(conversations * perConversation)", perSecond: newest,
                         rawName: "same SQL, raw sqlite3_step", rawPerSecond: rawNewest))
+
+    // 4. Search: the best 20 of the messages holding a rare word, among all of them (the FTS5
+    // index the store keeps by triggers, filled as the messages above went in).
+    let found = try rate(seconds: seconds) {
+        let hits = try alice.search("zebra", limit: 20)
+        precondition(hits.count == 20 && hits.allSatisfy { $0.snippet.contains("[zebra]") })
+    }
+    let rawSearch = try bulk.prepare("""
+        SELECT m.zone, m.name, m.speaker, m.listener, m.content, snippet(message_search, 0, '[', ']', '…', 12), m.spoken_at FROM message_search
+            JOIN messages m ON m.rowid = message_search.rowid
+        WHERE message_search MATCH '"zebra"' AND m.is_deleted = 0 ORDER BY bm25(message_search), m.spoken_at DESC LIMIT 20
+        """)
+    defer { sqlite3_finalize(rawSearch) }
+    let rawFound = try rate(seconds: seconds) {
+        var texts = [String]()
+        while sqlite3_step(rawSearch) == SQLITE_ROW {
+            for column in [0, 1, 2, 3, 4, 5] as [Int32] { texts.append(String(cString: sqlite3_column_text(rawSearch, column))) }
+            _ = sqlite3_column_int64(rawSearch, 6)
+        }
+        sqlite3_reset(rawSearch)
+        guard texts.count == 120 else { throw RawError("expected 20 hits, got \(texts.count / 6)") }
+    }
+    reporter.report(Row(name: "search a word in \(conversations * perConversation) (best 20)", perSecond: found,
+                        rawName: "same FTS5 query, raw sqlite3_step", rawPerSecond: rawFound))
 }
 
 /// A zone server holding `count` messages from dave to erin (saved in-process, 400 per

@@ -63,14 +63,11 @@ public final class LiveMessages: Sendable {
         continuation.yield(MessagesSnapshot(messages: page.messages, hasOlder: page.olderCursor != nil,
                                             changes: CollectionChanges(inserted: page.messages.map(\.id))))
         task.withLock {
-            $0 = Task { [weak self] in
-                for await event in events {
-                    switch event {
-                    case .messageAdded(let id), .messageChanged(let id), .syncStateChanged(let id):
-                        guard let self else { return }
-                        if id.conversation == self.conversation { self.refresh(id) }
-                    default: continue
-                    }
+            $0 = following(events, self) { live, event in
+                switch event {
+                case .messageAdded(let id), .messageChanged(let id), .syncStateChanged(let id):
+                    if id.conversation == live.conversation { live.refresh(id) }
+                default: break
                 }
             }
         }
@@ -150,17 +147,11 @@ public final class LiveConversations: Sendable {
         state = Mutex(all)
         continuation.yield(ConversationsSnapshot(conversations: all, changes: CollectionChanges(inserted: all.map(\.id))))
         task.withLock {
-            $0 = Task { [weak self] in
-                for await event in events {
-                    switch event {
-                    case .messageAdded(let id), .messageChanged(let id), .syncStateChanged(let id):
-                        guard let self else { return }
-                        self.refresh(id.conversation)
-                    case .conversationChanged(let zone):
-                        guard let self else { return }
-                        self.refresh(zone)
-                    default: continue
-                    }
+            $0 = following(events, self) { live, event in
+                switch event {
+                case .messageAdded(let id), .messageChanged(let id), .syncStateChanged(let id): live.refresh(id.conversation)
+                case .conversationChanged(let zone): live.refresh(zone)
+                default: break
                 }
             }
         }
@@ -189,6 +180,18 @@ public final class LiveConversations: Sendable {
             }
             guard !changes.isEmpty else { return }
             continuation.yield(ConversationsSnapshot(conversations: list, changes: changes))
+        }
+    }
+}
+
+/// A task handing each store event to `owner` for as long as it lives (a live collection ends
+/// its task when it is released).
+private func following<Owner: AnyObject & Sendable>(_ events: AsyncStream<StoreEvent>, _ owner: Owner,
+                                                   _ handle: @escaping @Sendable (Owner, StoreEvent) -> Void) -> Task<Void, Never> {
+    Task { [weak owner] in
+        for await event in events {
+            guard let owner else { return }
+            handle(owner, event)
         }
     }
 }

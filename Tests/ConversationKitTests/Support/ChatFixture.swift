@@ -87,6 +87,19 @@ final class ChatFixture: @unchecked Sendable {
         }
     }
 
+    /// Every record of `type` the backend holds in `zone`, as a raw reader (alice) fetches it.
+    func backendRecords(of type: String, in zone: String) async throws -> [Record] {
+        let reader = try rawBackend("alice", key: try key(of: "alice"))
+        var records: [Record] = [], token: ChangeToken? = nil
+        while true {
+            let page = try await reader.fetchChanges(in: try ZoneName(zone), since: token, limit: 200)
+            records += page.changedRecords.filter { $0.recordType == type }
+            token = page.token
+            if !page.moreComing { break }
+        }
+        return records
+    }
+
     var serverURL: URL? { zoneServer.flatMap { URL(string: "http://127.0.0.1:\($0.port)") } }
 
     func storePath(_ identifier: String) -> String { "\(directory.path)/stores/\(identifier)" }
