@@ -169,7 +169,9 @@ extension ConversationStore {
     }
 
     /// Every version of a message's text, oldest first, the current one last (one version for a
-    /// message never edited). Empty for a deleted message: its history went with it.
+    /// message never edited).
+    /// - Throws: ``ConversationError/Code/unknownMessage`` for a deleted message too: its history
+    ///   went with it.
     public func editHistory(of id: MessageID) throws(ConversationError) -> [MessageVersion] {
         try read { db in
             let message = try Self.message(db, id)
