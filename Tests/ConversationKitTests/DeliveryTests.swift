@@ -93,4 +93,24 @@ import TestSupport
         try await syncAll([bob, alice])
         #expect(try alice.message(lost.id)?.isDelivered == true && alice.message(later.id)?.isDelivered == true)
     }
+
+    /// A participant's own Delivery record claiming nonsense (a held list that is no count and
+    /// no message name) is refused by the reader, and ticks nothing.
+    @Test func aMalformedDeliveryIsRefusedAndTicksNothing() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let sent = try await alice.send("one", to: "bob")
+        try await alice.sync()
+        let bobKey = try fixture.key(of: "bob")
+        var forged = Record(id: try RecordID(zone: try ZoneName(sent.id.conversation), name: "d.\(OwnershipRule.identityHash("bob")).forged"), type: "Delivery",
+                            fields: ["member": .string("bob"), "held": .list([.string("1:not-a-message"), .string("x:\(sent.id.name)")])])
+        try forged.sign(with: bobKey, clock: HybridLogicalClock().now())
+        let results = try await fixture.rawBackend("bob", key: bobKey).save([forged])
+        #expect(results.allSatisfy { (try? $0.get()) != nil }, "\(results)")
+        try await alice.sync()
+        let quarantined = try alice.quarantine()
+        #expect(quarantined.contains { $0.name == forged.id.name && $0.code == .schemaViolation }, "\(quarantined)")
+        #expect(try alice.message(sent.id)?.isDelivered == false && alice.deliveredTo(sent.id) == [])
+    }
 }

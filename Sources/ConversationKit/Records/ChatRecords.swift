@@ -75,6 +75,15 @@ extension ChatRecords {
         return payload.isValid ? payload : nil
     }
 
+    /// `m.<h(sender)>.`: the part of a message's name that names its sender (what a Delivery
+    /// record counts by).
+    static func senderPrefix(ofMessage name: String) -> Substring? {
+        let prefixLength = messagePrefix.count + 17
+        guard name.count > prefixLength, name.hasPrefix(messagePrefix) else { return nil }
+        let prefix = name.prefix(prefixLength)
+        return prefix.last == "." ? prefix : nil
+    }
+
     /// The clock in a message's name (`m.<h(speaker)>.<16 hex clock>-<random>`): the time a
     /// deleted message's placeholder stands at, the same for every reader.
     static func messageClock(ofName name: String) -> RecordClock? {

@@ -14,22 +14,16 @@ extension RecordApplier {
     static func heldEntry(_ entry: String) -> (count: Int64, newest: String)? {
         guard let colon = entry.firstIndex(of: ":"), let count = Int64(entry[..<colon]), count > 0 else { return nil }
         let newest = String(entry[entry.index(after: colon)...])
-        return senderPrefix(ofMessage: newest) == nil ? nil : (count, newest)
+        return ChatRecords.senderPrefix(ofMessage: newest) == nil ? nil : (count, newest)
     }
 
-    /// `m.<h(sender)>.`: the part of a message's name that names its sender.
-    static func senderPrefix(ofMessage name: String) -> Substring? {
-        let prefixLength = ChatRecords.messagePrefix.count + 17
-        guard name.count > prefixLength, name.hasPrefix(ChatRecords.messagePrefix) else { return nil }
-        let prefix = name.prefix(prefixLength)
-        return prefix.last == "." ? prefix : nil
-    }
-
-    /// The local speaker's messages' prefix, and the first string after all of them.
-    private func ownRange() -> (prefix: String, end: String)? {
+    /// The local speaker's messages' prefix, and the first string after all of them (hashed
+    /// once per transaction and speaker, not once per message applied).
+    private mutating func ownRange() -> (prefix: String, end: String)? {
         guard let local = localSpeaker else { return nil }
-        let hash = ChatRecords.identityHash(local)
-        return (ChatRecords.messagePrefix + hash + ".", ChatRecords.messagePrefix + hash + "/")
+        if ownPrefix?.speaker != local { ownPrefix = (local, ChatRecords.messagePrefix + ChatRecords.identityHash(local) + ".") }
+        guard let prefix = ownPrefix?.prefix else { return nil }
+        return (prefix, prefix.dropLast() + "/")
     }
 
     /// Counts again the Message records held, by zone and sender (after records were dropped).
@@ -45,7 +39,7 @@ extension RecordApplier {
     /// A Message record new to this store: counted under its sender.
     mutating func countHeld(_ record: Record, origin: Origin) throws {
         let zone = record.id.zone.rawValue
-        guard let sender = Self.senderPrefix(ofMessage: record.id.name) else { return }
+        guard let sender = ChatRecords.senderPrefix(ofMessage: record.id.name) else { return }
         let key = HeldSender(zone: zone, sender: String(sender))
         let pending = heldPending[key]
         heldPending[key] = ((pending?.count ?? 0) + 1, max(pending?.newest ?? "", record.id.name))

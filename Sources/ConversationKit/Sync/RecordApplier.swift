@@ -31,6 +31,8 @@ struct RecordApplier {
     var deliveryZones = Set<String>(), reweighedZones = Set<String>()
     /// Message records new in this transaction, by zone and sender, not yet in `held_messages`.
     var heldPending: [HeldSender: (count: Int64, newest: String)] = [:]
+    /// The local speaker's message-name prefix, `m.<h(speaker)>.` (``finishDeliveries()``).
+    var ownPrefix: (speaker: String, prefix: String)?
     /// Conversations already ensured in this transaction, and their newest message time.
     private var ensured = Set<String>()
     private var newestMessage: [String: Int64] = [:]
