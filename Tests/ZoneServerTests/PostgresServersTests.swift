@@ -225,7 +225,9 @@ struct PostgresServersTests {
         _ = try await client(one, "alice", Keys.alice).save([try item(zone, "after-restart")]).map { try $0.get() }
         let saved = ContinuousClock.now
         #expect(try await waiting.value)
-        #expect(ContinuousClock.now - saved < .seconds(1))
+        // Woken by the write's notification, not by the poll's 20-s timeout (how fast is the
+        // benchmarks' business: a loaded run once took 1.16 s).
+        #expect(ContinuousClock.now - saved < .seconds(10))
     }
 
     /// A community moves from one SQLite server to PostgreSQL: every record verified and copied,
