@@ -15,7 +15,8 @@ import RecordZone
 ///   `listener`, `content`, `spokenAt`, optional `editedAt`, optional `replyTo` (the name of the
 ///   message it answers, in the same zone) and `mentions` (`"<start>:<length>:<identifier>"`
 ///   spans of the content in UTF-8 bytes), an app's `customType` and `customData`, and the earlier
-///   versions' `history` and `historyTimes`, all sealed with the content.
+///   versions' `history` and `historyTimes`, and a file's manifest (``AttachmentManifest``), all
+///   sealed with the content.
 /// - `Receipt` in a conversation zone, named `r.<h(reader)>.<message name>`: `reader`,
 ///   `message`, `readAt`.
 /// - `Reaction` in a conversation or group zone, named `x.<h(reactor)>.<message name>`:
@@ -82,7 +83,7 @@ package enum ChatRecords {
     /// a message's content, a reaction's emoji. Nil for a type that seals nothing.
     package static func sealing(_ type: String) -> (fields: [String], sender: String)? {
         switch type {
-        case messageType: (["content", "replyTo", "mentions", "customType", "customData", "history", "historyTimes"], "speaker")
+        case messageType: (["content", "replyTo", "mentions", "customType", "customData", "history", "historyTimes"] + AttachmentManifest.fields, "speaker")
         case reactionType: (["emoji"], "reactor")
         default: nil
         }

@@ -64,6 +64,22 @@ public enum Images {
         return CappedImage(png: try PNGCodec.encode(scaled), width: scaled.width, height: scaled.height)
     }
 
+    /// A small JPEG of an image to show before the image itself (a message's file): scaled down
+    /// to fit `maxSide × maxSide` (never up), the quality lowered until it is at most `maxBytes`.
+    /// - Returns: the JPEG and the image's full upright size.
+    /// - Throws: ``ImageError`` as ``decode(_:limits:fitting:)``; ``ImageError/Code/encodingFailed``
+    ///   when no quality fits.
+    public static func thumbnail(_ data: Data, maxSide: Int, maxBytes: Int, limits: ImageLimits = ImageLimits()) throws(ImageError) -> (jpeg: Data, width: Int, height: Int) {
+        let decoded = try decodeSized(data, limits: limits, fitting: (maxSide, maxSide))
+        let target = RGBAImage.fittingSize(width: decoded.width, height: decoded.height, maxWidth: maxSide, maxHeight: maxSide)
+        let scaled = decoded.image.scaled(toWidth: target.width, height: target.height)
+        for quality in [75, 50, 30] {
+            let jpeg = try encodeJPEG(scaled, quality: quality)
+            if jpeg.count <= maxBytes { return (jpeg, decoded.width, decoded.height) }
+        }
+        throw ImageError(.encodingFailed, "no JPEG of \(scaled.width)×\(scaled.height) fits \(maxBytes) bytes")
+    }
+
     /// The pixels as a PNG (RGB when opaque), with no metadata.
     public static func encodePNG(_ image: RGBAImage) throws(ImageError) -> Data {
         try PNGCodec.encode(image)

@@ -198,6 +198,21 @@ enum StoreSchema {
             CREATE TABLE conversation_settings (zone TEXT PRIMARY KEY, is_archived INTEGER NOT NULL DEFAULT 0, muted_until INTEGER, pinned_at INTEGER,
                 is_marked_unread INTEGER NOT NULL DEFAULT 0, draft TEXT) STRICT;
             """),
+        // Version 21: files sent with messages (docs/PROTOCOL.md §3.4). The name, type and size
+        // shown with the message; the rest of its manifest (key, chunks' hashes, thumbnail) apart,
+        // with where this device stands with it: how many chunks of its own file it uploaded
+        // (NULL: someone else's), the bytes of the whole file in the cache (NULL: not here), its
+        // last use (the cache is emptied least recently used first), and a file whose message
+        // went (its cache directory is removed after the transaction).
+        Migration(version: 21, sql: """
+            ALTER TABLE messages ADD COLUMN file_name TEXT;
+            ALTER TABLE messages ADD COLUMN file_type TEXT;
+            ALTER TABLE messages ADD COLUMN file_size INTEGER;
+            CREATE TABLE attachments (zone TEXT NOT NULL, name TEXT NOT NULL, file_key BLOB NOT NULL, chunks BLOB NOT NULL, thumbnail BLOB,
+                image_width INTEGER, image_height INTEGER, uploaded INTEGER, held INTEGER, last_used INTEGER NOT NULL DEFAULT 0,
+                discarded INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (zone, name)) STRICT, WITHOUT ROWID;
+            CREATE INDEX attachments_held ON attachments (last_used) WHERE held IS NOT NULL;
+            """),
     ]
 }
 

@@ -65,6 +65,18 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         /// The backend holds no recovery record for the speaker (none was made, or it was not
         /// pushed).
         case noRecoveryRecord
+        /// A file to send that cannot be read (missing, a directory, no permission), or empty.
+        case fileUnreadable
+        /// A file to send over ``Attachment/maximumSize``.
+        case fileTooLarge
+        /// A message without a file, asked for its file.
+        case noFile
+        /// A file's chunk that the backend does not hold (its sender's device has not uploaded it,
+        /// or the backend lost it).
+        case fileMissing
+        /// A file's chunk whose bytes are not what its message names (changed on the backend or
+        /// on the way): nothing of it is kept as the file.
+        case fileCorrupt
     }
 
     public var code: Code

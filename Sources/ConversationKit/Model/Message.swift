@@ -55,6 +55,37 @@ public struct Message: Sendable, Hashable, Identifiable {
     /// the backend has it. False for a message someone else said, and in a group (see
     /// ``ConversationStore/deliveredTo(_:)``).
     public let isDelivered: Bool
+    /// The file it carries (``ConversationStore/downloadFile(of:progress:)``), if any.
+    public let attachment: Attachment?
+}
+
+/// A file a message carries (``ConversationStore/sendFile(_:to:caption:mediaType:replyingTo:)``):
+/// what a view shows before it is downloaded. Its bytes travel encrypted, in chunks
+/// (docs/PROTOCOL.md §3.4).
+public struct Attachment: Sendable, Hashable {
+    /// The largest file: 1 GiB.
+    public static let maximumSize = AttachmentManifest.maximumSize
+    /// The file's name as its sender had it: shown through the sanitizer like any text, and a
+    /// single path component (no `/`, no control characters).
+    public let name: String
+    /// As its sender said or guessed (`image/jpeg`, `application/octet-stream`).
+    public let mediaType: String
+    /// In bytes.
+    public let size: Int64
+
+    public init(name: String, mediaType: String, size: Int64) {
+        self.name = name
+        self.mediaType = mediaType
+        self.size = size
+    }
+}
+
+/// An image file's thumbnail, carried in its message (``ConversationStore/thumbnail(of:)``).
+public struct AttachmentThumbnail: Sendable, Hashable {
+    /// A JPEG of at most 320 pixels a side.
+    public let jpeg: Data
+    /// The image's own size, when its sender said.
+    public let imageSize: PixelSize?
 }
 
 /// An app's own message data (Amity's custom messages, Matrix's custom event types), sealed
@@ -169,6 +200,9 @@ public struct SyncFailure: Sendable, Hashable, CustomStringConvertible {
         /// A group message signed when the local speaker was no longer in the group (removed, or
         /// left, before its clock): every reader holds it back, so nobody sees it.
         case notInGroup
+        /// The message's file is gone from this device before all of it was uploaded (its cache
+        /// was emptied by hand): nobody could download it, so the message is never sent.
+        case fileMissing
     }
 
     public let code: Code

@@ -38,7 +38,8 @@ extension ChatRecords {
     /// A message's record, in the pair zone of `speaker` and `listener`, or in `zone` (a group's:
     /// no listener). `history`: the versions before this one, oldest first (docs/PROTOCOL.md §3).
     static func message(name: String, speaker: String, listener: String?, in zone: ZoneName? = nil, content: String, spokenAt: Int64, editedAt: Int64?,
-                        replyTo: String? = nil, mentions: [Mention] = [], custom: CustomPayload? = nil, history: [MessageVersion] = []) throws(RecordZoneError) -> Record {
+                        replyTo: String? = nil, mentions: [Mention] = [], custom: CustomPayload? = nil, history: [MessageVersion] = [],
+                        file: AttachmentManifest? = nil) throws(RecordZoneError) -> Record {
         var fields: [String: FieldValue] = ["speaker": .string(speaker), "content": .string(content), "spokenAt": .date(milliseconds: spokenAt)]
         if let listener { fields["listener"] = .string(listener) }
         if let editedAt { fields["editedAt"] = .date(milliseconds: editedAt) }
@@ -48,6 +49,7 @@ extension ChatRecords {
             fields["customType"] = .string(custom.type)
             fields["customData"] = .bytes(custom.data)
         }
+        if let file { fields.merge(file.recordFields) { $1 } }
         if !history.isEmpty {
             fields["history"] = .list(history.map { .string($0.content) })
             fields["historyTimes"] = .list(history.map { .date(milliseconds: Int64(($0.at.timeIntervalSince1970 * 1000).rounded())) })

@@ -108,6 +108,13 @@ public struct StoreConfiguration: Sendable {
     /// When other speakers' avatars are downloaded: during ``ConversationStore/sync()``
     /// (default) or on first access (``ConversationStore/avatarImage(for:)``).
     public var avatarDownload = AvatarDownload.duringSync
+    /// When other speakers' files are downloaded: on demand (default,
+    /// ``ConversationStore/downloadFile(of:progress:)``) or during the sync up to a size.
+    public var fileDownload = FileDownload.onDemand
+    /// The bytes the file cache (`Files/`) may hold before the least recently used files go
+    /// (default 1 GiB), as the image cache's budget; a file of the local speaker's own that is
+    /// not wholly uploaded is never evicted.
+    public var fileCacheBytes = 1 << 30
     /// Where the store says what it does (sync rounds, refusals, backoffs): silent by default
     /// (ConversationKit's `feedbackLevel`). `Logger(label: "chat", level: .info)` writes one
     /// line per entry to stderr.

@@ -155,6 +155,12 @@ extension ConversationStore {
     @discardableResult
     public func send(_ content: String, toGroup group: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = [],
                      custom: CustomPayload? = nil) async throws(ConversationError) -> Message {
+        try await send(content, toGroup: group, replyingTo: parent, mentions: mentions, custom: custom, file: nil)
+    }
+
+    /// A send to a group, with a file staged in the cache (``sendFile(_:toGroup:caption:mediaType:replyingTo:)``).
+    func send(_ content: String, toGroup group: String, replyingTo parent: MessageID?, mentions: [Mention] = [],
+              custom: CustomPayload? = nil, file: StagedFile?) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content, mentions: mentions, custom: custom)
         let zone = try Self.groupZone(group)
@@ -168,10 +174,12 @@ extension ConversationStore {
             let latest = try applier.db.first("SELECT max(spoken_at) FROM messages WHERE zone = ?", [group]) { $0.optionalInt(0) } ?? nil
             var record = try ChatRecords.message(name: name, speaker: local.identifier, listener: nil, in: zone, content: content,
                                                  spokenAt: max(now, (latest ?? Int64.min) &+ 1), editedAt: nil,
-                                                 replyTo: try Self.replyTarget(parent, in: group, db: applier.db), mentions: mentions, custom: custom)
+                                                 replyTo: try Self.replyTarget(parent, in: group, db: applier.db), mentions: mentions, custom: custom,
+                                                 file: file?.manifest)
             record = try applier.seal(record, at: clock)
             try record.sign(with: local.key, clock: clock)
             try self.applyLocal(record, in: &applier)
+            if let file { try self.placeStagedFile(file, as: MessageID(conversation: group, name: name), now: now, in: &applier) }
             try Self.clearDraft(group, in: &applier)
             return try Self.message(applier.db, MessageID(conversation: group, name: name))
         }

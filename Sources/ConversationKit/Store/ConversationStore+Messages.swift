@@ -120,6 +120,12 @@ extension ConversationStore {
     @discardableResult
     public func send(_ content: String, to listener: String, replyingTo parent: MessageID? = nil, mentions: [Mention] = [],
                      custom: CustomPayload? = nil) async throws(ConversationError) -> Message {
+        try await send(content, to: listener, replyingTo: parent, mentions: mentions, custom: custom, file: nil)
+    }
+
+    /// A send, with a file staged in the cache (``sendFile(_:to:caption:mediaType:replyingTo:)``).
+    func send(_ content: String, to listener: String, replyingTo parent: MessageID?, mentions: [Mention] = [],
+              custom: CustomPayload? = nil, file: StagedFile?) async throws(ConversationError) -> Message {
         let local = try requireIdentity()
         try Self.validate(content: content, mentions: mentions, custom: custom)
         try ChatRecords.validate(identifier: listener)
@@ -135,9 +141,10 @@ extension ConversationStore {
             let spokenAt = max(now, (latest ?? Int64.min) &+ 1)
             let replyTo = try Self.replyTarget(parent, in: zone.rawValue, db: applier.db)
             let record = try ChatRecords.message(name: name, speaker: local.identifier, listener: listener, content: content, spokenAt: spokenAt, editedAt: nil,
-                                                 replyTo: replyTo, mentions: mentions, custom: custom)
+                                                 replyTo: replyTo, mentions: mentions, custom: custom, file: file?.manifest)
             try self.joinIfNeeded(listener, as: local, in: &applier)
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
+            if let file { try self.placeStagedFile(file, as: id, now: now, in: &applier) }
             try Self.clearDraft(zone.rawValue, in: &applier)
             return try Self.message(applier.db, id)
         }
@@ -162,7 +169,7 @@ extension ConversationStore {
             let record = try ChatRecords.message(name: id.name, speaker: local.identifier, listener: current.listener.isEmpty ? nil : current.listener,
                                                  in: try ZoneName(id.conversation), content: content, spokenAt: Self.milliseconds(current.spokenAt),
                                                  editedAt: Self.milliseconds(self.configuration.now()), replyTo: current.replyTo?.name, mentions: mentions,
-                                                 custom: current.custom, history: history)
+                                                 custom: current.custom, history: history, file: try Self.manifest(applier.db, id))
             try self.commitLocal(try applier.seal(record), as: local, in: &applier)
             return try Self.message(applier.db, id)
         }
@@ -177,6 +184,20 @@ extension ConversationStore {
             let message = try Self.message(db, id)
             return try Self.history(db, id) + [MessageVersion(content: message.content, at: message.editedAt ?? message.spokenAt)]
         }
+    }
+
+    /// The manifest of a message's file, as the store keeps it (for a new version of the message).
+    static func manifest(_ db: Database, _ id: MessageID) throws -> AttachmentManifest? {
+        guard let file = try message(db, id).attachment else { return nil }
+        return try db.first("SELECT file_key, chunks, thumbnail, image_width, image_height FROM attachments WHERE zone = ? AND name = ?", [id.conversation, id.name]) { row in
+            let hashes = row.blob(1)
+            let chunks = (0..<AttachmentManifest.chunkCount(size: file.size)).compactMap { index in
+                try? AssetReference(hash: Data(hashes[hashes.startIndex + index * 32 ..< hashes.startIndex + (index + 1) * 32]),
+                                    size: UInt64(AttachmentManifest.plainSize(ofChunk: index, size: file.size) + Sodium.aeadTagLength))
+            }
+            return AttachmentManifest(name: file.name, mediaType: file.mediaType, size: file.size, key: row.blob(0), chunks: chunks, thumbnail: row.optionalBlob(2),
+                                      pixelWidth: row.optionalInt(3).map(Int.init), pixelHeight: row.optionalInt(4).map(Int.init))
+        } ?? nil
     }
 
     /// The versions before a message's current one, oldest first.
@@ -199,6 +220,7 @@ extension ConversationStore {
             let stone = try self.policy.tombstone(for: current, signedWith: local.key, clock: self.clock.now())
             try self.applyLocal(stone, in: &applier)
         }
+        try await removeDiscardedFiles()
     }
 
     /// Marks a message to the local speaker as read: a Receipt record signed by the reader,
@@ -425,7 +447,8 @@ extension ConversationStore {
         zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
         (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ') FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name),
         custom_type, custom_data, is_deleted,
-        read_at IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries d WHERE d.zone = messages.zone AND d.member = messages.listener AND d.through >= messages.name)
+        read_at IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries d WHERE d.zone = messages.zone AND d.member = messages.listener AND d.through >= messages.name),
+        file_name, file_type, file_size
         """
 
     static func message(from row: Row) -> Message {
@@ -441,7 +464,8 @@ extension ConversationStore {
                        mentions: (row.optionalText(13) ?? "").split(separator: " ").compactMap { Mention(field: String($0), content: row.text(4)) }
                            .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound },
                        custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0,
-                       isDelivered: row.int(17) != 0)
+                       isDelivered: row.int(17) != 0,
+                       attachment: row.optionalText(18).map { Attachment(name: $0, mediaType: row.optionalText(19) ?? "", size: row.optionalInt(20) ?? 0) })
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

@@ -130,7 +130,7 @@ public final class ConversationStore: Sendable {
         database = StoreDatabase(queue: queue, policy: policy, hub: EventHub(), clock: clock)
         database.identity.withLock { $0 = loaded }
         backendFactory = backend
-        engine = SyncEngine(database: database, configuration: configuration, images: AssetFolder(root: directory + "/Images"), clock: clock)
+        engine = SyncEngine(database: database, configuration: configuration, images: AssetFolder(root: directory + "/Images"), files: directory + "/Files", clock: clock)
     }
 
     deinit { database.hub.finish() }
@@ -330,6 +330,8 @@ public final class ConversationStore: Sendable {
         if configuration.avatarDownload == .duringSync {
             report.avatarsDownloaded = await downloadMissingAvatars(from: backend)
         }
+        try await removeDiscardedFiles()
+        report.filesDownloaded = await downloadFilesDuringSync()
         return report
     }
 

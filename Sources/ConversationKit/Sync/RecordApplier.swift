@@ -386,15 +386,18 @@ struct RecordApplier {
         // The message it answers: another message's name (anything else is not a reply).
         let replyTo = opened.string("replyTo").flatMap { $0.hasPrefix(ChatRecords.messagePrefix) && $0 != name ? $0 : nil }
         let custom = ChatRecords.custom(of: opened)
+        let file = waiting == nil ? AttachmentManifest(record: opened) : nil
         try db.execute("""
             INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch, reply_to,
-                custom_type, custom_data)
-            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?)
+                custom_type, custom_data, file_name, file_type, file_size)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
                 spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL,
-                waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to, custom_type = excluded.custom_type, custom_data = excluded.custom_data
+                waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to, custom_type = excluded.custom_type, custom_data = excluded.custom_data,
+                file_name = excluded.file_name, file_type = excluded.file_type, file_size = excluded.file_size
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
-                  state.rawValue, waiting, replyTo, custom?.type, custom?.data])
+                  state.rawValue, waiting, replyTo, custom?.type, custom?.data, file?.name, file?.mediaType, file?.size])
+        if file != nil || exists { try projectFile(file, zone: zone, name: name, ownUpload: origin == .local && speaker == localSpeaker) }
         // A new row has no versions or mentions yet (every removal of a row takes its own).
         if exists {
             try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
@@ -432,11 +435,32 @@ struct RecordApplier {
         try db.execute("""
             INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, is_deleted, sync_state) VALUES (?, ?, ?, ?, '', ?, 1, ?)
             ON CONFLICT (zone, name) DO UPDATE SET is_deleted = 1, content = '', spoken_at = excluded.spoken_at, edited_at = NULL, reply_to = NULL,
-                custom_type = NULL, custom_data = NULL, waiting_epoch = NULL, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
+                custom_type = NULL, custom_data = NULL, file_name = NULL, file_type = NULL, file_size = NULL, waiting_epoch = NULL, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
             """, [zone, name, speaker, listener, spokenAt, state.rawValue])
         try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
+        try projectFile(nil, zone: zone, name: name, ownUpload: false)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
+    }
+
+    /// A message's file as its version names it: the manifest kept (what this device holds of it
+    /// kept too while it is the same file), or — none, or another file — the one held before
+    /// discarded (its cache directory goes after the transaction, ``ConversationStore/removeDiscardedFiles()``).
+    /// - Parameter ownUpload: the local speaker's own new file, whose chunks this device uploads.
+    private mutating func projectFile(_ file: AttachmentManifest?, zone: String, name: String, ownUpload: Bool) throws {
+        guard let file else {
+            try db.execute("UPDATE attachments SET discarded = 1, held = NULL, uploaded = NULL WHERE zone = ? AND name = ?", [zone, name])
+            return
+        }
+        let chunks = file.chunks.reduce(into: Data(capacity: file.chunks.count * 32)) { $0.append($1.hash) }
+        try db.execute("""
+            INSERT INTO attachments (zone, name, file_key, chunks, thumbnail, image_width, image_height, uploaded) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (zone, name) DO UPDATE SET thumbnail = excluded.thumbnail, image_width = excluded.image_width, image_height = excluded.image_height,
+                held = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN held END,
+                uploaded = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN uploaded END,
+                discarded = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN discarded ELSE 1 END,
+                file_key = excluded.file_key, chunks = excluded.chunks
+            """, [zone, name, file.key, chunks, file.thumbnail, file.pixelWidth.map(Int64.init), file.pixelHeight.map(Int64.init), ownUpload ? Int64(0) : nil])
     }
 
     /// Takes a message out of the view, with its mentions and versions.
@@ -445,6 +469,7 @@ struct RecordApplier {
         let removed = db.changes > 0
         try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
+        try projectFile(nil, zone: zone, name: name, ownUpload: false)
         if removed { events.append(.messageChanged(MessageID(conversation: zone, name: name))) }
     }
 

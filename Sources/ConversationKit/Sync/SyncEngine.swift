@@ -27,6 +27,8 @@ public struct SyncReport: Sendable, Hashable {
     public var refetchedZones = 0
     /// Other speakers' avatars downloaded into the image cache.
     public var avatarsDownloaded = 0
+    /// Files downloaded during the sync (``StoreConfiguration/fileDownload``).
+    public var filesDownloaded = 0
     /// Versions received with a clock more than ``StoreConfiguration/clockSkewTolerance`` ahead of
     /// this machine's wall clock (a writer whose clock is fast): applied, flagged, not followed.
     public var clocksAhead = 0
@@ -64,6 +66,8 @@ actor SyncEngine {
     let configuration: StoreConfiguration
     /// The image cache, from which the assets records reference are uploaded.
     let images: AssetFolder
+    /// The file cache, from which messages' files are uploaded (`Files/`).
+    let files: String
     /// The backend of the syncs in progress, let go when the last one ends (the store's
     /// `close()` then releases it).
     private var connected: (any RecordZoneBackend)?
@@ -88,10 +92,11 @@ actor SyncEngine {
     /// The store's clock, which observes every clock the pulls bring (up to the skew tolerance).
     let clock: HybridLogicalClock
 
-    init(database: StoreDatabase, configuration: StoreConfiguration, images: AssetFolder, clock: HybridLogicalClock) {
+    init(database: StoreDatabase, configuration: StoreConfiguration, images: AssetFolder, files: String, clock: HybridLogicalClock) {
         self.database = database
         self.configuration = configuration
         self.images = images
+        self.files = files
         self.clock = clock
     }
 
@@ -249,6 +254,23 @@ actor SyncEngine {
                     }
                 }
             }
+            // A message whose file left the cache before it was uploaded never goes out.
+            let gone = filesGone(records)
+            if !gone.isEmpty {
+                let failed = zip(sent, records).filter { gone.contains($0.1.id) }
+                try await write { applier in
+                    for (entry, record) in failed {
+                        try Outbox.remove(entry, in: applier.db)
+                        try applier.fail(MessageID(conversation: record.id.zone.rawValue, name: record.id.name),
+                                         SyncFailure(.fileMissing, message: "its file left this device's cache before it was uploaded: nobody could download it"))
+                    }
+                }
+                report.failed += failed.count
+                let kept = zip(sent, records).filter { !gone.contains($0.1.id) }
+                sent = kept.map(\.0)
+                records = kept.map(\.1)
+                if records.isEmpty { continue }
+            }
             // A group's zone is made by its creator only; a member writes into it as it is.
             let own = Set(records.map(\.id.zone)).filter { GroupMembership.creatorHash(of: $0).map { $0 == ChatRecords.identityHash(localSpeaker) } ?? true }
             if let refusal = try await ensureZonesExist(own) {
@@ -256,8 +278,9 @@ actor SyncEngine {
             }
             let answer: SaveAnswer
             do {
-                // The assets they reference first (an avatar), so no reader sees a reference
-                // before its bytes.
+                // The assets they reference first (an avatar, a message's file), so no reader
+                // sees a reference before its bytes.
+                try await uploadFiles(of: records)
                 try await uploadAssets(of: records)
                 answer = try await backend.save(records, policy: .merge, catchingUpFrom: databaseToken)
             } catch {
