@@ -15,6 +15,8 @@ public final class ChildProcess: Sendable {
         var stderr = Data()
         /// The raw `waitpid` status, once the child has exited.
         var status: Int32?
+        /// Its peak resident size in KiB (`wait4`'s `ru_maxrss`), once it has exited.
+        var peakResidentKiB: Int?
     }
     private let state = Mutex(State())
     private let readersFinished = Atomic<Int>(0)
@@ -62,9 +64,11 @@ public final class ChildProcess: Sendable {
         state.withLock { state in
             if let status = state.status { return status }
             var status: Int32 = 0
-            let result = waitpid(pid, &status, blocking ? 0 : WNOHANG)
+            var usage = rusage()
+            let result = wait4(pid, &status, blocking ? 0 : WNOHANG, &usage)
             guard result == pid else { return nil }
             state.status = status
+            state.peakResidentKiB = usage.ru_maxrss
             return status
         }
     }
@@ -81,6 +85,9 @@ public final class ChildProcess: Sendable {
         let raw = status ?? 0
         return raw & 0x7F != 0 ? raw & 0x7F : (raw >> 8) & 0xFF
     }
+
+    /// The most memory the process ever had resident, in KiB, once it has exited (``wait()``).
+    public var peakResidentKiB: Int? { state.withLock { $0.peakResidentKiB } }
 
     /// Polls until `condition` holds or the deadline passes.
     public func waitUntil(seconds: Double = 60, _ condition: (ChildProcess) -> Bool) async -> Bool {

@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "conversations set", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "conversations set", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "download", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -54,7 +54,7 @@ import TestSupport
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
-            ["edit", "c-x/m.y", "text"] + none, ["edits", "c-x/m.y"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["edits", "c-x/m.y"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["download", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["conversations", "set", "bob", "--pin"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,

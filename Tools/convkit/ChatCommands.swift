@@ -14,12 +14,20 @@ enum ChatCommands {
         ToolCommand(Command("convkit whoami", "Show the store's local speaker, its fingerprint and backend.", options: [Targets.store, Targets.json]), run: whoami),
         ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
                             discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
-                            positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."), Positional("text", "The message.")],
+                            positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."),
+                                          Positional("text", "The message (with --attach: the file's caption, optional).", optional: true)],
                             options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag,
                                                              .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."),
                                                              .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true),
                                                              .valued("custom", "type", "An app's own kind of message (com.example.poll); <text> is shown where it is not understood."),
-                                                             .valued("data", "text", "With --custom: its data (UTF-8 text, such as JSON)."), Targets.json]), run: send),
+                                                             .valued("data", "text", "With --custom: its data (UTF-8 text, such as JSON)."),
+                                                             .valued("attach", "file", "Send this file (up to 1 GiB; encrypted, uploaded in chunks by the sync)."),
+                                                             .valued("type", "media-type", "With --attach: the file's media type. (default: guessed from its name and first bytes)"),
+                                                             Targets.json]), run: send),
+        ToolCommand(Command("convkit download", "Download a message's file (or find it in the store), and print where it is.",
+                            discussion: "Resumes a download cut short. Each chunk is checked against its hash and opened with the file's key before it is written; a changed byte fails the download (exit 1) and keeps nothing.",
+                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")],
+                            options: Targets.storeOptions + [.valued("out", "file", "Copy the file there too."), Targets.json]), run: download),
         ToolCommand(Command("convkit mentions", "List the newest messages that mention you, in every conversation.",
                             options: [Targets.store, Targets.json]), run: mentions),
         ToolCommand(Command("convkit search", "Find messages by their words (every word; best first, with a snippet).",
@@ -174,6 +182,7 @@ enum ChatCommands {
         if let custom = message.custom { value["custom"] = ["type": custom.type, "data": custom.data.base64EncodedString()] }
         if message.isDeleted { value["deleted"] = true }
         if message.isDelivered { value["delivered"] = true }
+        if let file = message.attachment { value["file"] = ["name": file.name, "type": file.mediaType, "size": file.size] as [String: Any] }
         if case .failed(let failure) = message.syncState { value["failure"] = failure.backendCode?.rawValue ?? failure.code.rawValue }
         return value
     }
@@ -188,7 +197,11 @@ enum ChatCommands {
 
     static func send(_ context: Context) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
-        guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) else { throw UsageError("missing <id> <text>") }
+        let attachment = context.arguments.value("attach").map { URL(fileURLWithPath: $0) }
+        guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) ?? (attachment == nil ? nil : "") else {
+            throw UsageError("missing <id> <text>")
+        }
+        if context.arguments.value("type") != nil, attachment == nil { throw UsageError("--type goes with --attach") }
         let parent = try context.arguments.value("reply-to").map { try messageID($0) }
         let mentioned = context.arguments.all("mention")
         let mentions = Mention.written(mentioned, in: text)
@@ -197,12 +210,22 @@ enum ChatCommands {
         }
         let custom = context.arguments.value("custom").map { CustomPayload(type: $0, data: Data((context.arguments.value("data") ?? "").utf8)) }
         if custom == nil, context.arguments.value("data") != nil { throw UsageError("--data goes with --custom") }
+        if attachment != nil, custom != nil || !mentions.isEmpty { throw UsageError("--attach goes without --custom and --mention") }
+        let caption = text.isEmpty ? nil : text
         var message: Message
         if let group = try group(to, store, context) {
-            message = try await store.send(text, toGroup: group.id, replyingTo: parent, mentions: mentions, custom: custom)
+            if let attachment {
+                message = try await store.sendFile(attachment, toGroup: group.id, caption: caption, mediaType: context.arguments.value("type"), replyingTo: parent)
+            } else {
+                message = try await store.send(text, toGroup: group.id, replyingTo: parent, mentions: mentions, custom: custom)
+            }
         } else {
             try await requireKnown(to, in: store, context)
-            message = try await store.send(text, to: to, replyingTo: parent, mentions: mentions, custom: custom)
+            if let attachment {
+                message = try await store.sendFile(attachment, to: to, caption: caption, mediaType: context.arguments.value("type"), replyingTo: parent)
+            } else {
+                message = try await store.send(text, to: to, replyingTo: parent, mentions: mentions, custom: custom)
+            }
         }
         // Committed: from here on the message is reported, whatever the sync says.
         if context.arguments.has("sync") {
@@ -222,6 +245,35 @@ enum ChatCommands {
             if let note { FileHandle.standardError.write(Data("note: \(DisplayText.safe(note))\n".utf8)) }
         }
         if context.json { try Output.json(messageJSON(message)) } else { Output.line("\(message.id) \(state(message.syncState))") }
+    }
+
+    static func download(_ context: Context) async throws {
+        let store = try context.store()
+        guard let text = context.arguments.positional(0) else { throw UsageError("missing <message>") }
+        let id = try messageID(text)
+        guard let file = try store.message(id)?.attachment else { throw ToolFailure("\(id) carries no file (or is not in this store: 'convkit sync' first)") }
+        let held = try store.fileURL(of: id) != nil
+        // Progress on a terminal only, one line rewritten per chunk.
+        let showsProgress = !context.json && isatty(STDERR_FILENO) == 1 && !held
+        let url = try await store.downloadFile(of: id) { written, size in
+            guard showsProgress else { return }
+            FileHandle.standardError.write(Data("\r\(Output.bytes(written)) of \(Output.bytes(size))".utf8))
+        }
+        if showsProgress { FileHandle.standardError.write(Data("\n".utf8)) }
+        if let out = context.arguments.value("out") {
+            do {
+                if FileManager.default.fileExists(atPath: out) { try FileManager.default.removeItem(atPath: out) }
+                try FileManager.default.copyItem(atPath: url.path, toPath: out)
+            } catch {
+                throw ToolFailure("cannot copy the file to \(out): \(error.localizedDescription)")
+            }
+        }
+        if context.json {
+            try Output.json(["message": id.description, "name": file.name, "type": file.mediaType, "size": file.size, "path": context.arguments.value("out") ?? url.path,
+                             "downloaded": !held])
+        } else {
+            Output.line(context.arguments.value("out") ?? url.path)
+        }
     }
 
     /// A speaker as people see it: the free-form name with the identity beside it, so that
@@ -326,7 +378,8 @@ enum ChatCommands {
                 return said.isEmpty ? nil : said.joined(separator: ", ") + " of \(others ?? 0)"
             } ?? (message.readAt != nil ? "read" : message.isDelivered ? "delivered" : nil)
             let reactions = try store.reactions(to: message.id)
-            let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.custom.map { "custom: \($0.type)" }, message.editedAt != nil ? "edited" : nil, read,
+            let flags = [message.isWaitingForKey ? "waiting for its key" : nil, message.custom.map { "custom: \($0.type)" },
+                         message.attachment.map { "file: \($0.name), \(Output.bytes($0.size))" }, message.editedAt != nil ? "edited" : nil, read,
                          message.syncState == .synced ? nil : state(message.syncState), reactions.isEmpty ? nil : summary(of: reactions)].compactMap { $0 }
             // Above a reply, what it answers: the start of that message, or a placeholder.
             switch try store.parent(of: message.id) {

@@ -160,6 +160,17 @@ enum Output {
 
     static func time(_ date: Date) -> String { date.formatted(.iso8601) }
 
+    /// A size for people: `512 B`, `1.5 KiB`, `200.0 MiB`, `1.0 GiB`.
+    static func bytes(_ count: Int64) -> String {
+        guard count >= 1024 else { return "\(count) B" }
+        var value = Double(count) / 1024, unit = 0
+        while value >= 1024, unit < 2 {
+            value /= 1024
+            unit += 1
+        }
+        return String(format: "%.1f", value) + " " + ["KiB", "MiB", "GiB"][unit]
+    }
+
     static func hex(_ data: Data) -> String { data.map { String(format: "%02x", $0) }.joined() }
 
     /// A progress bar on a terminal (standard error), nothing when it is not one.
