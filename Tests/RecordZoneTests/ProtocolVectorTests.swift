@@ -108,6 +108,26 @@ import Testing
             /// Alice's KeyShare record for bob carrying that box, signed by her device.
             var keyShareRecordHex: String
         }
+        /// A file (§3.4): its bytes by a rule (byte i is i mod 251), its key, each chunk's nonce,
+        /// the SHA-256 and size of each encrypted chunk (its asset), and the last (short) chunk
+        /// encrypted in full; then the manifest's fields as the message seals them.
+        struct AttachmentVector: Codable, Equatable {
+            struct Chunk: Codable, Equatable {
+                var nonceHex: String
+                var sha256Hex: String
+                var size: Int
+            }
+            var description: String
+            var fileSize: Int
+            var chunkSize: Int
+            var fileKeyHex: String
+            var additionalDataHex: String
+            var chunks: [Chunk]
+            var lastChunkSealedHex: String
+            /// The canonical encoding of an unsigned Message record holding just the manifest's
+            /// fields (what a message with this file seals besides its content).
+            var manifestFieldsRecordHex: String
+        }
         /// Bytes every reader refuses, and why (the decoder's words).
         /// A recovery record (§3.3): the code, what Argon2id makes of it, and the box.
         struct RecoveryVector: Codable, Equatable {
@@ -136,6 +156,7 @@ import Testing
         var groups: [GroupVector]
         var encryption: [EncryptionVector]
         var recovery: [RecoveryVector]
+        var attachments: [AttachmentVector]
         var refused: [RefusedVector]
     }
 
@@ -215,6 +236,26 @@ import Testing
                      additionalDataHex: Sealing.messageContext(zone: zone, name: name, type: "Message", sender: "alice", device: alice.publicKey).hexString,
                      sealedHex: try #require(sealed[Sealing.sealedField]?.bytesValue).hexString, messageRecordHex: try sealed.encoded().hexString,
                      shareTextHex: shareText.hexString, shareBoxHex: box.hexString, keyShareRecordHex: try share.encoded().hexString)
+    }
+
+    /// The bytes of the attachment vector's file: byte i is i mod 251.
+    static func attachmentFile(size: Int) -> Data { Data((0..<size).map { UInt8($0 % 251) }) }
+
+    static func attachmentVector() throws -> Vectors.AttachmentVector {
+        let size = AttachmentManifest.chunkSize + 100, file = attachmentFile(size: size), key = Data((0x80..<0xA0).map { UInt8($0) })
+        let count = AttachmentManifest.chunkCount(size: Int64(size))
+        let sealed = (0..<count).map { index in
+            AttachmentManifest.sealChunk(file.subdata(in: (index * AttachmentManifest.chunkSize)..<min(size, (index + 1) * AttachmentManifest.chunkSize)), index: index, key: key)
+        }
+        let nonce = { (index: Int) in Data(repeating: 0, count: 16) + withUnsafeBytes(of: UInt64(index).bigEndian) { Data($0) } }
+        let manifest = AttachmentManifest(name: "report.pdf", mediaType: "application/pdf", size: Int64(size), key: key, chunks: sealed.map { AssetReference(for: $0) })
+        let zone = try ZoneName("c-\(OwnershipRule.identityHash("alice"))-\(OwnershipRule.identityHash("bob"))")
+        let fields = Record(id: try RecordID(zone: zone, name: "m.\(OwnershipRule.identityHash("alice")).0000018bcfe56800-0123456789abcdef"), type: "Message",
+                            fields: manifest.recordFields)
+        return .init(description: "a file of 1,048,676 bytes (byte i is i mod 251) in two chunks, with the key 80 81 … 9F",
+                     fileSize: size, chunkSize: AttachmentManifest.chunkSize, fileKeyHex: key.hexString, additionalDataHex: Data("convkit-attachment-v1".utf8).hexString,
+                     chunks: sealed.enumerated().map { .init(nonceHex: nonce($0.offset).hexString, sha256Hex: Sodium.sha256($0.element).hexString, size: $0.element.count) },
+                     lastChunkSealedHex: try #require(sealed.last).hexString, manifestFieldsRecordHex: try fields.encoded().hexString)
     }
 
     static func recoveryVector() throws -> Vectors.RecoveryVector {
@@ -334,7 +375,7 @@ import Testing
             .init(description: "alice (seed 01…) introduces bob's key (seed 02…)", introducerSeedHex: Data(repeating: 1, count: 32).hexString,
                   introducer: "alice", introduced: "bob", keyHex: bob.publicKey.hexString,
                   signedHex: Introduction.signed(introduced: "bob", key: bob.publicKey, introducer: "alice").hexString, text: introduction.text),
-        ], groups: [try groupVector(), try groupVector(history: .all)], encryption: [try encryptionVector(shareBox: shareBox)], recovery: [try recoveryVector()], refused: [
+        ], groups: [try groupVector(), try groupVector(history: .all)], encryption: [try encryptionVector(shareBox: shareBox)], recovery: [try recoveryVector()], attachments: [try attachmentVector()], refused: [
             refused("a field key not in NFC: e + U+0301 (65 CC 81)", handmade([([0x65, 0xCC, 0x81], "a")])),
             refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
             refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
@@ -368,6 +409,22 @@ import Testing
             #expect(Sodium.unpad(padded, block: 256)?.hexString == vector.plaintextHex && padded.count % 256 == 0)
             let record = try Record(canonical: try hex(vector.messageRecordHex))
             #expect(record.hasValidSignature() && record["content"] == nil && record["sealed"]?.bytesValue == sealed)
+        }
+        // The attachment vector from its description alone: the file by its rule, each chunk
+        // encrypted with the stated key, nonce and additional data, hashed; the last one opened.
+        for vector in stored.attachments {
+            let hex = { (text: String) throws -> Data in try #require(Data(hexString: text)) }
+            let file = Self.attachmentFile(size: vector.fileSize), key = try hex(vector.fileKeyHex)
+            for (index, chunk) in vector.chunks.enumerated() {
+                let plain = file.subdata(in: (index * vector.chunkSize)..<min(vector.fileSize, (index + 1) * vector.chunkSize))
+                let sealed = Sodium.aeadEncrypt(plain, additionalData: try hex(vector.additionalDataHex), nonce: try hex(chunk.nonceHex), key: key)
+                #expect(Sodium.sha256(sealed).hexString == chunk.sha256Hex && sealed.count == chunk.size)
+            }
+            let last = try #require(vector.chunks.last)
+            #expect(Sodium.aeadDecrypt(try hex(vector.lastChunkSealedHex), additionalData: try hex(vector.additionalDataHex), nonce: try hex(last.nonceHex), key: key)
+                    == file.suffix(from: (vector.chunks.count - 1) * vector.chunkSize))
+            let manifest = try #require(AttachmentManifest(record: try Record(canonical: try hex(vector.manifestFieldsRecordHex))))
+            #expect(manifest.size == Int64(vector.fileSize) && manifest.chunks.map(\.hexHash) == vector.chunks.map(\.sha256Hex) && manifest.key == key)
         }
         // The recovery vector opened from its bytes alone: the code's text back to its bytes,
         // Argon2id, the secretbox, the identity key inside.
