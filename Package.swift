@@ -70,10 +70,10 @@ let package = Package(
             name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport"],
             path: "Tools/convkit"),
         .executableTarget(
-            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "PostgresKit", "ImageKit", "ToolSupport", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG", "Crowd"],
+            name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "PostgresKit", "ImageKit", "ToolSupport", "ChatSchema", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG", "Crowd"],
             path: "Tools/convkit-bench"),
         // The raw limits the bench compares against: a bare libmicrohttpd responder, a TCP echo.
-        .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD"], path: "Tools/CRawLimits"),
+        .target(name: "CRawLimits", dependencies: ["CLibMicroHTTPD", "CCurl"], path: "Tools/CRawLimits"),
         // libFuzzer targets for the decoders (scripts/fuzz.sh builds them with the sanitizers).
         .executableTarget(name: "convkit-fuzz", dependencies: ["RecordZone", "ImageKit"], path: "Tools/convkit-fuzz"),
         // Helpers the tests run as real processes.

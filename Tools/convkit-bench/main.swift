@@ -8,7 +8,7 @@ import ToolSupport
 struct Options {
     var seconds = 1.0
     var json = false
-    var sections: Set<String> = ["records", "encryption", "store", "groups", "server", "registration", "images"]
+    var sections: Set<String> = ["records", "encryption", "store", "files", "groups", "server", "registration", "images"]
     var identities = [1_000, 100_000]
     var messages = 1_000_000
     /// A PostgreSQL cluster for the `postgres` section (scripts/bench.sh starts a private one).
@@ -21,7 +21,7 @@ let command = Command(
     "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
-        .valued("only", "section", "Run one section: records, encryption, store, groups, server, registration, images, postgres or capacity (run only when asked for)."),
+        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, postgres or capacity (run only when asked for)."),
         .valued("clients", "n", "capacity: clients online, each holding a long poll. (default: 10000)"),
         .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
         .valued("senders", "n", "capacity: senders, each sending one message at a time. (default: 10)"),
@@ -48,8 +48,8 @@ func parseOptions() -> Options {
         if options.postgres != nil { options.sections.insert("postgres") }
         options.largeZone = try parsed.int("large-zone", default: options.largeZone, range: 10_000...100_000_000)
         if let section = parsed.value("only") {
-            guard ["records", "encryption", "store", "groups", "server", "registration", "images", "postgres", "capacity"].contains(section) else {
-                throw UsageError("--only takes records, store, groups, server, registration, images, postgres or capacity")
+            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "postgres", "capacity"].contains(section) else {
+                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, postgres or capacity")
             }
             guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
@@ -93,6 +93,7 @@ do {
     if options.sections.contains("records") { try await recordBench(reporter, seconds: options.seconds) }
     if options.sections.contains("encryption") { try encryptionBench(reporter, seconds: options.seconds) }
     if options.sections.contains("store") { try await storeBench(reporter, seconds: options.seconds, messageCount: options.messages) }
+    if options.sections.contains("files") { try await fileBench(reporter) }
     if options.sections.contains("server") {
         try await serverBench(reporter, seconds: options.seconds)
         try await serverMemoryBench(reporter)

@@ -15,6 +15,10 @@ extension ConversationStore {
     /// beside it as `.partial`).
     var filesRoot: String { directory + "/Files" }
 
+    /// How many chunk requests a file's upload and download keep in flight: the next ones move
+    /// while one is read and encrypted (or checked, opened and written), each in memory.
+    package static let fileTransfersInFlight = (upload: 2, download: 4)
+
     /// Sends a file to a speaker: copied into the store (the original may go), with its
     /// thumbnail when it is an image, and committed with its outbox entry; ``sync()`` uploads
     /// it, then the message. The message's content is the caption, or the file's name.
@@ -98,14 +102,32 @@ extension ConversationStore {
         } catch {
             throw ConversationError(.storeNotWritable, "cannot write \(partial): \(error)")
         }
-        for index in Int(min(kept, Int64(count)))..<count {
-            let plainSize = AttachmentManifest.plainSize(ofChunk: index, size: file.size)
+        // The next chunks are fetched (and checked against their hashes) while this one is
+        // opened and written: at most `window` in flight, so memory stays a few chunks.
+        let window = Self.fileTransfersInFlight.download
+        let reference = { (index: Int) in
             let from = chunks.startIndex + index * 32
-            let hash = Data(chunks[from ..< from + 32])
-            guard let reference = try? AssetReference(hash: hash, size: UInt64(plainSize + Sodium.aeadTagLength)) else { continue }
+            return try? AssetReference(hash: Data(chunks[from ..< from + 32]),
+                                       size: UInt64(AttachmentManifest.plainSize(ofChunk: index, size: file.size) + Sodium.aeadTagLength))
+        }
+        var inFlight: [Task<Result<Data, RecordZoneError>, Never>] = []
+        defer { inFlight.forEach { $0.cancel() } }
+        let first = Int(min(kept, Int64(count)))
+        func fetch(_ index: Int) {
+            guard index < count, let reference = reference(index) else { return }
+            inFlight.append(Task { () async -> Result<Data, RecordZoneError> in
+                do throws(RecordZoneError) { return .success(try await backend.asset(reference)) } catch { return .failure(error) }
+            })
+        }
+        for index in first..<min(count, first + window) { fetch(index) }
+        for index in first..<count {
+            let plainSize = AttachmentManifest.plainSize(ofChunk: index, size: file.size)
+            guard let reference = reference(index), !inFlight.isEmpty else { continue }
+            let answer = await inFlight.removeFirst().value
+            fetch(index + window)
             let sealed: Data
             do throws(RecordZoneError) {
-                sealed = try await backend.asset(reference)
+                sealed = try answer.get()
             } catch where error.code == .unknownItem {
                 throw ConversationError(.fileMissing, "the backend does not hold chunk \(index + 1) of \(count) of '\(file.name)' (\(reference)): its sender has not uploaded it yet, or it was lost")
             } catch where error.code == .assetCorrupt {
@@ -354,9 +376,11 @@ extension SyncEngine {
     }
 
     /// Uploads what is left of the local speaker's files that these records' messages carry,
-    /// chunk by chunk from the cache, noting each chunk the backend took, so a cut resumes at
-    /// the next one. - Throws: the backend's error; ``RecordZoneError/Code/ioError`` when the
-    /// cached file cannot be read or changed since it was sent.
+    /// chunk by chunk from the cache — the next one read and encrypted while one goes
+    /// (``ConversationStore/fileTransfersInFlight``) —, noting how far the backend took them (at least every half second, and
+    /// at the end), so a cut resumes about where it happened.
+    /// - Throws: the backend's error; ``RecordZoneError/Code/ioError`` when the cached file
+    ///   cannot be read or changed since it was sent.
     func uploadFiles(of records: [Record]) async throws(RecordZoneError) {
         for record in records {
             guard let pending = pendingUpload(record) else { continue }
@@ -368,25 +392,53 @@ extension SyncEngine {
             } catch {
                 throw RecordZoneError(.ioError, "cannot read \(pending.path): \(error)")
             }
-            for index in pending.uploaded..<AttachmentManifest.chunkCount(size: pending.size) {
-                let plainSize = AttachmentManifest.plainSize(ofChunk: index, size: pending.size)
-                guard let plain = try? source.read(upToCount: plainSize), plain.count == plainSize else {
-                    throw RecordZoneError(.ioError, "cannot read chunk \(index + 1) of \(pending.path)")
-                }
-                let hash = Data(pending.chunks[pending.chunks.startIndex + index * 32 ..< pending.chunks.startIndex + (index + 1) * 32])
-                let expected = try AssetReference(hash: hash, size: UInt64(plainSize + Sodium.aeadTagLength))
-                do {
-                    _ = try await backend.putAsset(AttachmentManifest.sealChunk(plain, index: index, key: pending.key), expected: expected)
-                } catch where error.code == .assetCorrupt {
-                    throw RecordZoneError(.ioError, "\(pending.path) changed since it was sent (chunk \(index + 1))")
-                }
-                do {
-                    try await database.write(.synced) { applier in
-                        try applier.db.execute("UPDATE attachments SET uploaded = ? WHERE zone = ? AND name = ?", [Int64(index + 1), zone, name])
+            let count = AttachmentManifest.chunkCount(size: pending.size), backend = self.backend
+            var inFlight: [Task<Result<Void, RecordZoneError>, Never>] = []
+            defer { inFlight.forEach { $0.cancel() } }
+            var done = pending.uploaded, lastNote = ContinuousClock.now, next = pending.uploaded
+            while done < count {
+                if next < count, inFlight.count < ConversationStore.fileTransfersInFlight.upload {
+                    let plainSize = AttachmentManifest.plainSize(ofChunk: next, size: pending.size)
+                    guard let plain = try? source.read(upToCount: plainSize), plain.count == plainSize else {
+                        throw RecordZoneError(.ioError, "cannot read chunk \(next + 1) of \(pending.path)")
                     }
-                } catch {
-                    throw RecordZoneError(.ioError, "cannot note an uploaded chunk: \(error)")
+                    let hash = Data(pending.chunks[pending.chunks.startIndex + next * 32 ..< pending.chunks.startIndex + (next + 1) * 32])
+                    let expected = try AssetReference(hash: hash, size: UInt64(plainSize + Sodium.aeadTagLength))
+                    let sealed = AttachmentManifest.sealChunk(plain, index: next, key: pending.key)
+                    inFlight.append(Task { () async -> Result<Void, RecordZoneError> in
+                        do throws(RecordZoneError) {
+                            _ = try await backend.putAsset(sealed, expected: expected)
+                            return .success(())
+                        } catch {
+                            return .failure(error)
+                        }
+                    })
+                    next += 1
+                    continue
                 }
+                // The oldest upload in flight, answered: one more chunk done, in order.
+                let failure: RecordZoneError?
+                switch await inFlight.removeFirst().value {
+                case .success:
+                    done += 1
+                    failure = nil
+                case .failure(let error) where error.code == .assetCorrupt:
+                    failure = RecordZoneError(.ioError, "\(pending.path) changed since it was sent (chunk \(done + 1))")
+                case .failure(let error):
+                    failure = error
+                }
+                if failure != nil || done == count || ContinuousClock.now - lastNote > .milliseconds(500) {
+                    let uploaded = Int64(done)
+                    do {
+                        try await database.write(.synced) { applier in
+                            try applier.db.execute("UPDATE attachments SET uploaded = max(uploaded, ?) WHERE zone = ? AND name = ?", [uploaded, zone, name])
+                        }
+                    } catch {
+                        throw RecordZoneError(.ioError, "cannot note an uploaded chunk: \(error)")
+                    }
+                    lastNote = .now
+                }
+                if let failure { throw failure }
             }
         }
     }

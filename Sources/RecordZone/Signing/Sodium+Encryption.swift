@@ -21,18 +21,22 @@ extension Sodium {
     public static func aeadEncrypt(_ plaintext: Data, additionalData: Data, nonce: Data, key: Data) -> Data {
         ensureInitialized()
         precondition(nonce.count == aeadNonceLength && key.count == aeadKeyLength)
-        var out = [UInt8](repeating: 0, count: plaintext.count + aeadTagLength)
+        // Written straight into the Data returned (a file's chunk is a mebibyte: no second copy).
+        var out = Data(count: plaintext.count + aeadTagLength)
         var written: UInt64 = 0
-        withBytes(plaintext) { m, mCount in
-            withBytes(additionalData) { a, aCount in
-                withBytes(nonce) { n, _ in
-                    withBytes(key) { k, _ in
-                        _ = crypto_aead_xchacha20poly1305_ietf_encrypt(&out, &written, m, UInt64(mCount), a, UInt64(aCount), nil, n, k)
+        out.withUnsafeMutableBytes { raw in
+            guard let c = raw.bindMemory(to: UInt8.self).baseAddress else { return }
+            withBytes(plaintext) { m, mCount in
+                withBytes(additionalData) { a, aCount in
+                    withBytes(nonce) { n, _ in
+                        withBytes(key) { k, _ in
+                            _ = crypto_aead_xchacha20poly1305_ietf_encrypt(c, &written, m, UInt64(mCount), a, UInt64(aCount), nil, n, k)
+                        }
                     }
                 }
             }
         }
-        return Data(out.prefix(Int(written)))
+        return out
     }
 
     /// `header ‖ nonce ‖ aeadEncrypt(pad(plaintext, block), additionalData, nonce, key)`, built
@@ -74,18 +78,25 @@ extension Sodium {
     public static func aeadDecrypt(_ ciphertext: Data, additionalData: Data, nonce: Data, key: Data) -> Data? {
         ensureInitialized()
         guard nonce.count == aeadNonceLength, key.count == aeadKeyLength, ciphertext.count >= aeadTagLength else { return nil }
-        var out = [UInt8](repeating: 0, count: ciphertext.count - aeadTagLength)
+        var out = Data(count: ciphertext.count - aeadTagLength)
         var written: UInt64 = 0
-        let status = withBytes(ciphertext) { c, cCount in
-            withBytes(additionalData) { a, aCount in
-                withBytes(nonce) { n, _ in
-                    withBytes(key) { k, _ in
-                        crypto_aead_xchacha20poly1305_ietf_decrypt(&out, &written, nil, c, UInt64(cCount), a, UInt64(aCount), n, k)
+        var empty: UInt8 = 0
+        let status = out.withUnsafeMutableBytes { raw -> Int32 in
+            // An empty plaintext still needs a valid pointer.
+            withUnsafeMutablePointer(to: &empty) { emptyPointer in
+                let m = raw.bindMemory(to: UInt8.self).baseAddress ?? emptyPointer
+                return withBytes(ciphertext) { c, cCount in
+                    withBytes(additionalData) { a, aCount in
+                        withBytes(nonce) { n, _ in
+                            withBytes(key) { k, _ in
+                                crypto_aead_xchacha20poly1305_ietf_decrypt(m, &written, nil, c, UInt64(cCount), a, UInt64(aCount), n, k)
+                            }
+                        }
                     }
                 }
             }
         }
-        return status == 0 ? Data(out.prefix(Int(written))) : nil
+        return status == 0 ? out : nil
     }
 
     /// A 32-byte subkey of a 32-byte master key (`crypto_kdf_derive_from_key`, BLAKE2b): the

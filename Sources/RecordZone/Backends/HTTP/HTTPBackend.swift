@@ -167,7 +167,18 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     // MARK: Assets
 
     public func putAsset(_ data: Data, expected: AssetReference?) async throws(RecordZoneError) -> AssetReference {
-        let reference = try AssetChecks.reference(for: data, expected: expected)
+        // With the reference given, the server's check is the one (it hashes what it stores and
+        // answers assetCorrupt): hashing here too would only repeat it.
+        let reference: AssetReference
+        if let expected {
+            guard data.count == expected.size, data.count <= BackendLimits.maximumAssetSize else {
+                throw RecordZoneError(data.count > BackendLimits.maximumAssetSize ? .limitExceeded : .assetCorrupt,
+                                      "asset is \(data.count) bytes; \(expected) names \(expected.size) (at most \(BackendLimits.maximumAssetSize))")
+            }
+            reference = expected
+        } else {
+            reference = try AssetChecks.reference(for: data, expected: nil)
+        }
         _ = try await send("PUT", "/v1/assets/\(reference.hexHash)", body: data, contentType: "application/octet-stream")
         return reference
     }
