@@ -16,8 +16,8 @@ trap './scripts/pg-cluster.sh stop "$pg_dir"' EXIT
 CONVKIT_TEST_POSTGRES=$(./scripts/pg-cluster.sh start "$pg_dir")
 export CONVKIT_TEST_POSTGRES
 swift test --skip-build
-# Tests that measure latency run alone, on an otherwise idle machine.
-CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter "hostileBodiesCostTheServerNeitherMemoryNorLatency|aMessageFromAnotherStoreShowsWithinTwoSeconds"
+# Tests that measure latency or memory (and move 200 MiB) run alone, on an otherwise idle machine.
+CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter "hostileBodiesCostTheServerNeitherMemoryNorLatency|aMessageFromAnotherStoreShowsWithinTwoSeconds|twoHundredMebibytesGoUpAndDown"
 # The server's stop, under AddressSanitizer: no connection touched after the daemon is gone.
 # (Leak checking is off: the test harness and Foundation keep a few hundred bytes to the end.)
 swift build --build-tests --build-path .build/asan -Xswiftc -sanitize=address

@@ -59,10 +59,18 @@ package struct AttachmentManifest: Sendable, Hashable {
         Int(min(Int64(chunkSize), size - Int64(index) * Int64(chunkSize)))
     }
 
-    /// Whether a name may be sent: 1–255 bytes, no `/`, no control characters, not `.` or `..`.
+    /// Whether a name may be sent: 1–255 bytes, not `.` or `..`, no `/`, no control, format
+    /// (bidi overrides: "gpj.exe" shown backwards) or line-separating character — but the
+    /// zero-width joiner and non-joiner, which emoji and several scripts need.
     package static func isValidName(_ name: String) -> Bool {
         !name.isEmpty && name.utf8.count <= maximumNameBytes && name != "." && name != ".."
-            && !name.unicodeScalars.contains { $0 == "/" || $0.properties.generalCategory == .control }
+            && !name.unicodeScalars.contains { scalar in
+                switch scalar.properties.generalCategory {
+                case .control, .lineSeparator, .paragraphSeparator: true
+                case .format: scalar != "\u{200C}" && scalar != "\u{200D}"
+                default: scalar == "/"
+                }
+            }
     }
 
     /// Whether a media type looks like one: `type/subtype`, printable ASCII without spaces.

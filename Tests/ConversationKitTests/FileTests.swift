@@ -1,3 +1,4 @@
+@testable import ChatSchema
 import ConversationKit
 import Foundation
 import ImageKit
@@ -239,8 +240,37 @@ import TestSupport
         #expect(FileManager.default.createFile(atPath: empty.path, contents: Data()))
         #expect(await code { try await alice.sendFile(empty, to: "bob") } == .fileUnreadable)
         #expect(await code { try await alice.sendFile(try Self.randomFile(10, in: directory, name: "x"), to: "bob", mediaType: "not a type") } == .fileUnreadable)
+        // A name that a bidi override would show backwards ("photo<RLO>gpj.exe" shows as photoexe.jpg).
+        #expect(await code { try await alice.sendFile(try Self.randomFile(10, in: directory, name: "photo\u{202E}gpj.exe"), to: "bob") } == .fileUnreadable)
         #expect(try alice.conversations().isEmpty)
         let staged = (try? FileManager.default.contentsOfDirectory(atPath: fixture.storePath("alice") + "/Files")) ?? []
         #expect(staged.isEmpty, "nothing left staged: \(staged)")
+    }
+
+    /// A reader takes a manifest only as PROTOCOL.md §3.4 says; anything else is no file.
+    @Test func aManifestBreakingTheRulesIsNoFile() throws {
+        let size = Int64(AttachmentManifest.chunkSize) + 10, key = Sodium.randomBytes(32)
+        let chunks = [try AssetReference(hash: Data(repeating: 1, count: 32), size: UInt64(AttachmentManifest.chunkSize + 16)),
+                      try AssetReference(hash: Data(repeating: 2, count: 32), size: 26)]
+        let good = AttachmentManifest(name: "a.bin", mediaType: "application/octet-stream", size: size, key: key, chunks: chunks)
+        func record(_ fields: [String: FieldValue]) throws -> Record {
+            Record(id: try RecordID(zone: try ZoneName("c-0123456789abcdef-fedcba9876543210"), name: "m.x"), type: "Message", fields: fields)
+        }
+        #expect(AttachmentManifest(record: try record(good.recordFields)) == good)
+        var broken: [(String, [String: FieldValue])] = []
+        for (why, field, value) in [("a bidi override", "fileName", FieldValue.string("a\u{202E}nib.exe")), ("a path", "fileName", .string("../a")),
+                                    ("no type", "fileType", .string("binary")), ("too large", "fileSize", .int(AttachmentManifest.maximumSize + 1)),
+                                    ("a short key", "fileKey", .bytes(Data(count: 16))), ("a chunk missing", "fileChunks", .list([.asset(chunks[0])])),
+                                    ("a chunk of another size", "fileChunks", .list([.asset(chunks[0]), .asset(try AssetReference(hash: Data(count: 32), size: 27))])),
+                                    ("a size that makes three chunks", "fileSize", .int(Int64(AttachmentManifest.chunkSize) * 2 + 1))] {
+            var fields = good.recordFields
+            fields[field] = value
+            broken.append((why, fields))
+        }
+        for (why, fields) in broken { #expect(AttachmentManifest(record: try record(fields)) == nil, "\(why)") }
+        // A thumbnail over its limit is dropped, the file kept.
+        var big = good.recordFields
+        big["thumbnail"] = .bytes(Data(count: AttachmentManifest.maximumThumbnailBytes + 1))
+        #expect(AttachmentManifest(record: try record(big))?.thumbnail == nil)
     }
 }

@@ -15,8 +15,6 @@ public final class ChildProcess: Sendable {
         var stderr = Data()
         /// The raw `waitpid` status, once the child has exited.
         var status: Int32?
-        /// Its peak resident size in KiB as last seen (`VmHWM` in `/proc/<pid>/status`).
-        var peakResidentKiB: Int?
     }
     private let state = Mutex(State())
     private let readersFinished = Atomic<Int>(0)
@@ -76,26 +74,12 @@ public final class ChildProcess: Sendable {
     public func wait() async -> Int32 {
         var status = reap(blocking: false)
         while status == nil {
-            notePeakResident()
             try? await Task.sleep(for: .milliseconds(10))
             status = reap(blocking: false)
         }
         while readersFinished.load(ordering: .acquiring) < 2 { try? await Task.sleep(for: .milliseconds(5)) }
         let raw = status ?? 0
         return raw & 0x7F != 0 ? raw & 0x7F : (raw >> 8) & 0xFF
-    }
-
-    /// The most memory the process had resident, in KiB, as ``wait()`` last saw it before the
-    /// process exited (the kernel's high-water mark, `VmHWM`, read every 10 ms: a peak in the
-    /// last few milliseconds can be missed). Not `wait4`'s `ru_maxrss`, which counts the
-    /// spawning process's own size from before the exec.
-    public var peakResidentKiB: Int? { state.withLock { $0.peakResidentKiB } }
-
-    private func notePeakResident() {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-              let kib = line.split(separator: " ").dropFirst().first.flatMap({ Int($0) }) else { return }
-        state.withLock { $0.peakResidentKiB = max($0.peakResidentKiB ?? 0, kib) }
     }
 
     /// Polls until `condition` holds or the deadline passes.
