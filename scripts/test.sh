@@ -17,7 +17,7 @@ CONVKIT_TEST_POSTGRES=$(./scripts/pg-cluster.sh start "$pg_dir")
 export CONVKIT_TEST_POSTGRES
 swift test --skip-build
 # Tests that measure latency or memory (and move 200 MiB) run alone, on an otherwise idle machine.
-CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter "hostileBodiesCostTheServerNeitherMemoryNorLatency|aMessageFromAnotherStoreShowsWithinTwoSeconds|twoHundredMebibytesGoUpAndDown"
+CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter "hostileBodiesCostTheServerNeitherMemoryNorLatency|aMessageFromAnotherStoreShowsWithinTwoSeconds|twoHundredMebibytesGoUpAndDown|typingShowsWithin200MillisecondsAndGoesWithinFiveSeconds"
 # The server's stop, under AddressSanitizer: no connection touched after the daemon is gone.
 # (Leak checking is off: the test harness and Foundation keep a few hundred bytes to the end.)
 swift build --build-tests --build-path .build/asan -Xswiftc -sanitize=address

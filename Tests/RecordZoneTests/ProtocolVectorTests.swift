@@ -369,6 +369,10 @@ import Testing
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),
             request("a JSON modify", method: "POST", path: "/v1/records/modify", query: [], body: Data(#"{"policy":"merge","records":[]}"#.utf8)),
+            request("saying one types in a conversation (§2, Typing)", method: "PUT", path: "/v1/zones/c-0123456789abcdef-fedcba9876543210/typing", query: [],
+                    body: Data(#"{"typing":true}"#.utf8)),
+            request("who types there, waiting up to 25 s past version 17", method: "GET", path: "/v1/zones/c-0123456789abcdef-fedcba9876543210/typing",
+                    query: [("since", "17"), ("timeout", "25")], body: Data()),
             request("a JSON modify asking for its catch-up (the client's database token in since)", method: "POST", path: "/v1/records/modify", query: [],
                     body: Data(#"{"policy":"merge","records":[],"since":"AQID+/=="}"#.utf8)),
         ], introductions: [

@@ -344,6 +344,36 @@ import TestSupport
         func kill() { let name = name; Task { _ = try? await tmux(["kill-session", "-t", name]) } }
     }
 
+    /// Through a zone server (a folder carries no typing): what bob types shows on alice's chat
+    /// as "Bob (bob) is typing…", and goes when he leaves without sending.
+    @Test func chatShowsWhoIsTypingThroughAServer() async throws {
+        let dir = try TemporaryDirectory("convkit-chat-typing")
+        let server = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", dir.path + "/server", "--listen", "127.0.0.1:0"])
+        defer { server.kill(SIGTERM) }
+        #expect(await server.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }, "\(server.standardError)")
+        let line = try #require(server.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
+        let url = "http://127.0.0.1:\(try #require(line.split(separator: ":").last.flatMap { Int($0) }))"
+        for who in ["alice", "bob"] {
+            #expect(try await ConvkitTests.convkit(["init", "--id", who, "--name", who.capitalized, "--server", url, "--store", dir.path + "/" + who]).status == 0)
+        }
+        #expect(try await ConvkitTests.convkit(["send", "bob", "hi bob", "--sync", "--store", dir.path + "/alice"]).status == 0)
+        #expect(try await ConvkitTests.convkit(["sync", "--store", dir.path + "/bob"]).status == 0)
+        let aliceView = try await Session("bob --store \(dir.path)/alice", in: dir.path + "/alice")
+        defer { aliceView.kill() }
+        let bobView = try await Session("alice --store \(dir.path)/bob", in: dir.path + "/bob")
+        defer { bobView.kill() }
+        #expect(try await aliceView.eventually(10) { $0.contains("Alice (alice): hi bob") })
+        #expect(try await bobView.eventually(10) { $0.contains("Alice (alice): hi bob") })
+        try await bobView.type("hel")
+        let typing = try await aliceView.eventually(10) { $0.contains("Bob (bob) is typing…") }
+        let screen = try await aliceView.screen()
+        #expect(typing, "\(screen)")
+        // Bob leaves without sending: gone within the lifetime (4.5 s), and a second for the view.
+        #expect(try await bobView.leave() == "0")
+        #expect(try await aliceView.eventually(8) { !$0.contains("is typing") })
+        #expect(try await aliceView.leave() == "0")
+    }
+
     @Test func chatShowsLiveMessagesAndSendsTypedLines() async throws {
         let dir = try TemporaryDirectory("convkit-chat")
         let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]

@@ -6,7 +6,7 @@ import ToolSupport
 
 /// `convkit chat ID`: one conversation — with a speaker, or a group (its id, or its name with
 /// `--group`) — on a terminal, in plain ANSI. The newest messages with
-/// names, times, edits and read state; new ones appear as the store's continuous sync (or a
+/// names, times, edits, read state and files; who else is typing (through a zone server); new ones appear as the store's continuous sync (or a
 /// daemon writing the same store) brings them; a typed line and Enter sends; unread messages
 /// are marked read as they are shown; Ctrl-C leaves and puts the terminal back.
 enum ChatView {
@@ -21,6 +21,8 @@ enum ChatView {
             var messages: [Message] = []
             var typed: [UInt8] = []
             var status = ""
+            /// The others typing now (a zone server's live channel; never over a folder).
+            var typing: [String] = []
             /// Speakers' names as shown ("Alice (alice)"), by identifier; looked up again as
             /// profiles arrive.
             var names: [String: String] = [:]
@@ -38,11 +40,12 @@ enum ChatView {
             let state = state.withLock { $0 }
             var out = "\u{1B}[H\u{1B}[2J"
             out += "\u{1B}[1m\(DisplayText.safe(title))\u{1B}[0m  (Enter sends, Ctrl-C leaves)\r\n"
-            let room = max(1, rows - 4)
+            let room = max(1, rows - 5)
             for message in state.messages.suffix(room) {
                 let time = Self.clock.string(from: message.spokenAt)
                 var notes = [String]()
                 if message.isWaitingForKey { notes.append("waiting for its key") }
+                if let file = message.attachment { notes.append("file: \(file.name), \(Output.bytes(file.size)): convkit download \(message.id)") }
                 if message.editedAt != nil { notes.append("edited") }
                 if message.readAt != nil { notes.append("read") } else if message.isDelivered { notes.append("delivered") }
                 switch message.syncState {
@@ -54,6 +57,11 @@ enum ChatView {
                 // terminal (this line's own escape codes are added around them).
                 let line = "[\(time)] \(state.names[message.speaker] ?? message.speaker): \(message.isDeleted ? "(a deleted message)" : message.content)" + (notes.isEmpty ? "" : "  (" + notes.joined(separator: ", ") + ")")
                 out += String(DisplayText.safe(line).prefix(columns)) + "\r\n"
+            }
+            if !state.typing.isEmpty {
+                let who = state.typing.map { state.names[$0] ?? $0 }
+                let line = who.count == 1 ? "\(who[0]) is typing…" : "\(who.joined(separator: ", ")) are typing…"
+                out += "\u{1B}[\(rows - 2);1H\u{1B}[3m\(DisplayText.safe(line).prefix(columns))\u{1B}[0m"
             }
             out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(DisplayText.safe(state.status).prefix(columns))\u{1B}[0m"
             out += "\u{1B}[\(rows);1H> \(DisplayText.safe(String(decoding: state.typed, as: UTF8.self)))"
@@ -123,6 +131,13 @@ enum ChatView {
                 try? await Task.sleep(for: .milliseconds(200))
             }
         }
+        // Who else types here, live (nothing over a folder).
+        let typingWatcher = Task {
+            for await typists in store.typingSpeakers(in: conversation.id) {
+                screen.state.withLock { $0.typing = typists }
+                screen.draw()
+            }
+        }
         let statusWatcher = Task {
             let status = await syncing.value
             if !status.isEmpty {
@@ -145,6 +160,7 @@ enum ChatView {
             case 3, 4:  // Ctrl-C, Ctrl-D
                 refresher.cancel()
                 statusWatcher.cancel()
+                typingWatcher.cancel()
                 syncing.cancel()
                 terminal.restore()
                 FileHandle.standardOutput.write(Data("\u{1B}[H\u{1B}[2J".utf8))
@@ -171,6 +187,13 @@ enum ChatView {
                 screen.state.withLock { $0.typed.append(key) }
             default:
                 continue
+            }
+            // Typing said as the line changes (the store sends it at most every 3 s; a send or
+            // an emptied line stops it).
+            if key != 13, key != 10 {
+                let typing = screen.state.withLock { !$0.typed.isEmpty }
+                let id = conversation.id
+                Task { try? await store.setTyping(typing, in: id) }
             }
             screen.draw()
         }

@@ -167,6 +167,7 @@ extension ConversationStore {
         let clock = clock.now()
         let name = ChatRecords.messageName(speaker: local.identifier, clock: clock)
         let now = Self.milliseconds(configuration.now())
+        defer { stopTypingAfterSend(in: group) }
         return try await write { applier in
             guard try applier.isGroupMember(local.identifier, zone: group, at: clock) else {
                 throw ConversationError(.notAllowedInGroup, "\(local.identifier) is not in the group \(group)")

@@ -134,6 +134,7 @@ extension ConversationStore {
         let now = Self.milliseconds(configuration.now())
         let zone = ChatRecords.conversationZone(local.identifier, listener)
         let id = MessageID(conversation: zone.rawValue, name: name)
+        defer { stopTypingAfterSend(in: zone.rawValue) }
         return try await write { applier in
             // Causal order: a message is spoken after every message of the conversation its
             // sender holds, whatever the clocks say (an answer never shows above its question).

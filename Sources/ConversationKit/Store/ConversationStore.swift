@@ -24,6 +24,8 @@ public final class ConversationStore: Sendable {
     private let connectedBackend = Mutex<(any RecordZoneBackend)?>(nil)
     /// Whether the backend answered the last sync (nil: none yet).
     let reachability = Mutex<Bool?>(nil)
+    /// When "typing" was last said per conversation (absent: not typing), ``setTyping(_:in:)``.
+    let typingSaid = Mutex<[String: ContinuousClock.Instant]>([:])
     let configuration: StoreConfiguration
     let clock: HybridLogicalClock
     let engine: SyncEngine

@@ -50,9 +50,28 @@ public protocol RecordZoneBackend: Sendable {
 
     /// Returns as soon as the zone has moved past `token` (true), or after `timeout` (false).
     func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool
+
+    /// Whether the backend carries typing indicators (a zone server, memory): a folder does not
+    /// (nothing in it is live: docs/PROTOCOL.md §2, "Typing").
+    var carriesTyping: Bool { get }
+    /// Says that `identity` types in `zone` (for ``TypingBoard/lifetime`` unless said again) or
+    /// stopped. A server takes the identity from the request's signature.
+    /// - Throws: ``RecordZoneError/Code/requestRateLimited`` when said again too soon.
+    func setTyping(_ typing: Bool, in zone: ZoneName, as identity: String) async throws(RecordZoneError)
+    /// Who types in `zone`: at once when it differs from `version` (or `version` is nil), else
+    /// at the next change or after `timeout`.
+    func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState
 }
 
 extension RecordZoneBackend {
+    /// A backend without a live channel (a folder) carries no typing: nothing is sent, nobody types.
+    public var carriesTyping: Bool { false }
+    public func setTyping(_ typing: Bool, in zone: ZoneName, as identity: String) async throws(RecordZoneError) {}
+    public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
+        if version != nil { try? await Task.sleep(for: timeout) }
+        return TypingState(identities: [], version: 0)
+    }
+
     /// A backend anyone who reaches it may read (memory, a folder) fetches it as any record.
     public func fetchPublic(_ id: RecordID) async throws(RecordZoneError) -> Record? {
         switch try await fetch([id]).first {

@@ -7,14 +7,15 @@ enum Route: CaseIterable {
     case health, metrics
     case listZones, createZone, deleteZone
     case databaseChanges, zoneChanges, waitForChanges
+    case setTyping, typing
     case modify, fetch, query
     case putAsset, getAsset
     case publicRecord
 
     var method: String {
         switch self {
-        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .getAsset, .publicRecord: "GET"
-        case .createZone, .putAsset: "PUT"
+        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .typing, .getAsset, .publicRecord: "GET"
+        case .createZone, .putAsset, .setTyping: "PUT"
         case .deleteZone: "DELETE"
         case .modify, .fetch, .query: "POST"
         }
@@ -30,6 +31,7 @@ enum Route: CaseIterable {
         case .databaseChanges: "/v1/changes"
         case .zoneChanges: "/v1/zones/{zone}/changes"
         case .waitForChanges: "/v1/zones/{zone}/wait"
+        case .setTyping, .typing: "/v1/zones/{zone}/typing"
         case .modify: "/v1/records/modify"
         case .fetch: "/v1/records/fetch"
         case .query: "/v1/zones/{zone}/query"

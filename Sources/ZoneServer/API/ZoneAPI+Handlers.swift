@@ -42,6 +42,23 @@ extension ZoneAPI {
             let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))
             let changed = try await storage.waitForChanges(in: zone, since: try tokenParameter(request), timeout: .milliseconds(Int(max(0, seconds) * 1000)))
             return .json(Wire.Wait(changed: changed))
+        case .setTyping:
+            let zone = try await typingZone(matched, identity)
+            let body = try decode(Wire.SetTyping.self, request, canonical: false)
+            guard await storage.setTyping(body.typing, identity: identity, in: zone) else {
+                let after = Double(TypingBoard.minimumInterval.components.attoseconds) / 1e18
+                throw APIError(.requestRateLimited, "'\(identity)' said it types in '\(zone)' less than \(after) s ago", retryAfter: after)
+            }
+            return HTTPResponse(status: 204)
+        case .typing:
+            let zone = try await typingZone(matched, identity)
+            let seconds = min(Double(try intParameter(request, "timeout") ?? 0), Double(configuration.maximumWait.components.seconds))
+            let since = try request.queryValue("since").map { text throws(APIError) -> UInt64 in
+                guard let version = UInt64(text) else { throw APIError(.invalidArguments, "since takes a version as answered (decimal digits)") }
+                return version
+            }
+            let state = await storage.typing.wait(in: zone, since: since, timeout: .milliseconds(Int(max(0, seconds) * 1000)))
+            return .json(Wire.Typing(TypingState(identities: state.identities.filter { $0 != identity }, version: state.version)))
         case .modify:
             try refuseOverTheBatchLimit(request.body, "records")
             let body = try decode(Wire.Modify.self, request, canonical: true)
@@ -204,6 +221,15 @@ extension ZoneAPI {
         guard let versions = try await readableVersions(of: [zone], identity)[zone] else { return (zone, nil) }
         guard let versions else { throw forbidden(identity, zone) }
         return (zone, versions)
+    }
+
+    /// A zone `identity` takes part in now, for typing: one it may read, and in a governed zone
+    /// (a group) one whose present it may read (a member now, not one removed).
+    private func typingZone(_ matched: Route.Matched, _ identity: String) async throws -> ZoneName {
+        let (zone, versions) = try await readableZone(matched, identity)
+        let now = RecordClock(milliseconds: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), counter: 0)
+        guard versions.map({ $0.allows("", now) }) ?? true else { throw forbidden(identity, zone) }
+        return zone
     }
 
     /// For each governed zone among `zones` that exists, the versions `identity` may read of it

@@ -66,7 +66,8 @@ public struct ZoneAPI: HTTPService {
 
     /// A long poll waits for a change: it ends as soon as its client goes away.
     public func mayWait(method: String, path: String) -> Bool {
-        (try? Route.match(method: method, path: path))?.route == .waitForChanges
+        let route = (try? Route.match(method: method, path: path))?.route
+        return route == .waitForChanges || route == .typing
     }
 
     /// Handles one request: the whole API, as a function.

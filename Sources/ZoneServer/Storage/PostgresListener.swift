@@ -4,13 +4,15 @@ import RecordZone
 import Synchronization
 
 /// The connection that listens for other servers' notifications (`ck_changes` with a zone's
-/// name, `ck_pins`), on a thread of its own, reconnecting with a short pause when it fails.
+/// name, `ck_pins`, `ck_typing`), on a thread of its own, reconnecting with a short pause when it fails.
 /// It listens only while ``run(_:)`` runs: the thread starts with it and has ended when it
 /// returns.
 final class Listener: Sendable {
     enum Event: Sendable {
         case zone(String)
         case pins
+        /// A server's typing state (`ck_typing`: `"<1|0> <server> <zone> <identity>"`).
+        case typing(String)
         /// Listening (at first, or again after a failure): notifications may have been missed.
         case connected
     }
@@ -40,11 +42,16 @@ final class Listener: Sendable {
                     let connection = try PostgresConnection(conninfo)
                     try connection.listen("ck_changes")
                     try connection.listen("ck_pins")
+                    try connection.listen("ck_typing")
                     state.withLock { $0.connected = true }
                     continuation.yield(.connected)
                     while !state.withLock({ $0.stopped }) {
                         guard let note = try connection.waitForNotification(timeout: 0.25) else { continue }
-                        continuation.yield(note.channel == "ck_pins" ? .pins : .zone(note.payload))
+                        switch note.channel {
+                        case "ck_pins": continuation.yield(.pins)
+                        case "ck_typing": continuation.yield(.typing(note.payload))
+                        default: continuation.yield(.zone(note.payload))
+                        }
                     }
                 } catch {
                     state.withLock { $0.connected = false }

@@ -133,5 +133,8 @@ extension PostgresZoneStorage {
 
     public var waitingCount: Int { waiters.count }
 
-    public func releaseWaiters() { waiters.releaseAll() }
+    public func releaseWaiters() {
+        waiters.releaseAll()
+        typing.releaseAll()
+    }
 }

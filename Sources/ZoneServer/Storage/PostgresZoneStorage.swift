@@ -37,6 +37,9 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     /// and its cluster's system identifier, so a restore into another cluster expires them.
     let instance: String
     let waiters = ChangeWaiters()
+    public let typing = TypingBoard()
+    /// This server's name in its typing notifications, so it skips its own.
+    let typingSource = Sodium.randomBytes(8).hexString
     let listener: Listener
 
     /// The pin versions this server's chains came from, and where its next look at the table
@@ -140,10 +143,16 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     /// ``ZoneServer`` runs it for as long as it serves. A storage not run serves as one server
     /// alone.
     public func run() async {
-        let waiters = self.waiters
+        let waiters = self.waiters, typing = self.typing, source = typingSource
         await listener.run { event in
             switch event {
             case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
+            case .typing(let payload):
+                // Another server's typist: `"<1|0> <server> <zone> <identity>"` (this one's own are skipped).
+                let parts = payload.split(separator: " ", maxSplits: 3)
+                if parts.count == 4, parts[1] != source, let zone = try? ZoneName(String(parts[2])) {
+                    typing.set(parts[0] == "1", identity: String(parts[3]), in: zone, rateLimited: false)
+                }
             case .pins: try? await refreshPins()
             case .connected:
                 waiters.wakeAll()
@@ -158,6 +167,7 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     public func close() {
         listener.stop()
         waiters.releaseAll()
+        typing.releaseAll()
     }
 
     // MARK: Schema
@@ -205,6 +215,15 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
             try db.execute("INSERT INTO ck_meta (key, value) VALUES ('indexed_fields', $1) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                            [.text(index.declaration)])
         }
+    }
+
+    /// Sets a typist's state here and tells the other servers (`ck_typing`); a database that
+    /// does not answer leaves it on this server alone.
+    public func setTyping(_ typing: Bool, identity: String, in zone: ZoneName) async -> Bool {
+        guard self.typing.set(typing, identity: identity, in: zone) else { return false }
+        let payload = "\(typing ? 1 : 0) \(typingSource) \(zone.rawValue) \(identity)"
+        _ = try? await run { db in try db.execute("SELECT pg_notify('ck_typing', $1)", [.text(payload)]) }
+        return true
     }
 
     // MARK: Helpers

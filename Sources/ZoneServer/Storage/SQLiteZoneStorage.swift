@@ -21,6 +21,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     let assets: AssetFolder
     let instance: String
     let waiters = ChangeWaiters()
+    public let typing = TypingBoard()
     let nonces = NonceMemory()
     let governed = GovernedZoneCache()
 
@@ -231,7 +232,10 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
 
     public var waitingCount: Int { waiters.count }
 
-    public func releaseWaiters() { waiters.releaseAll() }
+    public func releaseWaiters() {
+        waiters.releaseAll()
+        typing.releaseAll()
+    }
 
     // MARK: Records
 

@@ -47,6 +47,11 @@ public protocol ZoneStorage: RecordZoneBackend {
 
     /// How many records the storage holds.
     func recordCount() async throws(RecordZoneError) -> Int
+    /// Who types where (docs/PROTOCOL.md §2, "Typing"): in this server's memory only.
+    var typing: TypingBoard { get }
+    /// Sets a typist's state here and, where servers share the storage, on every one of them.
+    /// - Returns: false when refused for the rate (``TypingBoard/minimumInterval``).
+    func setTyping(_ typing: Bool, identity: String, in zone: ZoneName) async -> Bool
     /// How many callers wait in ``RecordZoneBackend/waitForChanges(in:since:timeout:)`` now.
     var waitingCount: Int { get }
     /// Releases every waiting caller, and answers later ones at once (the server is stopping).
@@ -93,6 +98,11 @@ final class NonceMemory: Sendable {
 }
 
 extension ZoneStorage {
+    /// One server alone: its own memory.
+    public func setTyping(_ typing: Bool, identity: String, in zone: ZoneName) async -> Bool {
+        self.typing.set(typing, identity: identity, in: zone)
+    }
+
     public func run() async {}
 
     /// A save no zone's own records govern (``save(_:policy:feedSince:visibleTo:gate:)`` without a gate).

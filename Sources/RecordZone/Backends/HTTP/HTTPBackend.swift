@@ -106,6 +106,26 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         return try await get(Wire.Wait.self, "/v1/zones/\(zone.rawValue)/wait", query: query, timeout: Double(seconds) + 15).changed
     }
 
+    // MARK: Typing
+
+    public var carriesTyping: Bool { true }
+
+    /// The server takes the typist from the request's signature (`identity` is this client's).
+    public func setTyping(_ typing: Bool, in zone: ZoneName, as identity: String) async throws(RecordZoneError) {
+        let body: Data
+        do { body = try JSONEncoder().encode(Wire.SetTyping(typing: typing)) } catch { throw RecordZoneError(.internalError, "cannot encode: \(error)") }
+        _ = try await send("PUT", "/v1/zones/\(zone.rawValue)/typing", body: body)
+    }
+
+    public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
+        let seconds = max(0, Int((Double(timeout.components.attoseconds) / 1e18 + Double(timeout.components.seconds)).rounded(.up)))
+        var query = [("timeout", String(seconds))]
+        if let version { query.append(("since", String(version))) }
+        let answer = try await get(Wire.Typing.self, "/v1/zones/\(zone.rawValue)/typing", query: query, timeout: Double(seconds) + 15)
+        guard let version = UInt64(answer.version) else { throw RecordZoneError(.malformed, "a typing version that is not a number: \(answer.version)") }
+        return TypingState(identities: answer.typing, version: version)
+    }
+
     // MARK: Records
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {

@@ -188,6 +188,22 @@ public enum Wire {
         public init(changed: Bool) { self.changed = changed }
     }
 
+    /// `PUT /v1/zones/{zone}/typing`'s body.
+    public struct SetTyping: Codable, Sendable {
+        public var typing: Bool
+        public init(typing: Bool) { self.typing = typing }
+    }
+
+    /// `GET /v1/zones/{zone}/typing`'s answer: who types, and the version to wait past (decimal).
+    public struct Typing: Codable, Sendable {
+        public var typing: [String]
+        public var version: String
+        public init(_ state: TypingState) {
+            typing = state.identities
+            version = String(state.version)
+        }
+    }
+
     public struct Modify: Codable, Sendable {
         public var records: [SignedRecord]
         public var policy: SavePolicy?

@@ -203,6 +203,18 @@ public actor InMemoryBackend: RecordZoneBackend {
         return await waiters.wait(for: zoneName, after: generation, timeout: timeout)
     }
 
+    /// Typing indicators, as a zone server keeps them: in memory, for anyone (memory has no access rules).
+    nonisolated let typingBoard = TypingBoard()
+    public nonisolated var carriesTyping: Bool { true }
+    public func setTyping(_ typing: Bool, in zone: ZoneName, as identity: String) async throws(RecordZoneError) {
+        guard typingBoard.set(typing, identity: identity, in: zone) else {
+            throw RecordZoneError(.requestRateLimited, "typing said again within \(TypingBoard.minimumInterval)")
+        }
+    }
+    public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
+        await typingBoard.wait(in: zone, since: version, timeout: timeout)
+    }
+
     // MARK: - Helpers (internal: the test support plants records through them)
 
     func existing(_ zone: ZoneName) throws(RecordZoneError) -> Zone {
@@ -282,5 +294,12 @@ public struct InMemoryConnection: RecordZoneBackend {
     public func asset(_ reference: AssetReference) async throws(RecordZoneError) -> Data { try await backend.asset(reference) }
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
         try await backend.waitForChanges(in: zone, since: token, timeout: timeout)
+    }
+    public var carriesTyping: Bool { true }
+    public func setTyping(_ typing: Bool, in zone: ZoneName, as identity: String) async throws(RecordZoneError) {
+        try await backend.setTyping(typing, in: zone, as: identity)
+    }
+    public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
+        try await backend.typing(in: zone, since: version, timeout: timeout)
     }
 }

@@ -1,0 +1,133 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import Testing
+import TestSupport
+
+/// Typing indicators (docs/PROTOCOL.md §2, "Typing"): live through a zone server (and memory),
+/// never stored, gone when the typist stops saying it, nothing over a folder.
+@Suite struct TypingTests {
+    typealias Taken = LiveCollectionTests.Taken
+
+    /// Pairs of stores (PostgreSQL: alice on one server, bob on the other).
+    static func pair(_ kind: ChatBackend) async throws -> (ChatFixture, ConversationStore, ConversationStore, String) {
+        let fixture = try await ChatFixture(kind)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob", onSecondServer: true)
+        try await syncAll([alice, bob])
+        let sent = try await alice.send("hi", to: "bob")
+        try await syncAll([alice, bob])
+        return (fixture, alice, bob, sent.id.conversation)
+    }
+
+    @Test(arguments: [ChatBackend.memory, .http, .postgres].filter(ChatBackend.allCases.contains))
+    func typingShowsOnTheOtherSideAndASendEndsIt(_ kind: ChatBackend) async throws {
+        let (fixture, alice, bob, conversation) = try await Self.pair(kind)
+        defer { withExtendedLifetime(fixture) {} }   // its servers serve to the end
+        let seenByBob = Taken(bob.typingSpeakers(in: conversation)), seenByAlice = Taken(alice.typingSpeakers(in: conversation))
+        #expect(try await seenByBob.next() == [], "nobody types at first")
+        #expect(try await seenByAlice.next() == [])
+        try await alice.setTyping(true, in: conversation)
+        #expect(try await seenByBob.next(within: 30) == ["alice"])
+        // Said again within its refresh interval: no request, nothing changes.
+        try await alice.setTyping(true, in: conversation)
+        _ = try await alice.send("here it is", to: "bob")
+        #expect(try await seenByBob.next(within: 30) == [], "a send ends typing")
+        // Bob types: alice sees him, never herself.
+        try await bob.setTyping(true, in: conversation)
+        #expect(try await seenByAlice.next(within: 30) == ["bob"])
+        try await bob.setTyping(false, in: conversation)
+        #expect(try await seenByAlice.next(within: 30) == [])
+    }
+
+    /// A typist that stops saying it (its app gone) is gone within the lifetime, for every reader.
+    @Test(arguments: [ChatBackend.memory, .http].filter(ChatBackend.allCases.contains))
+    func typingNotSaidAgainEndsByItself(_ kind: ChatBackend) async throws {
+        let (fixture, alice, bob, conversation) = try await Self.pair(kind)
+        defer { withExtendedLifetime(fixture) {} }
+        let seen = Taken(bob.typingSpeakers(in: conversation))
+        #expect(try await seen.next() == [])
+        let start = ContinuousClock.now
+        try await alice.setTyping(true, in: conversation)
+        #expect(try await seen.next(within: 30) == ["alice"])
+        #expect(try await seen.next(within: 30) == [])
+        let gone = ContinuousClock.now - start
+        #expect(gone >= TypingBoard.lifetime, "not before its lifetime: \(gone)")
+    }
+
+    /// A folder carries nothing live: nothing is said, nobody is seen typing, nothing fails.
+    @Test func aFolderCarriesNoTyping() async throws {
+        let (fixture, alice, bob, conversation) = try await Self.pair(.filesystem)
+        try await alice.setTyping(true, in: conversation)
+        var seen: [[String]] = []
+        for await typists in bob.typingSpeakers(in: conversation) { seen.append(typists) }
+        #expect(seen == [[]], "one empty list, then the end")
+        let kept = try await fixture.keptBytes() ?? []
+        #expect(!kept.contains { $0.place.contains("typing") })
+        #expect(await code { try await alice.setTyping(true, in: "c-0000000000000000-1111111111111111") } == .unknownConversation)
+    }
+
+    /// The server's rules: only those in a conversation say or see typing in it (a group's
+    /// members now, not one removed), and one typist may not change its state in a zone more
+    /// often than every 0.25 s.
+    @Test(arguments: [ChatBackend.http, .postgres].filter(ChatBackend.allCases.contains))
+    func onlyThoseInAConversationTypeInItAndNotTooOften(_ kind: ChatBackend) async throws {
+        let (fixture, alice, _, conversation) = try await Self.pair(kind)
+        let zone = try ZoneName(conversation)
+        _ = try await fixture.store("mallory")
+        let mallory = try fixture.rawBackend("mallory", key: try fixture.key(of: "mallory"))
+        defer { withExtendedLifetime(fixture) {} }
+        for attempt in [{ try await mallory.setTyping(true, in: zone, as: "mallory") },
+                        { _ = try await mallory.typing(in: zone, since: nil, timeout: .zero) }] {
+            do {
+                try await attempt()
+                Issue.record("mallory reached a conversation she is not in")
+            } catch let error as RecordZoneError {
+                #expect(error.code == .notAuthorized)
+            }
+        }
+        // A client that does not retry a 429 by itself (ours do, after the server's Retry-After).
+        let raw = HTTPBackend(url: try #require(fixture.serverURL), identity: "alice", key: try fixture.key(of: "alice"), maximumRetries: 0)
+        try await raw.setTyping(true, in: zone, as: "alice")
+        do {
+            try await raw.setTyping(false, in: zone, as: "alice")
+            Issue.record("a second state within 0.25 s was taken")
+        } catch {
+            #expect(error.code == .requestRateLimited)
+        }
+        // A group: a member removed neither says nor sees typing there.
+        let carol = try await fixture.store("carol")
+        try await syncAll([alice, carol])
+        let group = try await alice.createGroup(name: "Three", members: ["carol"])
+        try await syncAll([alice, carol])
+        let groupZone = try ZoneName(group.id)
+        let carolRaw = try fixture.rawBackend("carol", key: try fixture.key(of: "carol"))
+        try await carolRaw.setTyping(true, in: groupZone, as: "carol")
+        try await alice.removeMember("carol", from: group.id)
+        try await alice.sync()
+        do {
+            _ = try await carolRaw.typing(in: groupZone, since: nil, timeout: .zero)
+            Issue.record("a removed member still sees who types in the group")
+        } catch {
+            #expect(error.code == .notAuthorized)
+        }
+    }
+
+    /// The issue's figures, on an otherwise idle machine (scripts/test.sh runs it alone): shown on
+    /// the other side within 200 ms over a server, gone within 5 s after the typist's last word.
+    @Test(.enabled(if: ProcessInfo.processInfo.environment["CONVKIT_TIMING_TESTS"] == "1", "runs alone: CONVKIT_TIMING_TESTS=1 (scripts/test.sh)"))
+    func typingShowsWithin200MillisecondsAndGoesWithinFiveSeconds() async throws {
+        let (fixture, alice, bob, conversation) = try await Self.pair(.http)
+        defer { withExtendedLifetime(fixture) {} }
+        let seen = Taken(bob.typingSpeakers(in: conversation))
+        #expect(try await seen.next() == [])
+        try await Task.sleep(for: .milliseconds(300))   // bob's long poll is waiting
+        let start = ContinuousClock.now
+        try await alice.setTyping(true, in: conversation)
+        #expect(try await seen.next(within: 5) == ["alice"])
+        let shown = ContinuousClock.now - start
+        #expect(shown < .milliseconds(200), "shown after \(shown)")
+        #expect(try await seen.next(within: 10) == [])
+        let gone = ContinuousClock.now - start
+        #expect(gone < .seconds(5), "gone after \(gone)")
+    }
+}
