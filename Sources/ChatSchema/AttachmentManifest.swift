@@ -59,6 +59,22 @@ package struct AttachmentManifest: Sendable, Hashable {
         Int(min(Int64(chunkSize), size - Int64(index) * Int64(chunkSize)))
     }
 
+    /// The chunks' hashes, one after another (how a store keeps them).
+    package static func hashes(of chunks: [AssetReference]) -> Data {
+        chunks.reduce(into: Data(capacity: chunks.count * 32)) { $0.append($1.hash) }
+    }
+
+    /// The chunks of a file of `size` bytes from their hashes one after another (their sizes
+    /// follow from the size); nil when the count does not match.
+    package static func chunks(fromHashes hashes: Data, size: Int64) -> [AssetReference]? {
+        let count = chunkCount(size: size)
+        guard hashes.count == count * 32 else { return nil }
+        return (0..<count).compactMap { index in
+            let from = hashes.startIndex + index * 32
+            return try? AssetReference(hash: Data(hashes[from ..< from + 32]), size: UInt64(plainSize(ofChunk: index, size: size) + Sodium.aeadTagLength))
+        }
+    }
+
     /// Whether a name may be sent: 1–255 bytes, not `.` or `..`, no `/`, no control, format
     /// (bidi overrides: "gpj.exe" shown backwards) or line-separating character — but the
     /// zero-width joiner and non-joiner, which emoji and several scripts need.

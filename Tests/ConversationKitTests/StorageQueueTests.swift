@@ -216,8 +216,11 @@ private struct GroupedJobFailed: Error {}
         let held = try await reader.fetchChanges(in: zone, since: nil, limit: 10).records.count
         #expect(held >= 3)
 
+        // Held until the reads are done (or 20 s: reads that waited for the lock would end only
+        // then, after "released"). A fixed 3 s was shorter than 20 reads on a loaded machine.
+        let release = fixture.directory.path + "/release-the-lock"
         let holder = try ChildProcess(try builtProduct("convkit-lock-holder"), [
-            "--seconds", "3", "--database", fixture.storePath("alice") + "/store.sqlite",
+            "--seconds", "20", "--until-file", release, "--database", fixture.storePath("alice") + "/store.sqlite",
             "--second-database", fixture.directory.path + "/server/zones.sqlite",
         ])
         #expect(await holder.waitUntil(seconds: 30) { $0.lines.contains("locked") }, "\(holder.standardError)")
@@ -258,6 +261,7 @@ private struct GroupedJobFailed: Error {}
         #expect(answered == Array(repeating: true, count: 20))
         #expect(landed.value.load(ordering: .relaxed) == 0, "no write can land while the lock is held")
         #expect(!holder.lines.contains("released"), "the reads finished while the lock was held")
+        #expect(FileManager.default.createFile(atPath: release, contents: nil))
 
         try await writes.value
         #expect(landed.value.load(ordering: .relaxed) == 6)

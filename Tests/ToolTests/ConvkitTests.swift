@@ -350,7 +350,8 @@ import TestSupport
         let dir = try TemporaryDirectory("convkit-chat-typing")
         let server = try ChildProcess(try builtProduct("convkitd"), ["serve", "--data", dir.path + "/server", "--listen", "127.0.0.1:0"])
         defer { server.kill(SIGTERM) }
-        #expect(await server.waitUntil(seconds: 30) { $0.standardError.contains("listening on 127.0.0.1:") }, "\(server.standardError)")
+        // A loaded machine (the whole suite on two cores) has taken over 30 s to start it.
+        #expect(await server.waitUntil(seconds: 120) { $0.standardError.contains("listening on 127.0.0.1:") }, "\(server.standardError)")
         let line = try #require(server.standardError.split(separator: "\n").first { $0.contains("listening on 127.0.0.1:") })
         let url = "http://127.0.0.1:\(try #require(line.split(separator: ":").last.flatMap { Int($0) }))"
         for who in ["alice", "bob"] {

@@ -82,14 +82,16 @@ extension ConversationStore {
             return url
         }
         try await removeDiscardedFiles()
-        let (file, key, chunks) = try read { db in
+        let (file, key, hashes) = try read { db in
             let file = try Self.requireFile(db, id)
             let (key, hashes) = try db.first("SELECT file_key, chunks FROM attachments WHERE zone = ? AND name = ?", [id.conversation, id.name]) { ($0.blob(0), $0.blob(1)) }
                 ?? (Data(), Data())
             return (file, key, hashes)
         }
-        let count = AttachmentManifest.chunkCount(size: file.size)
-        guard chunks.count == count * 32 else { throw ConversationError(.noFile, "\(id) names no file this store holds") }
+        guard let references = AttachmentManifest.chunks(fromHashes: hashes, size: file.size) else {
+            throw ConversationError(.noFile, "\(id) names no file this store holds")
+        }
+        let count = references.count
         let backend = try backend()
         let directory = fileDirectory(id), partial = directory + "/.partial"
         let handle = try Self.openForAppending(partial, directory: directory)
@@ -105,16 +107,12 @@ extension ConversationStore {
         // The next chunks are fetched (and checked against their hashes) while this one is
         // opened and written: at most `window` in flight, so memory stays a few chunks.
         let window = Self.fileTransfersInFlight.download
-        let reference = { (index: Int) in
-            let from = chunks.startIndex + index * 32
-            return try? AssetReference(hash: Data(chunks[from ..< from + 32]),
-                                       size: UInt64(AttachmentManifest.plainSize(ofChunk: index, size: file.size) + Sodium.aeadTagLength))
-        }
         var inFlight: [Task<Result<Data, RecordZoneError>, Never>] = []
         defer { inFlight.forEach { $0.cancel() } }
         let first = Int(min(kept, Int64(count)))
         func fetch(_ index: Int) {
-            guard index < count, let reference = reference(index) else { return }
+            guard index < count else { return }
+            let reference = references[index]
             inFlight.append(Task { () async -> Result<Data, RecordZoneError> in
                 do throws(RecordZoneError) { return .success(try await backend.asset(reference)) } catch { return .failure(error) }
             })
@@ -122,14 +120,13 @@ extension ConversationStore {
         for index in first..<min(count, first + window) { fetch(index) }
         for index in first..<count {
             let plainSize = AttachmentManifest.plainSize(ofChunk: index, size: file.size)
-            guard let reference = reference(index), !inFlight.isEmpty else { continue }
             let answer = await inFlight.removeFirst().value
             fetch(index + window)
             let sealed: Data
             do throws(RecordZoneError) {
                 sealed = try answer.get()
             } catch where error.code == .unknownItem {
-                throw ConversationError(.fileMissing, "the backend does not hold chunk \(index + 1) of \(count) of '\(file.name)' (\(reference)): its sender has not uploaded it yet, or it was lost")
+                throw ConversationError(.fileMissing, "the backend does not hold chunk \(index + 1) of \(count) of '\(file.name)' (\(references[index])): its sender has not uploaded it yet, or it was lost")
             } catch where error.code == .assetCorrupt {
                 try? FileManager.default.removeItem(atPath: partial)
                 throw ConversationError(.fileCorrupt, "chunk \(index + 1) of \(count) of '\(file.name)' does not match its hash: it was changed on the backend or on the way; nothing of it was kept")
@@ -350,7 +347,7 @@ extension SyncEngine {
     /// uploaded yet: where it is in the cache, and what is left.
     private struct PendingUpload {
         var key: Data
-        var chunks: Data
+        var chunks: [AssetReference]
         var uploaded: Int
         var size: Int64
         var path: String
@@ -365,7 +362,7 @@ extension SyncEngine {
                 WHERE a.zone = ? AND a.name = ? AND a.uploaded < length(a.chunks) / 32
                 """, [zone, name]) { ($0.blob(0), $0.blob(1), Int($0.int(2)), $0.optionalText(3) ?? "", $0.optionalInt(4) ?? 0) }
         }
-        guard let (key, chunks, uploaded, fileName, size) = row ?? nil else { return nil }
+        guard let (key, hashes, uploaded, fileName, size) = row ?? nil, let chunks = AttachmentManifest.chunks(fromHashes: hashes, size: size) else { return nil }
         return PendingUpload(key: key, chunks: chunks, uploaded: uploaded, size: size, path: "\(files)/\(zone)/\(name)/\(fileName)")
     }
 
@@ -402,8 +399,7 @@ extension SyncEngine {
                     guard let plain = try? source.read(upToCount: plainSize), plain.count == plainSize else {
                         throw RecordZoneError(.ioError, "cannot read chunk \(next + 1) of \(pending.path)")
                     }
-                    let hash = Data(pending.chunks[pending.chunks.startIndex + next * 32 ..< pending.chunks.startIndex + (next + 1) * 32])
-                    let expected = try AssetReference(hash: hash, size: UInt64(plainSize + Sodium.aeadTagLength))
+                    let expected = pending.chunks[next]
                     let sealed = AttachmentManifest.sealChunk(plain, index: next, key: pending.key)
                     inFlight.append(Task { () async -> Result<Void, RecordZoneError> in
                         do throws(RecordZoneError) {

@@ -191,12 +191,8 @@ extension ConversationStore {
     static func manifest(_ db: Database, _ id: MessageID) throws -> AttachmentManifest? {
         guard let file = try message(db, id).attachment else { return nil }
         return try db.first("SELECT file_key, chunks, thumbnail, image_width, image_height FROM attachments WHERE zone = ? AND name = ?", [id.conversation, id.name]) { row in
-            let hashes = row.blob(1)
-            let chunks = (0..<AttachmentManifest.chunkCount(size: file.size)).compactMap { index in
-                try? AssetReference(hash: Data(hashes[hashes.startIndex + index * 32 ..< hashes.startIndex + (index + 1) * 32]),
-                                    size: UInt64(AttachmentManifest.plainSize(ofChunk: index, size: file.size) + Sodium.aeadTagLength))
-            }
-            return AttachmentManifest(name: file.name, mediaType: file.mediaType, size: file.size, key: row.blob(0), chunks: chunks, thumbnail: row.optionalBlob(2),
+            AttachmentManifest(name: file.name, mediaType: file.mediaType, size: file.size, key: row.blob(0),
+                               chunks: AttachmentManifest.chunks(fromHashes: row.blob(1), size: file.size) ?? [], thumbnail: row.optionalBlob(2),
                                       pixelWidth: row.optionalInt(3).map(Int.init), pixelHeight: row.optionalInt(4).map(Int.init))
         } ?? nil
     }

@@ -452,7 +452,7 @@ struct RecordApplier {
             try db.execute("UPDATE attachments SET discarded = 1, held = NULL, uploaded = NULL WHERE zone = ? AND name = ?", [zone, name])
             return
         }
-        let chunks = file.chunks.reduce(into: Data(capacity: file.chunks.count * 32)) { $0.append($1.hash) }
+        let chunks = AttachmentManifest.hashes(of: file.chunks)
         try db.execute("""
             INSERT INTO attachments (zone, name, file_key, chunks, thumbnail, image_width, image_height, uploaded) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET thumbnail = excluded.thumbnail, image_width = excluded.image_width, image_height = excluded.image_height,

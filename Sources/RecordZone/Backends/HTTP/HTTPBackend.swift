@@ -99,11 +99,16 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     }
 
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
-        // The server waits whole seconds: a shorter wait rounds up, never down to none.
-        let seconds = max(0, Int((Double(timeout.components.attoseconds) / 1e18 + Double(timeout.components.seconds)).rounded(.up)))
+        let seconds = Self.wholeSeconds(timeout)
         var query = [("timeout", String(seconds))]
         if let token { query.append(("token", token.base64)) }
         return try await get(Wire.Wait.self, "/v1/zones/\(zone.rawValue)/wait", query: query, timeout: Double(seconds) + 15).changed
+    }
+
+    /// A long poll's timeout as the server takes it, whole seconds: a shorter wait rounds up,
+    /// never down to none.
+    private static func wholeSeconds(_ timeout: Duration) -> Int {
+        max(0, Int((Double(timeout.components.attoseconds) / 1e18 + Double(timeout.components.seconds)).rounded(.up)))
     }
 
     // MARK: Typing
@@ -118,7 +123,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     }
 
     public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
-        let seconds = max(0, Int((Double(timeout.components.attoseconds) / 1e18 + Double(timeout.components.seconds)).rounded(.up)))
+        let seconds = Self.wholeSeconds(timeout)
         var query = [("timeout", String(seconds))]
         if let version { query.append(("since", String(version))) }
         let answer = try await get(Wire.Typing.self, "/v1/zones/\(zone.rawValue)/typing", query: query, timeout: Double(seconds) + 15)
