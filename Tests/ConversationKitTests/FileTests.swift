@@ -3,6 +3,7 @@ import ConversationKit
 import Foundation
 import ImageKit
 import RecordZone
+import SQLiteKit
 import Synchronization
 import Testing
 import TestSupport
@@ -199,6 +200,34 @@ import TestSupport
         #expect(try bob.fileURL(of: first.id) != nil && bob.fileURL(of: second.id) != nil)
         // Evicted is not lost: it downloads again.
         #expect(try Data(contentsOf: try await bob.downloadFile(of: small.id)).count == 500_000)
+    }
+
+    /// A file damaged on the backend does not keep the sync from downloading the others, and is
+    /// not fetched again by every sync (an explicit download still tries, and fails).
+    @Test func aDamagedFileDoesNotHoldUpTheSyncsDownloads() async throws {
+        let fixture = try await ChatFixture(.filesystem)
+        var configuration = StoreConfiguration()
+        configuration.fileDownload = .duringSync(maximumBytes: 1 << 20)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob", configuration: configuration)
+        try await syncAll([alice, bob])
+        let fine = try await alice.sendFile(try Self.randomFile(1000, in: fixture.directory.path, name: "fine.bin"), to: "bob")
+        let damaged = try await alice.sendFile(try Self.randomFile(2000, in: fixture.directory.path, name: "damaged.bin"), to: "bob")
+        try await alice.sync()
+        // The newer one's only chunk (2,016 bytes) changed on the folder.
+        let assets = fixture.folder + "/assets"
+        let chunk = try #require((FileManager.default.enumerator(atPath: assets)?.compactMap { $0 as? String } ?? []).first { name in
+            ((try? FileManager.default.attributesOfItem(atPath: assets + "/" + name)[.size]) as? Int) == 2016
+        })
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: assets + "/" + chunk))
+        bytes[10] ^= 0x01
+        try bytes.write(to: URL(fileURLWithPath: assets + "/" + chunk))
+        #expect(try await bob.sync().filesDownloaded == 1)
+        #expect(try bob.fileURL(of: fine.id) != nil && bob.fileURL(of: damaged.id) == nil)
+        let db = try Database(path: fixture.storePath("bob") + "/store.sqlite", readOnly: true)
+        let problem = try db.first("SELECT problem FROM attachments WHERE name = ?", [damaged.id.name]) { $0.optionalText(0) } ?? nil
+        #expect(problem?.contains("does not match its hash") == true, "\(String(describing: problem))")
+        #expect(try await bob.sync().filesDownloaded == 0)
+        #expect(await code { _ = try await bob.downloadFile(of: damaged.id) } == .fileCorrupt)
     }
 
     /// A file message's edit keeps its file; its deletion takes the file out of every cache.

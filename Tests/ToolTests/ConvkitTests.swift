@@ -403,6 +403,17 @@ import TestSupport
         _ = try await ConvkitTests.convkit(["sync"] + alice)
         #expect(try await ConvkitTests.convkit(["messages", "bob"] + alice).out.contains("live from alice  [read]"))
 
+        // Alice answers bob's line and reacts to it: the view shows the answer under what it
+        // answers, and the reaction beside bob's line.
+        let listed = try await ConvkitTests.convkit(["messages", "bob", "--json"] + alice)
+        let bobsLine = try #require(((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.first { $0["content"] as? String == "hello from bob" }?["id"] as? String)
+        #expect(try await ConvkitTests.convkit(["send", "bob", "and hello to you", "--reply-to", bobsLine, "--sync"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["react", bobsLine, "👍"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["sync"] + alice).status == 0)
+        let answered = try await session.eventually(10) { $0.contains("↪ Bob (bob): hello from bob") && $0.contains("Alice (alice): and hello to you") && $0.contains("👍 1 (alice)") }
+        let withAnswer = try await session.screen()
+        #expect(answered, "\(withAnswer)")
+
         // Ctrl-C leaves cleanly.
         #expect(try await session.leave() == "0")
     }

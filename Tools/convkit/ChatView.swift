@@ -6,7 +6,8 @@ import ToolSupport
 
 /// `convkit chat ID`: one conversation — with a speaker, or a group (its id, or its name with
 /// `--group`) — on a terminal, in plain ANSI. The newest messages with
-/// names, times, edits, read state and files; who else is typing (through a zone server); new ones appear as the store's continuous sync (or a
+/// names, times, edits, read state, files, what a reply answers and the reactions; who else is
+/// typing (through a zone server); new ones appear as the store's continuous sync (or a
 /// daemon writing the same store) brings them; a typed line and Enter sends; unread messages
 /// are marked read as they are shown; Ctrl-C leaves and puts the terminal back.
 enum ChatView {
@@ -23,6 +24,9 @@ enum ChatView {
             var status = ""
             /// The others typing now (a zone server's live channel; never over a folder).
             var typing: [String] = []
+            /// Per message shown: what it answers (a line above it) and its reactions, summed up.
+            var parents: [MessageID: String] = [:]
+            var reactions: [MessageID: String] = [:]
             /// Speakers' names as shown ("Alice (alice)"), by identifier; looked up again as
             /// profiles arrive.
             var names: [String: String] = [:]
@@ -41,11 +45,21 @@ enum ChatView {
             var out = "\u{1B}[H\u{1B}[2J"
             out += "\u{1B}[1m\(DisplayText.safe(title))\u{1B}[0m  (Enter sends, Ctrl-C leaves)\r\n"
             let room = max(1, rows - 5)
-            for message in state.messages.suffix(room) {
+            // Each reply takes a line more, for what it answers: the newest that fit.
+            var shown: [Message] = [], used = 0
+            for message in state.messages.reversed() {
+                let lines = state.parents[message.id] == nil ? 1 : 2
+                guard used + lines <= room else { break }
+                shown.insert(message, at: 0)
+                used += lines
+            }
+            for message in shown {
+                if let parent = state.parents[message.id] { out += String(DisplayText.safe("  ↪ " + parent).prefix(columns)) + "\r\n" }
                 let time = Self.clock.string(from: message.spokenAt)
                 var notes = [String]()
                 if message.isWaitingForKey { notes.append("waiting for its key") }
                 if let file = message.attachment { notes.append("file: \(file.name), \(Output.bytes(file.size)): convkit download \(message.id)") }
+                if let reactions = state.reactions[message.id] { notes.append(reactions) }
                 if message.editedAt != nil { notes.append("edited") }
                 if message.readAt != nil { notes.append("read") } else if message.isDelivered { notes.append("delivered") }
                 switch message.syncState {
@@ -112,17 +126,36 @@ enum ChatView {
         screen.state.withLock { $0.status = backend == nil ? "no backend" : "syncing" }
 
         let refresher = Task {
-            var lastShown: [Message] = []
+            var lastShown: [Message] = [], lastNotes: [[MessageID: String]] = []
             while !Task.isCancelled {
-                if let page = try? store.messages(in: conversation.id, limit: 200, includeDeleted: true), page.messages != lastShown {
+                // What each message answers and its reactions (a reaction changes no message).
+                let page = try? store.messages(in: conversation.id, limit: 200, includeDeleted: true)
+                var parents: [MessageID: String] = [:], reactions: [MessageID: String] = [:]
+                for message in page?.messages ?? [] where !message.isDeleted {
+                    switch try? store.parent(of: message.id) {
+                    case .message(let parent)?:
+                        parents[message.id] = "\(screen.state.withLock { $0.names[parent.speaker] } ?? parent.speaker): \(parent.content.prefix(60))\(parent.content.count > 60 ? "…" : "")"
+                    case .deleted?: parents[message.id] = "(a deleted message)"
+                    case .notHeld?: parents[message.id] = "(a message not synced yet)"
+                    default: break
+                    }
+                    if let held = try? store.reactions(to: message.id), !held.isEmpty { reactions[message.id] = ChatCommands.summary(of: held) }
+                }
+                if let page, page.messages != lastShown || [parents, reactions] != lastNotes {
                     lastShown = page.messages
+                    lastNotes = [parents, reactions]
                     // Names of those without one yet (a profile that arrived since, a new member).
                     let known = screen.state.withLock { $0.names }
                     var names = known
                     for id in Set(page.messages.map(\.speaker)) where known[id].map({ $0 == id }) ?? true {
                         names[id] = ChatCommands.shown((try? store.speaker(fromRef: SpeakerRef(identifier: id))?.name) ?? nil, id)
                     }
-                    screen.state.withLock { $0.messages = page.messages; $0.names = names }
+                    screen.state.withLock {
+                        $0.messages = page.messages
+                        $0.names = names
+                        $0.parents = parents
+                        $0.reactions = reactions
+                    }
                     screen.draw()
                     if page.messages.contains(where: { $0.speaker != local && $0.readAt == nil }) {
                         try? await store.markAllAsRead(in: conversation.id)

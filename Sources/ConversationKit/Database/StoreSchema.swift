@@ -213,6 +213,9 @@ enum StoreSchema {
                 discarded INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (zone, name)) STRICT, WITHOUT ROWID;
             CREATE INDEX attachments_held ON attachments (last_used) WHERE held IS NOT NULL;
             """),
+        // Version 22: why the sync stopped downloading a file by itself (damaged or missing on
+        // the backend); an explicit download still tries.
+        Migration(version: 22, sql: "ALTER TABLE attachments ADD COLUMN problem TEXT;"),
     ]
 }
 

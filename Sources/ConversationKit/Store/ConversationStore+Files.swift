@@ -148,19 +148,31 @@ extension ConversationStore {
     }
 
     /// Downloads during the sync the files of messages no larger than the policy's limit that
-    /// are not here yet, newest first. A failure ends it quietly (the next sync tries again).
+    /// are not here yet, newest first. A file found damaged or missing on the backend is left for
+    /// an explicit ``downloadFile(of:progress:)`` (never fetched again by each sync); any other
+    /// failure ends it quietly (the next sync tries again).
     func downloadFilesDuringSync() async -> Int {
         guard case .duringSync(let limit) = configuration.fileDownload else { return 0 }
         let wanted = (try? read { db in
             try db.rows("""
                 SELECT m.zone, m.name FROM messages m JOIN attachments a ON a.zone = m.zone AND a.name = m.name
-                WHERE m.file_size <= ? AND a.held IS NULL AND a.discarded = 0 AND m.is_deleted = 0 ORDER BY m.spoken_at DESC LIMIT 100
+                WHERE m.file_size <= ? AND a.held IS NULL AND a.discarded = 0 AND a.problem IS NULL AND m.is_deleted = 0
+                ORDER BY m.spoken_at DESC LIMIT 100
                 """, [limit]) { MessageID(conversation: $0.text(0), name: $0.text(1)) }
         }) ?? []
         var downloaded = 0
         for id in wanted {
-            guard (try? await downloadFile(of: id)) != nil else { break }
-            downloaded += 1
+            do {
+                try await downloadFile(of: id)
+                downloaded += 1
+            } catch where error.code == .fileCorrupt || error.code == .fileMissing {
+                let problem = error.message
+                _ = try? await write { applier in
+                    try applier.db.execute("UPDATE attachments SET problem = ? WHERE zone = ? AND name = ?", [problem, id.conversation, id.name])
+                }
+            } catch {
+                break
+            }
         }
         return downloaded
     }

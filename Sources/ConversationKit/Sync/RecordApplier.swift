@@ -458,6 +458,7 @@ struct RecordApplier {
             ON CONFLICT (zone, name) DO UPDATE SET thumbnail = excluded.thumbnail, image_width = excluded.image_width, image_height = excluded.image_height,
                 held = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN held END,
                 uploaded = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN uploaded END,
+                problem = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN problem END,
                 discarded = CASE WHEN file_key = excluded.file_key AND chunks = excluded.chunks THEN discarded ELSE 1 END,
                 file_key = excluded.file_key, chunks = excluded.chunks
             """, [zone, name, file.key, chunks, file.thumbnail, file.pixelWidth.map(Int64.init), file.pixelHeight.map(Int64.init), ownUpload ? Int64(0) : nil])
