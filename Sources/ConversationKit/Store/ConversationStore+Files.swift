@@ -208,7 +208,8 @@ extension ConversationStore {
     private func stageFile(_ url: URL, mediaType: String?) throws(ConversationError) -> StagedFile {
         let name = url.lastPathComponent
         guard AttachmentManifest.isValidName(name) else {
-            throw ConversationError(.fileUnreadable, "'\(name)' cannot be a file's name: 1-\(AttachmentManifest.maximumNameBytes) bytes without '/' or control characters")
+            throw ConversationError(.fileUnreadable, "'\(name)' cannot be a file's name: 1-\(AttachmentManifest.maximumNameBytes) bytes, not '.' or '..', "
+                                    + "without '/', control or format characters (a bidi override would show it backwards)")
         }
         if let mediaType, !AttachmentManifest.isValidMediaType(mediaType) {
             throw ConversationError(.fileUnreadable, "'\(mediaType)' is not a media type (type/subtype, at most \(AttachmentManifest.maximumTypeBytes) printable characters)")
@@ -229,23 +230,20 @@ extension ConversationStore {
         defer { try? target.close() }
         let key = Sodium.randomBytes(Sodium.aeadKeyLength)
         var chunks: [AssetReference] = [], first = Data()
-        do {
+        do throws(ConversationError) {
             for index in 0..<AttachmentManifest.chunkCount(size: size) {
-                let plain = try source.read(upToCount: AttachmentManifest.plainSize(ofChunk: index, size: size)) ?? Data()
-                guard plain.count == AttachmentManifest.plainSize(ofChunk: index, size: size) else {
-                    throw ConversationError(.fileUnreadable, "\(url.path) changed while it was read")
-                }
+                let plainSize = AttachmentManifest.plainSize(ofChunk: index, size: size)
+                let plain: Data
+                do { plain = try source.read(upToCount: plainSize) ?? Data() } catch { throw ConversationError(.fileUnreadable, "cannot read \(url.path): \(error)") }
+                guard plain.count == plainSize else { throw ConversationError(.fileUnreadable, "\(url.path) changed while it was read") }
                 if index == 0 { first = plain.prefix(16) }
-                try target.write(contentsOf: plain)
+                do { try target.write(contentsOf: plain) } catch { throw ConversationError(.storeNotWritable, "cannot copy \(url.path) into the store: \(error)") }
                 chunks.append(AssetReference(for: AttachmentManifest.sealChunk(plain, index: index, key: key)))
             }
-            try target.synchronize()
-        } catch let error as ConversationError {
-            try? FileManager.default.removeItem(atPath: directory)
-            throw error
+            do { try target.synchronize() } catch { throw ConversationError(.storeNotWritable, "cannot copy \(url.path) into the store: \(error)") }
         } catch {
             try? FileManager.default.removeItem(atPath: directory)
-            throw ConversationError(.fileUnreadable, "cannot copy \(url.path) into the store: \(error)")
+            throw error
         }
         var manifest = AttachmentManifest(name: name, mediaType: mediaType ?? Self.guessMediaType(name: name, firstBytes: first), size: size, key: key, chunks: chunks)
         if ImageFormat(magicOf: first) != nil, size <= configuration.imageLimits.maximumBytes,

@@ -49,7 +49,14 @@ enum Route: CaseIterable {
     }
 
     /// Each route with its template's segments, split once.
-    private static let templates = allCases.map { ($0, $0.template.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)) }
+    private static let templates = allCases.map { ($0, Array(segments(of: $0.template).dropFirst())) }
+
+    /// A path's segments, split at every `/` byte. Not by Swift's characters: a `/` followed by
+    /// a combining mark or an emoji modifier (`/v1/assets/🏻`) is one character, which would hide
+    /// the separator and make a known path unknown (404 where 400 is due).
+    static func segments(of path: String) -> [String] {
+        path.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).map { String(decoding: $0, as: UTF8.self) }
+    }
 
     /// Finds the route for a request: 400 for a path holding a control character (a decoded
     /// `%00` included), 404 for an unknown path, 405 (with `Allow`) for a known path with another
@@ -58,7 +65,7 @@ enum Route: CaseIterable {
         guard !path.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
             throw APIError(.invalidArguments, "the path holds a control character")
         }
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+        let parts = segments(of: path).dropFirst()
         var allowed = [String]()
         for (route, template) in templates {
             guard template.count == parts.count else { continue }
