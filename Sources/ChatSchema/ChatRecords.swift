@@ -26,6 +26,10 @@ import RecordZone
 ///   device's key>`: `member`, `held` (per sender, `"<count>:<newest message name>"` of the
 ///   messages the device holds) — the delivered ticks, one record per device, not per message.
 ///
+/// - `Block` in a conversation zone, named `block-<blocker>`: `blocker`, `blocked` (the other
+///   participant) — the blocker's readers hide the blocked one's messages, and a zone server
+///   refuses the blocked one's records into the zone (``PairBlocks``); a tombstone unblocks.
+///
 /// - `Recovery` in a speaker's zone (``Recovery``): the identity key, wrapped with a recovery code.
 /// - `EncryptionKey` and `HistoryShare` in a speaker's zone and `KeyShare` in a conversation's or group's zone
 ///   (``EncryptionKey``, ``KeyShare``); a message's content then travels in `sealed`.
@@ -46,12 +50,14 @@ package enum ChatRecords {
     package static let receiptType = "Receipt"
     package static let reactionType = "Reaction"
     package static let deliveryType = "Delivery"
+    package static let blockType = "Block"
 
     package static let messagePrefix = "m."
     package static let receiptPrefix = "r."
     package static let reactionPrefix = "x."
     package static let deliveryPrefix = "d."
     package static let memberPrefix = "member-"
+    package static let blockPrefix = "block-"
 
     package static let rules: [OwnershipRule] = [
         // A device's encryption key (§3.2), before the profile's rule: its prefix is reserved.
@@ -68,6 +74,7 @@ package enum ChatRecords {
         OwnershipRule(recordType: receiptType, zones: .prefixed("c-"), owner: .hashedName(prefix: receiptPrefix, field: "reader")),
         OwnershipRule(recordType: reactionType, zones: .prefixed("c-"), owner: .hashedName(prefix: reactionPrefix, field: "reactor")),
         OwnershipRule(recordType: deliveryType, zones: .prefixed("c-"), owner: .hashedName(prefix: deliveryPrefix, field: "member")),
+        OwnershipRule(recordType: blockType, zones: .prefixed("c-"), owner: .name(prefix: blockPrefix, field: "blocker")),
         // Groups (`g-<h(creator)>-<random>`): their changes, and messages and receipts as in a pair.
         OwnershipRule(recordType: GroupChange.recordType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: GroupChange.namePrefix, field: "actor")),
         OwnershipRule(recordType: messageType, zones: .prefixed(GroupMembership.zonePrefix), owner: .hashedName(prefix: messagePrefix, field: "speaker")),
@@ -144,6 +151,20 @@ package enum ChatRecords {
     package static func conversationZone(_ a: String, _ b: String) -> ZoneName {
         let hashes = [identityHash(a), identityHash(b)].sorted()
         return constantZone("c-\(hashes[0])-\(hashes[1])")
+    }
+
+    /// Whether a zone is a pair conversation's (`c-<h(a)>-<h(b)>`).
+    package static func isPairZone(_ zone: ZoneName) -> Bool { speakerZones(of: zone).count == 2 }
+
+    /// What is wrong with a `Block` record, or nil: it is in a pair's zone, its `blocker` is one
+    /// participant and (but in a tombstone) its `blocked` the other.
+    package static func blockProblem(_ record: Record) -> String? {
+        guard let blocker = record.string("blocker"), isParticipant(blocker, in: record.id.zone) else { return "a block from outside the conversation" }
+        if record.isDeleted { return nil }
+        guard let blocked = record.string("blocked"), blocked != blocker, conversationZone(blocker, blocked) == record.id.zone else {
+            return "a block whose blocked speaker is not the conversation's other participant"
+        }
+        return nil
     }
 
     /// Whether `identifier` takes part in the conversation zone `zone`.

@@ -5,7 +5,8 @@ import RecordZone
 /// speaker writes only its own zone and its own directory entry. A conversation zone is
 /// readable and writable only by its two participants (its name says who they are), who alone
 /// may delete it. A group's zone is read and written as its membership says (``GroupAccess``);
-/// only its creator makes it, and nobody deletes it. Nobody deletes the directory or a speaker's
+/// only its creator makes it, and nobody deletes it. In a pair, a participant's block stops the
+/// other's writes (``PairBlocks``). Nobody deletes the directory or a speaker's
 /// zone. Anything else is closed (but a speaker's recovery record, which anyone may fetch),
 /// and everything is to an identity that breaks the identifier rule
 /// (``ChatRecords/isValidIdentifier(_:)``): nobody can squat a look-alike of someone.
@@ -36,7 +37,7 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
         ChatRecords.isValidIdentifier(identity) && ChatRecords.isParticipant(identity, in: zone)
     }
 
-    public var governance: (any ZoneGovernance)? { GroupAccess() }
+    public var governance: (any ZoneGovernance)? { ChatGovernance() }
 
     /// A speaker's recovery record: fetched before its reader holds any key (without the code,
     /// nothing in it is readable).

@@ -330,6 +330,10 @@ import Testing
             "member": .string("bob"), "held": .list([.string("3:\(poll.id.name)")]),
         ])
         try delivery.sign(with: bobDevice, clock: RecordClock(milliseconds: 1_700_000_001_000, counter: 0))
+        // Alice blocks bob in their conversation.
+        let pair = try ZoneName("c-\(OwnershipRule.identityHash("alice"))-\(OwnershipRule.identityHash("bob"))")
+        var block = Record(id: try RecordID(zone: pair, name: "block-alice"), type: "Block", fields: ["blocker": .string("alice"), "blocked": .string("bob")])
+        try block.sign(with: alice, clock: RecordClock(milliseconds: 1_700_000_002_000, counter: 0))
         func request(_ description: String, method: String, path: String, query: [(String, String)], body: Data) -> Vectors.RequestVector {
             let nonce = Data((0..<16).map { UInt8($0) })
             let timestamp: Int64 = 1_700_000_000_000
@@ -365,6 +369,7 @@ import Testing
             try vector("a reply 'and cake, @bob' to that message mentioning bob (bytes 10–13), its content, replyTo and mentions sealed together (the same epoch, key and nonce: fixed for the vectors only; a writer draws a random nonce for every envelope)", sealedReply, seed: 1),
             try vector("an app's poll (customType com.example.poll, customData its JSON as bytes) edited once: 'Poll: cake?' became 'Poll: cake or pie?', the earlier text in history with its time in historyTimes; all sealed together (the same epoch, key and nonce)", sealedPoll, seed: 1),
             try vector("bob's device (seed 02…) holds 3 of alice's messages in the zone, the newest the poll above (d.<h(bob)>.<first 8 bytes of its key in hex>)", delivery, seed: 2),
+            try vector("alice blocks bob in their conversation (c-<h(alice)>-<h(bob)>, block-alice): a zone server then refuses bob's records there but tombstones", block, seed: 1),
         ], requests: [
             request("a page of changes: query arguments sorted and percent-encoded", method: "GET", path: "/v1/zones/\(zone)/changes",
                     query: [("token", "AQID+/=="), ("limit", "200")], body: Data()),

@@ -20,7 +20,7 @@ import TestSupport
         return Run(status: status, out: child.standardOutput, err: child.standardError)
     }
 
-    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "conversations set", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "download", "speakers", "find", "sync", "retry",
+    static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "conversations set", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "download", "block", "unblock", "blocked", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
                            "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
@@ -54,7 +54,7 @@ import TestSupport
         try Data("not an image".utf8).write(to: URL(fileURLWithPath: file))
         let failures: [[String]] = [
             ["whoami"] + none, ["send", "bob", "hi"] + none, ["messages", "bob"] + none, ["conversations"] + none, ["encryption", "bob"] + none, ["read", "bob"] + none,
-            ["edit", "c-x/m.y", "text"] + none, ["edits", "c-x/m.y"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["download", "c-x/m.y"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
+            ["edit", "c-x/m.y", "text"] + none, ["edits", "c-x/m.y"] + none, ["react", "c-x/m.y", "👍"] + none, ["mentions"] + none, ["search", "tent"] + none, ["delete", "c-x/m.y"] + none, ["download", "c-x/m.y"] + none, ["block", "bob"] + none, ["unblock", "bob"] + none, ["blocked"] + none, ["speakers"] + none, ["find", "--tag", "t", "--zone-dir", dir.path + "/zones"] + none,
             ["sync", "--zone-dir", dir.path + "/zones"] + none, ["retry"] + none, ["doctor"] + none, ["introduce", "bob"] + none, ["conversations", "remove", "bob"] + none, ["conversations", "set", "bob", "--pin"] + none, ["fingerprint", "bob"] + none, ["trust", "bob", "1"] + none,
             ["avatar", "set", file] + none, ["avatar", "get", "bob"] + none, ["device", "list"] + none, ["device", "link"] + none,
             ["device", "join", "not-a-code", "--zone-dir", dir.path + "/zones"] + none, ["device", "revoke", "tablet"] + none,
@@ -188,6 +188,22 @@ import TestSupport
         _ = try await ok(["sync", "--json"] + alice)
         _ = try await ok(["sync"] + bob)
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Hi Bob (edited)"))
+        // Blocking: bob's messages leave alice's view, his next one is not sent; unblocking
+        // brings them back.
+        #expect(try await ok(["blocked"] + alice).out == "nobody is blocked\n")
+        let blocking = try await ok(["block", "bob", "--json"] + alice)
+        #expect((blocking.json as? [String: Any])?["blocked"] as? Bool == true, "\(blocking.out)")
+        #expect(try await ok(["blocked", "--json"] + alice).json as? [String] == ["bob"])
+        #expect(!(try await ok(["messages", "bob"] + alice).out.contains("Tent")))
+        #expect(try await ok(["conversations"] + alice).out.contains("[blocked]"))
+        _ = try await ok(["sync"] + alice)
+        _ = try await ok(["sync"] + bob)
+        _ = try await ok(["send", "alice", "still there?"] + bob)
+        #expect(try await ok(["sync"] + bob).out.contains("failed 1"))
+        #expect(try await ok(["messages", "alice"] + bob).out.contains("still there?  [failed: alice blocked bob"))
+        #expect(try await ok(["unblock", "bob"] + alice).out.contains("bob is unblocked"))
+        #expect(try await ok(["messages", "bob"] + alice).out.contains("Tent"))
+        try await fails(["block", "alice"] + alice, "cannot block themselves")
         // Sealed for both devices: each one's fingerprint (bob's first device: his identity key's).
         let sealedFor = try await ok(["encryption", "bob", "--json"] + alice)
         let members = ((sealedFor.json as? [String: Any])?["members"] as? [[String: Any]]) ?? []
@@ -264,7 +280,8 @@ import TestSupport
         #expect(try await ok(["messages", "alice"] + bob).out.contains("from the tablet"))
         #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
         let stats = try await ok(["stats", "--json"] + bob)
-        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 6, "Hi Bob (edited), Tent, the poll, @alice…, from the tablet, pending one — not the forged one, not the deleted question")
+        #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 7,
+                "Hi Bob (edited), Tent, the poll, @alice…, still there? (failed: blocked), from the tablet, pending one — not the forged one, not the deleted question")
 
         // Failures: exit 1 with a reason.
         try await fails(["whoami", "--store", dir.path + "/nobody"], "no store at")

@@ -65,6 +65,12 @@ enum ChatCommands {
                             options: [Targets.store, Option.flag("remove", "Take your reaction back."), Targets.json]), run: react),
         ToolCommand(Command("convkit delete", "Delete one of your messages (a signed tombstone).",
                             positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")], options: [Targets.store]), run: delete),
+        ToolCommand(Command("convkit block", "Block a speaker: their messages are hidden on all your devices, and a zone server takes nothing more of theirs into your conversation.",
+                            discussion: "A signed record in your conversation with them (synced: your other devices block them too; they can tell). 'convkit unblock' shows their messages again.",
+                            positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: block),
+        ToolCommand(Command("convkit unblock", "Unblock a speaker: their messages are shown again.",
+                            positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: unblock),
+        ToolCommand(Command("convkit blocked", "List the speakers you block.", options: [Targets.store, Targets.json]), run: blocked),
         ToolCommand(Command("convkit speakers", "List the speakers you know.",
                             options: [Targets.store, .valued("tag", "tag", "Only those with this tag."), Targets.json]), run: speakers),
         ToolCommand(Command("convkit find", "Find speakers by tag (the backend's query, then the cache).",
@@ -401,7 +407,8 @@ enum ChatCommands {
         for conversation in list {
             let title = conversation.groupName.map { "\($0) (group)" } ?? conversation.nonLocalSpeaker
             let flags = [conversation.pinnedAt == nil ? nil : "pinned", conversation.isArchived ? "archived" : nil, conversation.isMuted() ? "muted" : nil,
-                         conversation.isMarkedUnread ? "marked unread" : nil, conversation.draft == nil ? nil : "draft"].compactMap { $0 }
+                         conversation.isMarkedUnread ? "marked unread" : nil, conversation.draft == nil ? nil : "draft",
+                         conversation.isBlocked ? "blocked" : nil].compactMap { $0 }
             Output.line("\(title)  \(conversation.unreadCount) unread  \(conversation.lastMessageAt.map(Output.time) ?? "-")"
                         + (flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]") + "  \(conversation.id)")
         }
@@ -416,6 +423,7 @@ enum ChatCommands {
         if let muted = conversation.mutedUntil, conversation.isMuted() { value["mutedUntil"] = muted == .distantFuture ? "forever" : Output.time(muted) }
         if conversation.isMarkedUnread { value["markedUnread"] = true }
         if let draft = conversation.draft { value["draft"] = draft }
+        if conversation.isBlocked { value["blocked"] = true }
         return value
     }
 
@@ -520,6 +528,25 @@ enum ChatCommands {
         let reactions = try store.reactions(to: id)
         if context.json { return try Output.json(["message": id.description, "reactions": reactions.map(reactionJSON)]) }
         Output.line(reactions.isEmpty ? "\(id): no reactions" : "\(id): \(summary(of: reactions))")
+    }
+
+    static func block(_ context: Context) async throws { try await setBlocked(context, true) }
+    static func unblock(_ context: Context) async throws { try await setBlocked(context, false) }
+
+    static func setBlocked(_ context: Context, _ blocking: Bool) async throws {
+        let store = try context.store()
+        guard let speaker = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        if blocking { try await store.block(speaker) } else { try await store.unblock(speaker) }
+        if context.json { return try Output.json(["speaker": speaker, "blocked": blocking]) }
+        Output.line(blocking ? "\(speaker) is blocked (their messages are hidden; sync to tell your other devices and the server)" : "\(speaker) is unblocked")
+    }
+
+    static func blocked(_ context: Context) async throws {
+        let store = try context.store(readOnly: true)
+        let speakers = try store.blockedSpeakers()
+        if context.json { return try Output.json(speakers) }
+        if speakers.isEmpty { Output.line("nobody is blocked") }
+        for speaker in speakers { Output.line(speaker) }
     }
 
     static func reactionJSON(_ reaction: MessageReaction) -> [String: Any] {

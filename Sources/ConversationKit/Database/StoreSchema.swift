@@ -216,6 +216,9 @@ enum StoreSchema {
         // Version 22: why the sync stopped downloading a file by itself (damaged or missing on
         // the backend); an explicit download still tries.
         Migration(version: 22, sql: "ALTER TABLE attachments ADD COLUMN problem TEXT;"),
+        // Version 23: whom the local speaker blocks (their messages are not shown), as its own
+        // `Block` records in the pair zones (`zone`) say — written here or by its other devices.
+        Migration(version: 23, sql: "CREATE TABLE blocked_speakers (identity TEXT PRIMARY KEY, zone TEXT NOT NULL, blocked_at INTEGER NOT NULL) STRICT;"),
     ]
 }
 

@@ -32,6 +32,8 @@ public struct Conversation: Sendable, Hashable, Identifiable {
     public var isMarkedUnread = false
     /// What was typed and not sent: cleared by a send.
     public var draft: String? = nil
+    /// Whether the local speaker blocks the other speaker of this pair (``ConversationStore/block(_:)``).
+    public var isBlocked = false
 
     /// Whether it is muted at `date`.
     public func isMuted(at date: Date = Date()) -> Bool { mutedUntil.map { $0 > date } ?? false }

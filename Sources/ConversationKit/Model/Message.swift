@@ -203,6 +203,9 @@ public struct SyncFailure: Sendable, Hashable, CustomStringConvertible {
         /// The message's file is gone from this device before all of it was uploaded (its cache
         /// was emptied by hand): nobody could download it, so the message is never sent.
         case fileMissing
+        /// The conversation's other participant blocked the local speaker (``ConversationStore/block(_:)``):
+        /// nothing more of theirs goes into the conversation until they unblock.
+        case blocked
     }
 
     public let code: Code

@@ -35,6 +35,11 @@ extension ChatRecords {
         ])
     }
 
+    /// Where `blocker`'s block of `blocked` lives: their pair conversation's zone.
+    static func blockID(blocker: String, blocked: String) throws(ConversationError) -> RecordID {
+        do { return try RecordID(zone: conversationZone(blocker, blocked), name: blockPrefix + blocker) } catch { throw ConversationError(.invalidIdentifier, "\(error)") }
+    }
+
     /// A message's record, in the pair zone of `speaker` and `listener`, or in `zone` (a group's:
     /// no listener). `history`: the versions before this one, oldest first (docs/PROTOCOL.md §3).
     static func message(name: String, speaker: String, listener: String?, in zone: ZoneName? = nil, content: String, spokenAt: Int64, editedAt: Int64?,

@@ -481,7 +481,8 @@ extension ConversationStore {
             SELECT c.zone, c.other, c.started_by, c.joined_by, c.last_message_at,
                 (SELECT count(*) FROM messages m WHERE m.zone = c.zone AND \(unreadToLocal)),
                 c.group_name, g.description, g.avatar_width, g.avatar_height,
-                coalesce(s.is_archived, 0), s.muted_until, s.pinned_at, coalesce(s.is_marked_unread, 0), s.draft
+                coalesce(s.is_archived, 0), s.muted_until, s.pinned_at, coalesce(s.is_marked_unread, 0), s.draft,
+                EXISTS (SELECT 1 FROM blocked_speakers b WHERE b.identity = c.other)
             FROM conversations c LEFT JOIN group_state g ON g.zone = c.zone LEFT JOIN conversation_settings s ON s.zone = c.zone
             WHERE \(condition) ORDER BY s.pinned_at IS NULL, s.pinned_at, coalesce(c.last_message_at, 0) DESC, c.zone
             """, [local, local] + values) { row in
@@ -490,7 +491,7 @@ extension ConversationStore {
                          groupDescription: row.optionalText(7),
                          groupAvatarSize: row.optionalInt(8).flatMap { width in row.optionalInt(9).map { PixelSize(width: Int(width), height: Int($0)) } },
                          isArchived: row.int(10) != 0, mutedUntil: row.optionalInt(11).map(date), pinnedAt: row.optionalInt(12).map(date),
-                         isMarkedUnread: row.int(13) != 0, draft: row.optionalText(14))
+                         isMarkedUnread: row.int(13) != 0, draft: row.optionalText(14), isBlocked: row.int(15) != 0)
         }
     }
 

@@ -42,7 +42,7 @@ extension ConversationStore {
         }
     }
 
-    /// A message's reactions, oldest first: one per reactor (in a group, only from those who
+    /// A message's reactions, oldest first: one per reactor but those the local speaker blocks (in a group, only from those who
     /// were members at the reaction's clock, as for a message — decided from the group as it
     /// stands, so whatever order its changes came in). One whose key has not arrived yet has an empty emoji and
     /// ``MessageReaction/isWaitingForKey`` (it resolves by itself, as a message does).
@@ -51,6 +51,7 @@ extension ConversationStore {
             _ = try Self.message(db, id)
             return try db.rows("""
                 SELECT x.reactor, x.emoji, x.reacted_at, x.waiting_epoch IS NOT NULL FROM reactions x WHERE x.zone = ? AND x.message = ?
+                    AND x.reactor NOT IN (SELECT identity FROM blocked_speakers)
                     AND (x.zone NOT LIKE 'g-%' OR EXISTS (SELECT 1 FROM group_runs g WHERE g.zone = x.zone AND g.speaker = x.reactor
                         AND g.from_clock < x.clock AND (g.until_clock IS NULL OR x.clock < g.until_clock)))
                 ORDER BY x.reacted_at, x.reactor

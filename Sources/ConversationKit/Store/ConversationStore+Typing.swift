@@ -33,7 +33,7 @@ extension ConversationStore {
         }
     }
 
-    /// The others typing in a conversation, sorted: now, then at every change (a long poll of the
+    /// The others typing in a conversation, sorted (but those the local speaker blocks): now, then at every change (a long poll of the
     /// backend's live channel). One empty list and the end for a backend that carries no typing
     /// (a folder). The stream ends when its consumer stops.
     public func typingSpeakers(in conversation: String) -> AsyncStream<[String]> {
@@ -48,7 +48,8 @@ extension ConversationStore {
                 while !Task.isCancelled {
                     do {
                         let state = try await backend.typing(in: zone, since: version, timeout: .seconds(25))
-                        let others = state.identities.filter { $0 != local.identifier }
+                        let hidden = Set((try? blockedSpeakers()) ?? []).union([local.identifier])
+                        let others = state.identities.filter { !hidden.contains($0) }
                         if others != shown {
                             continuation.yield(others)
                             shown = others

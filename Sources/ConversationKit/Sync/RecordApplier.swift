@@ -43,6 +43,8 @@ struct RecordApplier {
     /// cover more): their token is dropped in ``finish()``, so the zone is read again from the
     /// start — a server shows each reader only what its membership then let it read.
     private var rereadGroups = Set<String>()
+    /// Whom the local speaker blocks, once read in this transaction (``blocked()``).
+    private var blockedSpeakers: Set<String>?
 
     init(db: Database, localSpeaker: String?, device: ConversationStore.LocalIdentity?, clock: HybridLogicalClock, policy: RecordPolicy) {
         self.db = db
@@ -84,6 +86,7 @@ struct RecordApplier {
         case ChatRecords.receiptType: try projectReceipt(record)
         case ChatRecords.reactionType: try projectReaction(record, origin: origin)
         case ChatRecords.deliveryType: try projectDelivery(record)
+        case ChatRecords.blockType: try projectBlock(record)
         case GroupChange.recordType: try applyGroupChange(record)
         case EncryptionKey.recordType: try projectEncryptionKey(record)
         case KeyShare.recordType: try projectKeyShare(record, origin: origin)
@@ -278,6 +281,8 @@ struct RecordApplier {
                 return "a delivery whose held list is not up to \(Self.maximumDeliverySenders) \"<count>:<message name>\" entries"
             }
             return nil
+        case ChatRecords.blockType:
+            return ChatRecords.blockProblem(record)
         case ChatRecords.receiptType:
             guard let reader = record.string("reader"), ChatRecords.isParticipant(reader, in: zone) else {
                 return "receipt from outside the conversation"
@@ -348,6 +353,11 @@ struct RecordApplier {
     ///   was, and is shown as it is).
     mutating func projectMessage(_ record: Record, origin: Origin, gated: Bool = true) throws {
         let zone = record.id.zone.rawValue, name = record.id.name
+        // Someone the local speaker blocks: not shown, anywhere (shown again on unblocking).
+        if let speaker = record.string("speaker"), speaker != localSpeaker, try blocked().contains(speaker) {
+            try removeMessageRow(zone: zone, name: name)
+            return
+        }
         if gated, ChatRecords.isGroupZone(record.id.zone) {
             // A group's message shows only if its speaker was a member at its clock; with the
             // group's changes moving in this transaction, that is decided in finish().
@@ -524,6 +534,53 @@ struct RecordApplier {
             ON CONFLICT (zone, message, reactor) DO UPDATE SET emoji = excluded.emoji, reacted_at = excluded.reacted_at,
                 waiting_epoch = excluded.waiting_epoch, clock = excluded.clock
             """, [zone, message, reactor, emoji, reactedAt, waiting, Int64(bitPattern: record.clock.rawValue)])
+    }
+
+    /// Whom the local speaker blocks (read once per transaction).
+    mutating func blocked() throws -> Set<String> {
+        if let blockedSpeakers { return blockedSpeakers }
+        let found = Set(try db.rows("SELECT identity FROM blocked_speakers") { $0.text(0) })
+        blockedSpeakers = found
+        return found
+    }
+
+    /// A `Block` record: the local speaker's own (from this device or another of theirs) blocks
+    /// or — a tombstone — unblocks the conversation's other participant, whose messages are then
+    /// taken out of the view or put back from the records held. Another's block of the local
+    /// speaker changes nothing shown: the push stops sending there (``SyncFailure/Code/blocked``).
+    private mutating func projectBlock(_ record: Record) throws {
+        let zone = record.id.zone.rawValue
+        guard let local = localSpeaker, record.string("blocker") == local else { return }
+        let other: String
+        if record.isDeleted {
+            guard let held = try db.first("SELECT identity FROM blocked_speakers WHERE zone = ?", [zone], { $0.text(0) }) else { return }
+            other = held
+            try db.execute("DELETE FROM blocked_speakers WHERE identity = ?", [other])
+        } else {
+            guard let blocked = record.string("blocked") else { return }
+            other = blocked
+            try db.execute("INSERT INTO blocked_speakers (identity, zone, blocked_at) VALUES (?, ?, ?) ON CONFLICT (identity) DO UPDATE SET blocked_at = excluded.blocked_at",
+                           [other, zone, Int64(record.clock.milliseconds)])
+            guard db.changes > 0 else { return }
+        }
+        blockedSpeakers = nil
+        try reproject(messagesOf: other)
+        events.append(.speakerUpdated(other))
+    }
+
+    /// Shows again, or takes out of the view, every message `speaker` said in the conversations
+    /// held, from their records (as a sync would have applied them).
+    private mutating func reproject(messagesOf speaker: String) throws {
+        let prefix = ChatRecords.messagePrefix + ChatRecords.identityHash(speaker) + "."
+        let zones = try db.rows("SELECT zone FROM conversations") { $0.text(0) }
+        for zone in zones {
+            let records = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND name > ? AND name < ? AND type = ?",
+                                      [zone, prefix, prefix.dropLast() + "/", ChatRecords.messageType]) { try? Record(canonical: $0.blob(0)) }
+            for case let record? in records where record.string("speaker") == speaker {
+                try projectMessage(record, origin: .remote)
+            }
+            if !records.isEmpty { events.append(.conversationChanged(zone)) }
+        }
     }
 
     /// Writes what was gathered over the transaction; call once, before the commit.

@@ -254,19 +254,26 @@ actor SyncEngine {
                     }
                 }
             }
-            // A message whose file left the cache before it was uploaded never goes out.
-            let gone = filesGone(records)
-            if !gone.isEmpty {
-                let failed = zip(sent, records).filter { gone.contains($0.1.id) }
+            // What never goes out: a message whose file left the cache before it was uploaded,
+            // and whatever the other participant of a pair no longer takes (they blocked us).
+            var withheld = [RecordID: SyncFailure]()
+            for id in filesGone(records) {
+                withheld[id] = SyncFailure(.fileMissing, message: "its file left this device's cache before it was uploaded: nobody could download it")
+            }
+            for (id, blocker) in try blockedWrites(records, localSpeaker: localSpeaker) {
+                withheld[id] = SyncFailure(.blocked, message: "\(blocker) blocked \(localSpeaker): nothing more of theirs goes into this conversation")
+            }
+            if !withheld.isEmpty {
+                let failed = zip(sent, records).compactMap { entry, record in withheld[record.id].map { (entry, record, $0) } }
                 try await write { applier in
-                    for (entry, record) in failed {
+                    for (entry, record, failure) in failed {
                         try Outbox.remove(entry, in: applier.db)
-                        try applier.fail(MessageID(conversation: record.id.zone.rawValue, name: record.id.name),
-                                         SyncFailure(.fileMissing, message: "its file left this device's cache before it was uploaded: nobody could download it"))
+                        guard record.recordType == ChatRecords.messageType else { continue }
+                        try applier.fail(MessageID(conversation: record.id.zone.rawValue, name: record.id.name), failure)
                     }
                 }
                 report.failed += failed.count
-                let kept = zip(sent, records).filter { !gone.contains($0.1.id) }
+                let kept = zip(sent, records).filter { withheld[$0.1.id] == nil }
                 sent = kept.map(\.0)
                 records = kept.map(\.1)
                 if records.isEmpty { continue }
@@ -328,6 +335,22 @@ actor SyncEngine {
             report.deferred += counts.deferred
             caughtUp = feed.map { CaughtUp(database: $0, advanced: advanced, finished: finished) }
         }
+    }
+
+    /// The local speaker's versions among `records` that the other participant of their pair
+    /// conversation refuses: they block the local speaker (their `Block` record stands). Its
+    /// own blocks and tombstones still go. - Returns: each version's ID, with who blocks.
+    private func blockedWrites(_ records: [Record], localSpeaker: String) throws(ConversationError) -> [RecordID: String] {
+        let candidates = records.filter { $0.recordType != ChatRecords.blockType && !$0.isDeleted && ChatRecords.isPairZone($0.id.zone) }
+        guard !candidates.isEmpty else { return [:] }
+        let zones = Set(candidates.map(\.id.zone.rawValue))
+        let blockers = try read { db in
+            try zones.reduce(into: [String: String]()) { found, zone in
+                found[zone] = try db.first("SELECT name FROM ck_records WHERE zone = ? AND type = ? AND name != ? AND is_deleted = 0",
+                                           [zone, ChatRecords.blockType, ChatRecords.blockPrefix + localSpeaker]) { String($0.text(0).dropFirst(ChatRecords.blockPrefix.count)) }
+            }
+        }
+        return candidates.reduce(into: [RecordID: String]()) { found, record in found[record.id] = blockers[record.id.zone.rawValue] }
     }
 
     private nonisolated func settle(_ entry: OutboxEntry, _ record: Record, _ result: Result<Record, RecordZoneError>,

@@ -65,6 +65,9 @@ public protocol ZoneGovernance: Sendable {
     func governingType(of zone: ZoneName) -> String?
     /// What the zone's governing records decide (`governing`: every one held, in any order).
     func decide(_ zone: ZoneName, governing: [Record]) -> any GovernedZone
+    /// Whether the governing records of `zone` also decide who reads which versions (a group's
+    /// do); when not (they decide writes only), a read costs no look at them.
+    func governsReads(of zone: ZoneName) -> Bool
 }
 
 /// What a governed zone's records decide: who may write what now, and who may read which versions.
@@ -86,6 +89,11 @@ public struct ReadableVersions: Sendable {
 
     /// Every version.
     public static let all = ReadableVersions { _, _ in true }
+}
+
+extension ZoneGovernance {
+    /// Every governed zone's records decide its reads too.
+    public func governsReads(of zone: ZoneName) -> Bool { governingType(of: zone) != nil }
 }
 
 extension ZoneAccessPolicy {

@@ -236,15 +236,17 @@ extension ZoneAPI {
     /// (nil: none), as its governing records stand (``ZoneGovernance``); other zones are left
     /// out. A replicator reads everything.
     private func readableVersions(of zones: [ZoneName], _ identity: String) async throws(RecordZoneError) -> [ZoneName: ReadableVersions?] {
-        guard let governance = access.governance, !isReplicator(identity), zones.contains(where: { governance.governingType(of: $0) != nil }) else { return [:] }
-        return try await storage.governed(zones, by: governance).mapValues { $0.readable(by: identity) }
+        guard let governance = access.governance, !isReplicator(identity) else { return [:] }
+        let governed = zones.filter(governance.governsReads(of:))
+        guard !governed.isEmpty else { return [:] }
+        return try await storage.governed(governed, by: governance).mapValues { $0.readable(by: identity) }
     }
 
     /// `zones` without the governed ones `identity` may not read at all (a replicator reads all).
     private func readable(_ zones: [ZoneName], _ identity: String) async throws(RecordZoneError) -> [ZoneName] {
         guard !isReplicator(identity) else { return zones }
         let versions = try await readableVersions(of: zones, identity)
-        return zones.filter { zone in versions[zone].map { $0 != nil } ?? (access.governance?.governingType(of: zone) == nil) }
+        return zones.filter { zone in versions[zone].map { $0 != nil } ?? (access.governance?.governsReads(of: zone) != true) }
     }
 
     /// A database feed without the governed zones `identity` may not read at all.
