@@ -378,6 +378,9 @@ import Testing
                     body: Data(#"{"typing":true}"#.utf8)),
             request("who types there, waiting up to 25 s past version 17", method: "GET", path: "/v1/zones/c-0123456789abcdef-fedcba9876543210/typing",
                     query: [("since", "17"), ("timeout", "25")], body: Data()),
+            request("saying one is online (§2, Presence)", method: "PUT", path: "/v1/presence", query: [], body: Data(#"{"online":true}"#.utf8)),
+            request("whether bob and carol are online, in a zone, waiting up to 25 s past version 3", method: "GET",
+                    path: "/v1/zones/c-0123456789abcdef-fedcba9876543210/presence", query: [("of", "bob,carol"), ("since", "3"), ("timeout", "25")], body: Data()),
             request("a JSON modify asking for its catch-up (the client's database token in since)", method: "POST", path: "/v1/records/modify", query: [],
                     body: Data(#"{"policy":"merge","records":[],"since":"AQID+/=="}"#.utf8)),
         ], introductions: [

@@ -382,6 +382,11 @@ import TestSupport
         defer { bobView.kill() }
         #expect(try await aliceView.eventually(10) { $0.contains("Alice (alice): hi bob") })
         #expect(try await bobView.eventually(10) { $0.contains("Alice (alice): hi bob") })
+        // Each view's sync says its person is online: each shows the other so.
+        let online = try await aliceView.eventually(10) { $0.contains("Chat with Bob (bob)  online") }
+        let onlineScreen = try await aliceView.screen()
+        #expect(online, "\(onlineScreen)")
+        #expect(try await bobView.eventually(10) { $0.contains("Chat with Alice (alice)  online") })
         try await bobView.type("hel")
         let typing = try await aliceView.eventually(10) { $0.contains("Bob (bob) is typing…") }
         let screen = try await aliceView.screen()
@@ -389,6 +394,10 @@ import TestSupport
         // Bob leaves without sending: gone within the lifetime (4.5 s), and a second for the view.
         #expect(try await bobView.leave() == "0")
         #expect(try await aliceView.eventually(8) { !$0.contains("is typing") })
+        // Leaving said he went away: last seen, now.
+        let away = try await aliceView.eventually(8) { $0.contains("Chat with Bob (bob)  last seen ") }
+        let awayScreen = try await aliceView.screen()
+        #expect(away, "\(awayScreen)")
         #expect(try await aliceView.leave() == "0")
     }
 

@@ -7,7 +7,7 @@ import ToolSupport
 /// `convkit chat ID`: one conversation — with a speaker, or a group (its id, or its name with
 /// `--group`) — on a terminal, in plain ANSI. The newest messages with
 /// names, times, edits, read state, files, what a reply answers and the reactions; who else is
-/// typing (through a zone server); new ones appear as the store's continuous sync (or a
+/// typing and whether they are online (through a zone server); new ones appear as the store's continuous sync (or a
 /// daemon writing the same store) brings them; a typed line and Enter sends; unread messages
 /// are marked read as they are shown; Ctrl-C leaves and puts the terminal back.
 enum ChatView {
@@ -24,6 +24,8 @@ enum ChatView {
             var status = ""
             /// The others typing now (a zone server's live channel; never over a folder).
             var typing: [String] = []
+            /// Whether the others are online, and when last seen (likewise).
+            var presence: [Presence] = []
             /// Per message shown: what it answers (a line above it) and its reactions, summed up.
             var parents: [MessageID: String] = [:]
             var reactions: [MessageID: String] = [:]
@@ -43,7 +45,8 @@ enum ChatView {
             let (rows, columns) = Self.size()
             let state = state.withLock { $0 }
             var out = "\u{1B}[H\u{1B}[2J"
-            out += "\u{1B}[1m\(DisplayText.safe(title))\u{1B}[0m  (Enter sends, Ctrl-C leaves)\r\n"
+            let presence = Self.summary(of: state.presence, names: state.names)
+            out += "\u{1B}[1m\(DisplayText.safe(title))\u{1B}[0m" + (presence.isEmpty ? "" : "  \u{1B}[2m\(DisplayText.safe(presence))\u{1B}[0m") + "  (Enter sends, Ctrl-C leaves)\r\n"
             let room = max(1, rows - 5)
             // Each reply takes a line more, for what it answers: the newest that fit.
             var shown: [Message] = [], used = 0
@@ -82,6 +85,24 @@ enum ChatView {
             FileHandle.standardOutput.write(Data(out.utf8))
         }
 
+        /// "online", "last seen 14:05" (a day before: "last seen 2026-11-30 14:05") for one other;
+        /// "2 of 5 online: Bob (bob), Carol (carol)" for several; nothing when nobody was seen.
+        static func summary(of presence: [Presence], names: [String: String], now: Date = Date()) -> String {
+            if presence.count == 1, let one = presence.first {
+                if one.isOnline { return "online" }
+                guard let seen = one.lastSeen else { return "" }
+                return "last seen " + (Calendar.current.isDate(seen, inSameDayAs: now) ? clock : day).string(from: seen)
+            }
+            let online = presence.filter(\.isOnline).map { names[$0.identity] ?? $0.identity }
+            return online.isEmpty ? "" : "\(online.count) of \(presence.count) online: " + online.joined(separator: ", ")
+        }
+
+        static let day: DateFormatter = {
+            let formatter = DateFormatter()
+            formatter.dateFormat = "yyyy-MM-dd HH:mm"
+            return formatter
+        }()
+
         static let clock: DateFormatter = {
             let formatter = DateFormatter()
             formatter.dateFormat = "HH:mm"
@@ -93,6 +114,14 @@ enum ChatView {
             guard ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size) == 0, size.ws_row > 0 else { return (24, 80) }
             return (Int(size.ws_row), Int(size.ws_col))
         }
+    }
+
+    /// Waits for `task` to end, or for `limit` (the process exits next: nothing outlives it).
+    static func finish(_ task: Task<String, Never>, within limit: Duration) async {
+        let (ended, continuation) = AsyncStream.makeStream(of: Void.self)
+        Task { _ = await task.value; continuation.yield() }
+        Task { try? await Task.sleep(for: limit); continuation.yield() }
+        for await _ in ended { break }
     }
 
     static func run(_ context: Context) async throws {
@@ -171,6 +200,13 @@ enum ChatView {
                 screen.draw()
             }
         }
+        // Whether the others are online (nothing over a folder).
+        let presenceWatcher = Task {
+            for await presence in store.presence(in: conversation.id) {
+                screen.state.withLock { $0.presence = presence }
+                screen.draw()
+            }
+        }
         let statusWatcher = Task {
             let status = await syncing.value
             if !status.isEmpty {
@@ -194,7 +230,10 @@ enum ChatView {
                 refresher.cancel()
                 statusWatcher.cancel()
                 typingWatcher.cancel()
+                presenceWatcher.cancel()
                 syncing.cancel()
+                // The sync's last word (that its person went away), for at most 3 s.
+                await finish(syncing, within: .seconds(3))
                 terminal.restore()
                 FileHandle.standardOutput.write(Data("\u{1B}[H\u{1B}[2J".utf8))
                 exit(0)

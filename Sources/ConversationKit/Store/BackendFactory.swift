@@ -115,6 +115,10 @@ public struct StoreConfiguration: Sendable {
     /// (default 1 GiB), as the image cache's budget; a file of the local speaker's own that is
     /// not wholly uploaded is never evicted.
     public var fileCacheBytes = 1 << 30
+    /// Whether ``ConversationStore/run(pollInterval:longPolls:)`` tells the backend this person is
+    /// online while it runs (default: yes; WhatsApp's "last seen: nobody" is false). Over a
+    /// folder nothing is said either way.
+    public var sharesPresence = true
     /// Where the store says what it does (sync rounds, refusals, backoffs): silent by default
     /// (ConversationKit's `feedbackLevel`). `Logger(label: "chat", level: .info)` writes one
     /// line per entry to stderr.

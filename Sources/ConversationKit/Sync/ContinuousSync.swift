@@ -34,6 +34,9 @@ extension ConversationStore {
             if useLongPolls {
                 group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
             }
+            if configuration.sharesPresence, backend.carriesTyping {
+                group.addTask { await self.sayOnline(local, backend) }
+            }
             // A folder tells of its changes through inotify where it can (the poll stays, for
             // network file systems that never report remote writes).
             if let folder = backend as? FileSystemBackend, let (stop, events) = folder.changeNotifications() {

@@ -11,6 +11,8 @@ import Synchronization
 public final class ChangeWaiters: Sendable {
     private struct State {
         var waiting: [ZoneName: [UUID: CheckedContinuation<Bool, Never>]] = [:]
+        /// The zones each waiter waits for (it is woken by the first).
+        var zonesOf: [UUID: [ZoneName]] = [:]
         var generations: [ZoneName: UInt64] = [:]
         /// Moved on by ``wakeAll()``: part of every zone's generation.
         var epoch: UInt64 = 0
@@ -20,26 +22,48 @@ public final class ChangeWaiters: Sendable {
         var released = false
 
         func generation(of zone: ZoneName) -> UInt64 { (generations[zone] ?? 0) &+ epoch &* 0x1_0000_0000 }
+        func generation(of zones: [ZoneName]) -> UInt64 { zones.reduce(epoch &* 0x1_0000_0000) { $0 &+ (generations[$1] ?? 0) } }
+
+        /// Takes a waiter out from under every zone it waits for.
+        mutating func remove(_ id: UUID) -> (CheckedContinuation<Bool, Never>?, Task<Void, Never>?) {
+            var continuation: CheckedContinuation<Bool, Never>?
+            for zone in zonesOf.removeValue(forKey: id) ?? [] {
+                if let found = waiting[zone]?.removeValue(forKey: id) { continuation = found }
+                if waiting[zone]?.isEmpty == true { waiting[zone] = nil }
+            }
+            return (continuation, timers.removeValue(forKey: id))
+        }
     }
     private let state = Mutex(State())
 
     public init() {}
 
     /// How many callers wait now (for metrics).
-    public var count: Int { state.withLock { $0.waiting.values.reduce(0) { $0 + $1.count } } }
+    public var count: Int { state.withLock { $0.zonesOf.count } }
 
     public func generation(of zone: ZoneName) -> UInt64 { state.withLock { $0.generation(of: zone) } }
+
+    /// One generation for several zones together: it moves when any of theirs does.
+    public func generation(of zones: [ZoneName]) -> UInt64 { state.withLock { $0.generation(of: zones) } }
 
     /// Waits until the zone is woken after `generation`, the timeout passes, or the task is cancelled.
     /// - Returns: true when woken by a change.
     public func wait(for zone: ZoneName, after generation: UInt64, timeout: Duration) async -> Bool {
-        let id = UUID()
+        await wait(forAnyOf: [zone], after: generation, timeout: timeout)
+    }
+
+    /// Waits until any of `zones` is woken after their generation together
+    /// (``generation(of:)-([ZoneName])``), the timeout passes, or the task is cancelled.
+    /// - Returns: true when woken by a change.
+    public func wait(forAnyOf zones: [ZoneName], after generation: UInt64, timeout: Duration) async -> Bool {
+        let id = UUID(), zones = Array(Set(zones))
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let answer = state.withLock { state -> Bool? in
                     if state.released { return false }
-                    if state.generation(of: zone) != generation { return true }
-                    state.waiting[zone, default: [:]][id] = continuation
+                    if state.generation(of: zones) != generation { return true }
+                    for zone in zones { state.waiting[zone, default: [:]][id] = continuation }
+                    state.zonesOf[id] = zones
                     return nil
                 }
                 if let answer {
@@ -48,65 +72,62 @@ public final class ChangeWaiters: Sendable {
                 }
                 let timer = Task { [weak self] in
                     guard (try? await Task.sleep(for: timeout)) != nil else { return }
-                    self?.resume(zone, id, false)
+                    self?.resume(id, false)
                 }
                 // If the waiter was answered meanwhile, its timer is not needed.
                 let answered = state.withLock { state in
-                    guard state.waiting[zone]?[id] != nil else { return true }
+                    guard state.zonesOf[id] != nil else { return true }
                     state.timers[id] = timer
                     return false
                 }
                 if answered { timer.cancel() }
                 // Cancelled before it was registered: the cancellation handler found nothing.
-                if Task.isCancelled { resume(zone, id, false) }
+                if Task.isCancelled { resume(id, false) }
             }
         } onCancel: {
-            resume(zone, id, false)
+            resume(id, false)
         }
     }
 
     /// Wakes everyone waiting for `zone` and moves its generation on.
     public func wake(_ zone: ZoneName) {
-        let (woken, timers) = state.withLock { state in
+        let woken = state.withLock { state in
             state.generations[zone, default: 0] &+= 1
-            let woken = state.waiting.removeValue(forKey: zone) ?? [:]
-            return (woken, woken.keys.compactMap { state.timers.removeValue(forKey: $0) })
+            return (state.waiting[zone] ?? [:]).keys.map { state.remove($0) }
         }
-        timers.forEach { $0.cancel() }
-        for continuation in woken.values { continuation.resume(returning: true) }
+        for (continuation, timer) in woken {
+            timer?.cancel()
+            continuation?.resume(returning: true)
+        }
     }
 
     /// Wakes everyone, and moves every zone's generation on (changes may have been missed: a
     /// notification connection was lost and is back).
     public func wakeAll() {
-        let (woken, timers) = state.withLock { state in
+        let woken = state.withLock { state in
             state.epoch &+= 1
-            defer {
-                state.waiting.removeAll()
-                state.timers.removeAll()
-            }
-            return (state.waiting.values.flatMap(\.values), Array(state.timers.values))
+            return Array(state.zonesOf.keys).map { state.remove($0) }
         }
-        timers.forEach { $0.cancel() }
-        for continuation in woken { continuation.resume(returning: true) }
+        for (continuation, timer) in woken {
+            timer?.cancel()
+            continuation?.resume(returning: true)
+        }
     }
 
     /// Releases every waiter with false, and answers every later wait at once (a server stopping).
     public func releaseAll() {
-        let (woken, timers) = state.withLock { state in
-            defer {
-                state.released = true
-                state.waiting.removeAll()
-                state.timers.removeAll()
-            }
-            return (state.waiting.values.flatMap(\.values), Array(state.timers.values))
+        let woken = state.withLock { state in
+            state.released = true
+            return Array(state.zonesOf.keys).map { state.remove($0) }
         }
-        timers.forEach { $0.cancel() }
-        for continuation in woken { continuation.resume(returning: false) }
+        for (continuation, timer) in woken {
+            timer?.cancel()
+            continuation?.resume(returning: false)
+        }
     }
 
-    private func resume(_ zone: ZoneName, _ id: UUID, _ value: Bool) {
-        let (continuation, timer) = state.withLock { ($0.waiting[zone]?.removeValue(forKey: id), $0.timers.removeValue(forKey: id)) }
+    private func resume(_ id: UUID, _ value: Bool) {
+        let (continuation, timer) = state.withLock { $0.remove(id) }
         timer?.cancel()
         continuation?.resume(returning: value)
     }

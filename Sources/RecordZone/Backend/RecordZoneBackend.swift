@@ -61,6 +61,15 @@ public protocol RecordZoneBackend: Sendable {
     /// Who types in `zone`: at once when it differs from `version` (or `version` is nil), else
     /// at the next change or after `timeout`.
     func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState
+    /// Says that `identity` is online (for ``PresenceBoard/lifetime`` unless said again) or went
+    /// away; carried where typing is (``carriesTyping``). A server takes the identity from the
+    /// request's signature.
+    /// - Throws: ``RecordZoneError/Code/requestRateLimited`` when said again too soon.
+    func setPresence(_ online: Bool, as identity: String) async throws(RecordZoneError)
+    /// The presence of those of `identities` who take part in `zone` now (the others are left
+    /// out; a server answers only to someone who takes part too): at once when it differs from
+    /// `version` (or `version` is nil), else at the next change or after `timeout`.
+    func presence(of identities: [String], in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> PresenceState
 }
 
 extension RecordZoneBackend {
@@ -70,6 +79,11 @@ extension RecordZoneBackend {
     public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
         if version != nil { try? await Task.sleep(for: timeout) }
         return TypingState(identities: [], version: 0)
+    }
+    public func setPresence(_ online: Bool, as identity: String) async throws(RecordZoneError) {}
+    public func presence(of identities: [String], in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> PresenceState {
+        if version != nil { try? await Task.sleep(for: timeout) }
+        return PresenceState(presence: [], version: 0)
     }
 
     /// A backend anyone who reaches it may read (memory, a folder) fetches it as any record.

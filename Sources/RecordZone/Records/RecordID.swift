@@ -80,6 +80,11 @@ public struct ZoneName: Hashable, Sendable, Comparable, CustomStringConvertible 
         self.rawValue = rawValue
     }
 
+    /// A name known to follow the rule (a constant of this module's own).
+    init(constant rawValue: StaticString) {
+        self.rawValue = "\(rawValue)"
+    }
+
     public var description: String { rawValue }
 
     public static func < (lhs: ZoneName, rhs: ZoneName) -> Bool {

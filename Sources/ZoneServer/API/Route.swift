@@ -8,14 +8,15 @@ enum Route: CaseIterable {
     case listZones, createZone, deleteZone
     case databaseChanges, zoneChanges, waitForChanges
     case setTyping, typing
+    case setPresence, presence
     case modify, fetch, query
     case putAsset, getAsset
     case publicRecord
 
     var method: String {
         switch self {
-        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .typing, .getAsset, .publicRecord: "GET"
-        case .createZone, .putAsset, .setTyping: "PUT"
+        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .typing, .presence, .getAsset, .publicRecord: "GET"
+        case .createZone, .putAsset, .setTyping, .setPresence: "PUT"
         case .deleteZone: "DELETE"
         case .modify, .fetch, .query: "POST"
         }
@@ -32,6 +33,8 @@ enum Route: CaseIterable {
         case .zoneChanges: "/v1/zones/{zone}/changes"
         case .waitForChanges: "/v1/zones/{zone}/wait"
         case .setTyping, .typing: "/v1/zones/{zone}/typing"
+        case .setPresence: "/v1/presence"
+        case .presence: "/v1/zones/{zone}/presence"
         case .modify: "/v1/records/modify"
         case .fetch: "/v1/records/fetch"
         case .query: "/v1/zones/{zone}/query"

@@ -53,12 +53,24 @@ extension ZoneAPI {
         case .typing:
             let zone = try await typingZone(matched, identity)
             let seconds = min(Double(try intParameter(request, "timeout") ?? 0), Double(configuration.maximumWait.components.seconds))
-            let since = try request.queryValue("since").map { text throws(APIError) -> UInt64 in
-                guard let version = UInt64(text) else { throw APIError(.invalidArguments, "since takes a version as answered (decimal digits)") }
-                return version
-            }
+            let since = try versionParameter(request)
             let state = await storage.typing.wait(in: zone, since: since, timeout: .milliseconds(Int(max(0, seconds) * 1000)))
             return .json(Wire.Typing(TypingState(identities: state.identities.filter { $0 != identity }, version: state.version)))
+        case .setPresence:
+            let body = try decode(Wire.SetPresence.self, request, canonical: false)
+            guard await storage.setPresence(body.online, identity: identity) else {
+                let after = Double(PresenceBoard.minimumInterval.components.seconds)
+                throw APIError(.requestRateLimited, "'\(identity)' said its presence less than \(after) s ago", retryAfter: after)
+            }
+            return HTTPResponse(status: 204)
+        case .presence:
+            let zone = try await typingZone(matched, identity)
+            let asked = try presenceIdentities(request)
+            let seconds = min(Double(try intParameter(request, "timeout") ?? 0), Double(configuration.maximumWait.components.seconds))
+            let since = try versionParameter(request)
+            let present = try await takingPart(asked.filter { $0 != identity }, in: zone)
+            let state = await storage.presence.wait(of: present, since: since, timeout: .milliseconds(Int(max(0, seconds) * 1000)))
+            return .json(Wire.PresenceList(state))
         case .modify:
             try refuseOverTheBatchLimit(request.body, "records")
             let body = try decode(Wire.Modify.self, request, canonical: true)
@@ -230,6 +242,37 @@ extension ZoneAPI {
         let now = RecordClock(milliseconds: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), counter: 0)
         guard versions.map({ $0.allows("", now) }) ?? true else { throw forbidden(identity, zone) }
         return zone
+    }
+
+    /// The `of` argument of a presence request: 1–256 distinct identities, comma-separated.
+    private func presenceIdentities(_ request: HTTPRequest) throws(APIError) -> [String] {
+        guard let text = request.queryValue("of"), !text.isEmpty else { throw APIError(.invalidArguments, "of names the identities asked about, comma-separated") }
+        var seen = Set<String>()
+        let identities = text.split(separator: ",", omittingEmptySubsequences: false).map(String.init).filter { seen.insert($0).inserted }
+        guard identities.count <= Self.maximumPresenceIdentities, identities.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 256 }) else {
+            throw APIError(.invalidArguments, "of names 1–\(Self.maximumPresenceIdentities) identities, none empty")
+        }
+        return identities
+    }
+
+    static let maximumPresenceIdentities = 256
+
+    /// A long poll's `since`: a version as answered.
+    private func versionParameter(_ request: HTTPRequest) throws(APIError) -> UInt64? {
+        try request.queryValue("since").map { text throws(APIError) -> UInt64 in
+            guard let version = UInt64(text) else { throw APIError(.invalidArguments, "since takes a version as answered (decimal digits)") }
+            return version
+        }
+    }
+
+    /// Those of `identities` who take part in `zone` now: who may read it, and in a governed
+    /// zone (a group) read its present — as ``typingZone(_:_:)`` decides for the caller.
+    private func takingPart(_ identities: [String], in zone: ZoneName) async throws(RecordZoneError) -> [String] {
+        let readers = identities.filter { access.canRead(zone: zone, as: $0) }
+        guard let governance = access.governance, governance.governsReads(of: zone), !readers.isEmpty else { return readers }
+        guard let state = try await storage.governed([zone], by: governance)[zone] else { return [] }
+        let now = RecordClock(milliseconds: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), counter: 0)
+        return readers.filter { state.readable(by: $0)?.allows("", now) == true }
     }
 
     /// For each governed zone among `zones` that exists, the versions `identity` may read of it

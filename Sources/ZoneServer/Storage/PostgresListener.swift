@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// The connection that listens for other servers' notifications (`ck_changes` with a zone's
-/// name, `ck_pins`, `ck_typing`), on a thread of its own, reconnecting with a short pause when it fails.
+/// name, `ck_pins`, `ck_typing`, `ck_presence`), on a thread of its own, reconnecting with a short pause when it fails.
 /// It listens only while ``run(_:)`` runs: the thread starts with it and has ended when it
 /// returns.
 final class Listener: Sendable {
@@ -13,6 +13,8 @@ final class Listener: Sendable {
         case pins
         /// A server's typing state (`ck_typing`: `"<1|0> <server> <zone> <identity>"`).
         case typing(String)
+        /// A server's client's presence (`ck_presence`: `"<1|0> <server> <milliseconds> <identity>"`).
+        case presence(String)
         /// Listening (at first, or again after a failure): notifications may have been missed.
         case connected
     }
@@ -43,6 +45,7 @@ final class Listener: Sendable {
                     try connection.listen("ck_changes")
                     try connection.listen("ck_pins")
                     try connection.listen("ck_typing")
+                    try connection.listen("ck_presence")
                     state.withLock { $0.connected = true }
                     continuation.yield(.connected)
                     while !state.withLock({ $0.stopped }) {
@@ -50,6 +53,7 @@ final class Listener: Sendable {
                         switch note.channel {
                         case "ck_pins": continuation.yield(.pins)
                         case "ck_typing": continuation.yield(.typing(note.payload))
+                        case "ck_presence": continuation.yield(.presence(note.payload))
                         default: continuation.yield(.zone(note.payload))
                         }
                     }

@@ -136,5 +136,6 @@ extension PostgresZoneStorage {
     public func releaseWaiters() {
         waiters.releaseAll()
         typing.releaseAll()
+        presence.releaseAll()
     }
 }

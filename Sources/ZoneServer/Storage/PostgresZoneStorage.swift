@@ -38,7 +38,8 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     let instance: String
     let waiters = ChangeWaiters()
     public let typing = TypingBoard()
-    /// This server's name in its typing notifications, so it skips its own.
+    public let presence = PresenceBoard()
+    /// This server's name in its typing and presence notifications, so it skips its own.
     let typingSource = Sodium.randomBytes(8).hexString
     let listener: Listener
 
@@ -143,7 +144,7 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     /// ``ZoneServer`` runs it for as long as it serves. A storage not run serves as one server
     /// alone.
     public func run() async {
-        let waiters = self.waiters, typing = self.typing, source = typingSource
+        let waiters = self.waiters, typing = self.typing, presence = self.presence, source = typingSource
         await listener.run { event in
             switch event {
             case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
@@ -152,6 +153,12 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
                 let parts = payload.split(separator: " ", maxSplits: 3)
                 if parts.count == 4, parts[1] != source, let zone = try? ZoneName(String(parts[2])) {
                     typing.set(parts[0] == "1", identity: String(parts[3]), in: zone, rateLimited: false)
+                }
+            case .presence(let payload):
+                // Another server's client: `"<1|0> <server> <milliseconds seen> <identity>"`.
+                let parts = payload.split(separator: " ", maxSplits: 3)
+                if parts.count == 4, parts[1] != source, let seen = Int64(parts[2]) {
+                    presence.set(parts[0] == "1", identity: String(parts[3]), seen: Date(timeIntervalSince1970: Double(seen) / 1000), rateLimited: false)
                 }
             case .pins: try? await refreshPins()
             case .connected:
@@ -168,6 +175,7 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
         listener.stop()
         waiters.releaseAll()
         typing.releaseAll()
+        presence.releaseAll()
     }
 
     // MARK: Schema
@@ -223,6 +231,15 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
         guard self.typing.set(typing, identity: identity, in: zone) else { return false }
         let payload = "\(typing ? 1 : 0) \(typingSource) \(zone.rawValue) \(identity)"
         _ = try? await run { db in try db.execute("SELECT pg_notify('ck_typing', $1)", [.text(payload)]) }
+        return true
+    }
+
+    /// Sets an identity's presence here and tells the other servers (`ck_presence`).
+    public func setPresence(_ online: Bool, identity: String) async -> Bool {
+        let seen = Date()
+        guard presence.set(online, identity: identity, seen: seen) else { return false }
+        let payload = "\(online ? 1 : 0) \(typingSource) \(Int64((seen.timeIntervalSince1970 * 1000).rounded())) \(identity)"
+        _ = try? await run { db in try db.execute("SELECT pg_notify('ck_presence', $1)", [.text(payload)]) }
         return true
     }
 

@@ -22,6 +22,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     let instance: String
     let waiters = ChangeWaiters()
     public let typing = TypingBoard()
+    public let presence = PresenceBoard()
     let nonces = NonceMemory()
     let governed = GovernedZoneCache()
 
@@ -235,6 +236,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     public func releaseWaiters() {
         waiters.releaseAll()
         typing.releaseAll()
+        presence.releaseAll()
     }
 
     // MARK: Records

@@ -52,6 +52,11 @@ public protocol ZoneStorage: RecordZoneBackend {
     /// Sets a typist's state here and, where servers share the storage, on every one of them.
     /// - Returns: false when refused for the rate (``TypingBoard/minimumInterval``).
     func setTyping(_ typing: Bool, identity: String, in zone: ZoneName) async -> Bool
+    /// Who is online (docs/PROTOCOL.md §2, "Presence"): in this server's memory only.
+    var presence: PresenceBoard { get }
+    /// Sets an identity's presence here and, where servers share the storage, on every one of them.
+    /// - Returns: false when refused for the rate (``PresenceBoard/minimumInterval``).
+    func setPresence(_ online: Bool, identity: String) async -> Bool
     /// How many callers wait in ``RecordZoneBackend/waitForChanges(in:since:timeout:)`` now.
     var waitingCount: Int { get }
     /// Releases every waiting caller, and answers later ones at once (the server is stopping).
@@ -101,6 +106,10 @@ extension ZoneStorage {
     /// One server alone: its own memory.
     public func setTyping(_ typing: Bool, identity: String, in zone: ZoneName) async -> Bool {
         self.typing.set(typing, identity: identity, in: zone)
+    }
+
+    public func setPresence(_ online: Bool, identity: String) async -> Bool {
+        presence.set(online, identity: identity)
     }
 
     public func run() async {}

@@ -131,6 +131,23 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         return TypingState(identities: answer.typing, version: version)
     }
 
+    // MARK: Presence
+
+    public func setPresence(_ online: Bool, as identity: String) async throws(RecordZoneError) {
+        let body: Data
+        do { body = try JSONEncoder().encode(Wire.SetPresence(online: online)) } catch { throw RecordZoneError(.internalError, "cannot encode: \(error)") }
+        _ = try await send("PUT", "/v1/presence", body: body)
+    }
+
+    public func presence(of identities: [String], in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> PresenceState {
+        let seconds = Self.wholeSeconds(timeout)
+        var query = [("of", identities.joined(separator: ",")), ("timeout", String(seconds))]
+        if let version { query.append(("since", String(version))) }
+        let answer = try await get(Wire.PresenceList.self, "/v1/zones/\(zone.rawValue)/presence", query: query, timeout: Double(seconds) + 15)
+        guard let state = answer.state else { throw RecordZoneError(.malformed, "a presence version that is not a number: \(answer.version)") }
+        return state
+    }
+
     // MARK: Records
 
     public func save(_ records: [Record], policy savePolicy: SavePolicy) async throws(RecordZoneError) -> [Result<Record, RecordZoneError>] {

@@ -204,6 +204,35 @@ public enum Wire {
         }
     }
 
+    /// `PUT /v1/presence`'s body.
+    public struct SetPresence: Codable, Sendable {
+        public var online: Bool
+        public init(online: Bool) { self.online = online }
+    }
+
+    /// `GET /v1/zones/{zone}/presence`'s answer: each one asked who takes part in the zone,
+    /// and the version to wait past (decimal).
+    public struct PresenceList: Codable, Sendable {
+        public struct Entry: Codable, Sendable {
+            public var identity: String
+            public var online: Bool
+            /// Milliseconds since 1970; absent when the server has not heard of them since it started.
+            public var lastSeen: Int64?
+        }
+        public var presence: [Entry]
+        public var version: String
+        public init(_ state: PresenceState) {
+            presence = state.presence.map { Entry(identity: $0.identity, online: $0.isOnline, lastSeen: $0.lastSeen.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }) }
+            version = String(state.version)
+        }
+        public var state: PresenceState? {
+            UInt64(version).map { version in
+                PresenceState(presence: presence.map { Presence(identity: $0.identity, isOnline: $0.online, lastSeen: $0.lastSeen.map { Date(timeIntervalSince1970: Double($0) / 1000) }) },
+                              version: version)
+            }
+        }
+    }
+
     public struct Modify: Codable, Sendable {
         public var records: [SignedRecord]
         public var policy: SavePolicy?

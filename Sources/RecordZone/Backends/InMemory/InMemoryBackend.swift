@@ -214,6 +214,16 @@ public actor InMemoryBackend: RecordZoneBackend {
     public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
         await typingBoard.wait(in: zone, since: version, timeout: timeout)
     }
+    /// Presence, likewise: anyone's, to anyone.
+    nonisolated let presenceBoard = PresenceBoard()
+    public func setPresence(_ online: Bool, as identity: String) async throws(RecordZoneError) {
+        guard presenceBoard.set(online, identity: identity) else {
+            throw RecordZoneError(.requestRateLimited, "presence said again within \(PresenceBoard.minimumInterval)")
+        }
+    }
+    public func presence(of identities: [String], in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> PresenceState {
+        await presenceBoard.wait(of: identities, since: version, timeout: timeout)
+    }
 
     // MARK: - Helpers (internal: the test support plants records through them)
 
@@ -301,5 +311,11 @@ public struct InMemoryConnection: RecordZoneBackend {
     }
     public func typing(in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> TypingState {
         try await backend.typing(in: zone, since: version, timeout: timeout)
+    }
+    public func setPresence(_ online: Bool, as identity: String) async throws(RecordZoneError) {
+        try await backend.setPresence(online, as: identity)
+    }
+    public func presence(of identities: [String], in zone: ZoneName, since version: UInt64?, timeout: Duration) async throws(RecordZoneError) -> PresenceState {
+        try await backend.presence(of: identities, in: zone, since: version, timeout: timeout)
     }
 }
