@@ -159,6 +159,43 @@ import TestSupport
         #expect(again < downBound, "the download went on from the cut: \(again) bytes received again of \(size)")
     }
 
+    /// A store copied to a second machine while its file's upload stood cut halfway: either
+    /// copy finishes it, the other pushes the same chunks and the same version (nothing new),
+    /// and the listener gets one message whose file is the one sent.
+    @Test func aStoreCopiedMidUploadSendsItsFileOnceFromEitherCopy() async throws {
+        let fixture = try await ChatFixture(.http)
+        let server = try #require(fixture.zoneServer)
+        let proxy = try FaultProxy(tcpPort: server.port)
+        let direct = BackendFactory.server(try #require(fixture.serverURL))
+        let viaProxy = BackendFactory.server(try #require(URL(string: "http://127.0.0.1:\(proxy.port)")))
+        var configuration = StoreConfiguration()
+        configuration.retryBaseDelay = 0.001
+        var alice = try ConversationStore(directory: fixture.storePath("alice"), backend: viaProxy, configuration: configuration)
+        try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let size = 6 << 20
+        let url = try Self.randomFile(size, in: fixture.directory.path, name: "talk.pdf")
+        let sent = try await alice.sendFile(url, to: "bob")
+        proxy.cut(after: size / 2, sent: true)
+        #expect(await code { try await alice.sync() } == .backend)
+        proxy.restore()
+
+        // The move: the store as it stands (closed first, as a copy by hand would find it).
+        alice.close()
+        try FileManager.default.copyItem(atPath: fixture.storePath("alice"), toPath: fixture.storePath("alice-copy"))
+        alice = try ConversationStore(directory: fixture.storePath("alice"), backend: viaProxy, configuration: configuration)
+        let copy = try ConversationStore(directory: fixture.storePath("alice-copy"), backend: direct, configuration: configuration)
+        try await copy.sync()
+        #expect(try copy.message(sent.id)?.syncState == .synced)
+        try await alice.sync()
+        #expect(try alice.message(sent.id)?.syncState == .synced)
+        try await bob.sync()
+        #expect(try history(bob, sent.id.conversation).filter { $0.attachment != nil }.map(\.id) == [sent.id])
+        let file = try await bob.downloadFile(of: sent.id)
+        #expect(try Data(contentsOf: file) == (try Data(contentsOf: url)))
+    }
+
     /// A file gone from the sender's cache before it was uploaded: its message fails
     /// (`fileMissing`) rather than go out with a file nobody could fetch.
     @Test func aMessageWhoseFileLeftTheCacheBeforeItsUploadFails() async throws {

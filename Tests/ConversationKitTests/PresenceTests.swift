@@ -90,6 +90,12 @@ import TestSupport
         let inGroup = try await raw("alice").presence(of: ["bob", "carol"], in: groupZone, since: nil, timeout: .zero)
         #expect(inGroup.presence.map(\.identity) == ["bob"], "carol was removed: \(inGroup)")
         await #expect(throws: RecordZoneError.self) { try await raw("carol").presence(of: ["bob"], in: groupZone, since: nil, timeout: .zero) }
+        // Asked only about someone outside the conversation, a long poll has nobody to wait
+        // for: it ends with its timeout (schemathesis found it hanging), with nobody in it.
+        let nobody = try await raw("alice").presence(of: ["zed"], in: pair, since: nil, timeout: .zero)
+        #expect(nobody.presence.isEmpty)
+        let waited = try await raw("alice").presence(of: ["zed"], in: pair, since: nobody.version, timeout: .seconds(1))
+        #expect(waited.presence.isEmpty && waited.version == nobody.version)
         for asked in [[], (0..<257).map { "s\($0)" }] {
             do {
                 _ = try await raw("alice").presence(of: asked, in: pair, since: nil, timeout: .zero)
@@ -116,6 +122,8 @@ import TestSupport
         let gone = await board.wait(of: ["bob"], since: board.current(of: ["bob"]).version, timeout: .seconds(5))
         #expect(gone.presence.first?.isOnline == false && gone.presence.first?.lastSeen != nil, "expired after its lifetime: \(gone)")
         #expect(board.onlineCount == 0)
+        let none = await board.wait(of: [], since: board.current(of: []).version, timeout: .milliseconds(50))
+        #expect(none.presence.isEmpty, "a wait for nobody ends with its timeout")
     }
 
     /// A long poll asks about some people: another's change leaves its version as it was, and

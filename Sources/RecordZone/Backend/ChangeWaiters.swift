@@ -10,9 +10,12 @@ import Synchronization
 /// the generation, and the wait returns at once. No wake is ever missed.
 public final class ChangeWaiters: Sendable {
     private struct State {
-        var waiting: [ZoneName: [UUID: CheckedContinuation<Bool, Never>]] = [:]
-        /// The zones each waiter waits for (it is woken by the first).
+        /// Each waiter, and the zones it waits for (it is woken by the first; one waiting for
+        /// none ends by its timeout or cancellation).
+        var continuations: [UUID: CheckedContinuation<Bool, Never>] = [:]
         var zonesOf: [UUID: [ZoneName]] = [:]
+        /// The waiters of each zone.
+        var waiting: [ZoneName: Set<UUID>] = [:]
         var generations: [ZoneName: UInt64] = [:]
         /// Moved on by ``wakeAll()``: part of every zone's generation.
         var epoch: UInt64 = 0
@@ -26,12 +29,11 @@ public final class ChangeWaiters: Sendable {
 
         /// Takes a waiter out from under every zone it waits for.
         mutating func remove(_ id: UUID) -> (CheckedContinuation<Bool, Never>?, Task<Void, Never>?) {
-            var continuation: CheckedContinuation<Bool, Never>?
             for zone in zonesOf.removeValue(forKey: id) ?? [] {
-                if let found = waiting[zone]?.removeValue(forKey: id) { continuation = found }
+                waiting[zone]?.remove(id)
                 if waiting[zone]?.isEmpty == true { waiting[zone] = nil }
             }
-            return (continuation, timers.removeValue(forKey: id))
+            return (continuations.removeValue(forKey: id), timers.removeValue(forKey: id))
         }
     }
     private let state = Mutex(State())
@@ -39,7 +41,7 @@ public final class ChangeWaiters: Sendable {
     public init() {}
 
     /// How many callers wait now (for metrics).
-    public var count: Int { state.withLock { $0.zonesOf.count } }
+    public var count: Int { state.withLock { $0.continuations.count } }
 
     public func generation(of zone: ZoneName) -> UInt64 { state.withLock { $0.generation(of: zone) } }
 
@@ -62,8 +64,9 @@ public final class ChangeWaiters: Sendable {
                 let answer = state.withLock { state -> Bool? in
                     if state.released { return false }
                     if state.generation(of: zones) != generation { return true }
-                    for zone in zones { state.waiting[zone, default: [:]][id] = continuation }
+                    for zone in zones { state.waiting[zone, default: []].insert(id) }
                     state.zonesOf[id] = zones
+                    state.continuations[id] = continuation
                     return nil
                 }
                 if let answer {
@@ -76,7 +79,7 @@ public final class ChangeWaiters: Sendable {
                 }
                 // If the waiter was answered meanwhile, its timer is not needed.
                 let answered = state.withLock { state in
-                    guard state.zonesOf[id] != nil else { return true }
+                    guard state.continuations[id] != nil else { return true }
                     state.timers[id] = timer
                     return false
                 }
@@ -93,7 +96,7 @@ public final class ChangeWaiters: Sendable {
     public func wake(_ zone: ZoneName) {
         let woken = state.withLock { state in
             state.generations[zone, default: 0] &+= 1
-            return (state.waiting[zone] ?? [:]).keys.map { state.remove($0) }
+            return (state.waiting[zone] ?? []).map { state.remove($0) }
         }
         for (continuation, timer) in woken {
             timer?.cancel()
@@ -106,7 +109,7 @@ public final class ChangeWaiters: Sendable {
     public func wakeAll() {
         let woken = state.withLock { state in
             state.epoch &+= 1
-            return Array(state.zonesOf.keys).map { state.remove($0) }
+            return Array(state.continuations.keys).map { state.remove($0) }
         }
         for (continuation, timer) in woken {
             timer?.cancel()
@@ -118,7 +121,7 @@ public final class ChangeWaiters: Sendable {
     public func releaseAll() {
         let woken = state.withLock { state in
             state.released = true
-            return Array(state.zonesOf.keys).map { state.remove($0) }
+            return Array(state.continuations.keys).map { state.remove($0) }
         }
         for (continuation, timer) in woken {
             timer?.cancel()
