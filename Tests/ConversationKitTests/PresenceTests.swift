@@ -96,6 +96,9 @@ import TestSupport
         #expect(nobody.presence.isEmpty)
         let waited = try await raw("alice").presence(of: ["zed"], in: pair, since: nobody.version, timeout: .seconds(1))
         #expect(waited.presence.isEmpty && waited.version == nobody.version)
+        // The most one may ask about: 256 identities of 64 characters.
+        let most = (0..<256).map { String(format: "%03d", $0) + String(repeating: "x", count: 61) }
+        #expect(try await raw("alice").presence(of: most, in: pair, since: nil, timeout: .zero).presence.isEmpty)
         for asked in [[], (0..<257).map { "s\($0)" }] {
             do {
                 _ = try await raw("alice").presence(of: asked, in: pair, since: nil, timeout: .zero)
