@@ -122,7 +122,7 @@ import TestSupport
         #expect(!board.set(false, identity: "bob"), "within 1 s")
         #expect(board.set(false, identity: "bob", rateLimited: false), "another server's")
         #expect(board.set(true, identity: "bob", rateLimited: false))
-        let gone = await board.wait(of: ["bob"], since: board.current(of: ["bob"]).version, timeout: .seconds(5))
+        let gone = await board.wait(of: ["bob"], since: board.current(of: ["bob"]).version, timeout: .seconds(60))
         #expect(gone.presence.first?.isOnline == false && gone.presence.first?.lastSeen != nil, "expired after its lifetime: \(gone)")
         #expect(board.onlineCount == 0)
         let none = await board.wait(of: [], since: board.current(of: []).version, timeout: .milliseconds(50))

@@ -383,10 +383,10 @@ import TestSupport
         #expect(try await aliceView.eventually(10) { $0.contains("Alice (alice): hi bob") })
         #expect(try await bobView.eventually(10) { $0.contains("Alice (alice): hi bob") })
         // Each view's sync says its person is online: each shows the other so.
-        let online = try await aliceView.eventually(10) { $0.contains("Chat with Bob (bob)  online") }
+        let online = try await aliceView.eventually(20) { $0.contains("Chat with Bob (bob)  online") }
         let onlineScreen = try await aliceView.screen()
         #expect(online, "\(onlineScreen)")
-        #expect(try await bobView.eventually(10) { $0.contains("Chat with Alice (alice)  online") })
+        #expect(try await bobView.eventually(20) { $0.contains("Chat with Alice (alice)  online") })
         try await bobView.type("hel")
         let typing = try await aliceView.eventually(10) { $0.contains("Bob (bob) is typing…") }
         let screen = try await aliceView.screen()
@@ -395,7 +395,7 @@ import TestSupport
         #expect(try await bobView.leave() == "0")
         #expect(try await aliceView.eventually(8) { !$0.contains("is typing") })
         // Leaving said he went away: last seen, now.
-        let away = try await aliceView.eventually(8) { $0.contains("Chat with Bob (bob)  last seen ") }
+        let away = try await aliceView.eventually(20) { $0.contains("Chat with Bob (bob)  last seen ") }
         let awayScreen = try await aliceView.screen()
         #expect(away, "\(awayScreen)")
         #expect(try await aliceView.leave() == "0")
