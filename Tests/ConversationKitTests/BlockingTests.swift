@@ -91,8 +91,9 @@ import TestSupport
         #expect(try history(alice, zone).last?.content == "Hello again")
     }
 
-    /// In a group, a blocked member's messages are hidden from the blocker only; the others
-    /// still see them. Blocking oneself or a malformed identifier is refused.
+    /// In a group, a blocked member's messages are hidden from the blocker only (on a device
+    /// that had them before the block, and on one that reads the block first); the others still
+    /// see them. Blocking oneself or a malformed identifier is refused.
     @Test func aBlockedMembersGroupMessagesAreHiddenFromTheBlockerOnly() async throws {
         let fixture = try await ChatFixture(.memory)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
@@ -105,6 +106,13 @@ import TestSupport
         try await syncAll([carol, bob, alice, bob])
         #expect(try history(alice, group.id).map(\.content) == ["Yes!"])
         #expect(try history(bob, group.id).map(\.content) == ["Road trip!", "Yes!"])
+        // Alice's new device reads the block and carol's message in the other order (the pair's
+        // zone first, as a fresh reader takes zones), and shows the same.
+        let laptop = try ConversationStore(directory: fixture.storePath("alice-laptop"), backend: fixture.factory(device: "alice-laptop"))
+        try await laptop.setupLocalSpeaker(linking: try alice.linkDevice(), label: "laptop")
+        try await syncAll([alice, laptop, laptop])
+        #expect(try laptop.blockedSpeakers() == ["carol"])
+        #expect(try history(laptop, group.id).map(\.content) == ["Yes!"])
         #expect(await code { try await alice.block("alice") } == .invalidIdentifier)
         #expect(await code { try await alice.block("Carol!") } == .invalidIdentifier)
         try await alice.unblock("carol")

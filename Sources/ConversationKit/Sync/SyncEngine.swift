@@ -344,10 +344,12 @@ actor SyncEngine {
         let candidates = records.filter { $0.recordType != ChatRecords.blockType && !$0.isDeleted && ChatRecords.isPairZone($0.id.zone) }
         guard !candidates.isEmpty else { return [:] }
         let zones = Set(candidates.map(\.id.zone.rawValue))
+        // The zone's `block-…` names: a range of its primary key, never a scan of the zone.
+        let prefix = ChatRecords.blockPrefix, end = String(prefix.dropLast()) + "."
         let blockers = try read { db in
             try zones.reduce(into: [String: String]()) { found, zone in
-                found[zone] = try db.first("SELECT name FROM ck_records WHERE zone = ? AND type = ? AND name != ? AND is_deleted = 0",
-                                           [zone, ChatRecords.blockType, ChatRecords.blockPrefix + localSpeaker]) { String($0.text(0).dropFirst(ChatRecords.blockPrefix.count)) }
+                found[zone] = try db.first("SELECT name FROM ck_records WHERE zone = ? AND name > ? AND name < ? AND name != ? AND type = ? AND is_deleted = 0",
+                                           [zone, prefix, end, prefix + localSpeaker, ChatRecords.blockType]) { String($0.text(0).dropFirst(prefix.count)) }
             }
         }
         return candidates.reduce(into: [RecordID: String]()) { found, record in found[record.id] = blockers[record.id.zone.rawValue] }
