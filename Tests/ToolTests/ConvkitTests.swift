@@ -88,6 +88,45 @@ import TestSupport
 
     /// Alice and bob through a folder, every chat and inspection command on its success path,
     /// and the failures each reports with exit 1.
+    /// Unix habits: `send <id> -` sends standard input as one message (a pasted block stays
+    /// one), `--file` a file's text; `CONVKIT_STORE` names the store when `--store` does not —
+    /// through a real shell and pipe.
+    @Test func sendReadsStandardInputAndTheStoreComesFromTheEnvironment() async throws {
+        let dir = try TemporaryDirectory("convkit-stdin")
+        let folder = dir.path + "/shared", convkit = try builtProduct("convkit")
+        func shell(_ script: String) async throws -> Run {
+            let child = try ChildProcess("/bin/sh", ["-c", script])
+            let status = await child.wait()
+            return Run(status: status, out: child.standardOutput, err: child.standardError)
+        }
+        let alice = "CONVKIT_STORE='\(dir.path)/alice' '\(convkit)'", bob = "CONVKIT_STORE='\(dir.path)/bob' '\(convkit)'"
+        for (who, device) in [(alice, "laptop"), (bob, "phone")] {
+            let id = who == alice ? "alice" : "bob"
+            let run = try await shell("\(who) init --id \(id) --name \(id) --zone-dir '\(folder)' --device \(device)")
+            #expect(run.status == 0, "\(run.err)")
+        }
+        #expect(FileManager.default.fileExists(atPath: dir.path + "/alice/convkit.json"), "CONVKIT_STORE named the store")
+        let piped = try await shell("printf 'line one\\nline two\\n' | \(alice) send bob - --sync --json")
+        #expect(piped.status == 0, "\(piped.err)")
+        try "from a file\n".write(toFile: dir.path + "/note.txt", atomically: true, encoding: .utf8)
+        let filed = try await shell("\(alice) send bob --file '\(dir.path)/note.txt' --sync")
+        #expect(filed.status == 0, "\(filed.err)")
+        #expect(try await shell("\(bob) sync").status == 0)
+        let listed = try await shell("\(bob) messages alice --json")
+        #expect(((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.map { $0["content"] as? String } == ["line one\nline two", "from a file"],
+                "\(listed.out) \(listed.err)")
+        // Nothing to send, text that is not UTF-8: failures; both a text and --file: usage.
+        let empty = try await shell("printf '' | \(alice) send bob -")
+        #expect(empty.status == 1 && empty.err.contains("holds no text"), "\(empty.status) \(empty.err)")
+        let binary = try await shell("printf '\\377\\376' | \(alice) send bob -")
+        #expect(binary.status == 1 && binary.err.contains("not UTF-8"), "\(binary.status) \(binary.err)")
+        let both = try await shell("\(alice) send bob hello --file '\(dir.path)/note.txt'")
+        #expect(both.status == 64 && both.err.contains("not both"), "\(both.status) \(both.err)")
+        // --store wins over the environment.
+        let other = try await shell("\(alice) whoami --store '\(dir.path)/bob'")
+        #expect(other.status == 0 && other.out.hasPrefix("bob"), "\(other.out) \(other.err)")
+    }
+
     @Test func chatAndInspectionThroughAFolder() async throws {
         let dir = try TemporaryDirectory("convkit-tool")
         let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]

@@ -15,12 +15,13 @@ enum ChatCommands {
         ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
                             discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
                             positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."),
-                                          Positional("text", "The message (with --attach: the file's caption, optional).", optional: true)],
+                                          Positional("text", "The message ('-': read it from standard input; with --attach: the file's caption, optional).", optional: true)],
                             options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag,
                                                              .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."),
                                                              .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true),
                                                              .valued("custom", "type", "An app's own kind of message (com.example.poll); <text> is shown where it is not understood."),
                                                              .valued("data", "text", "With --custom: its data (UTF-8 text, such as JSON)."),
+                                                             .valued("file", "path", "Read the message from this file, as one message ('-': standard input)."),
                                                              .valued("attach", "file", "Send this file (up to 1 GiB; encrypted, uploaded in chunks by the sync)."),
                                                              .valued("type", "media-type", "With --attach: the file's media type. (default: guessed from its name and first bytes)"),
                                                              Targets.json]), run: send),
@@ -204,8 +205,12 @@ enum ChatCommands {
     static func send(_ context: Context) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         let attachment = context.arguments.value("attach").map { URL(fileURLWithPath: $0) }
-        guard let to = context.arguments.positional(0), let text = context.arguments.positional(1) ?? (attachment == nil ? nil : "") else {
-            throw UsageError("missing <id> <text>")
+        guard let to = context.arguments.positional(0) else { throw UsageError("missing <id>") }
+        let given = context.arguments.positional(1), file = context.arguments.value("file")
+        if given != nil, file != nil { throw UsageError("give <text> or --file, not both") }
+        let source = file ?? (given == "-" ? "-" : nil)
+        guard let text = try source.map({ try readText(from: $0) }) ?? given ?? (attachment == nil ? nil : "") else {
+            throw UsageError("missing <text> (or '-' to read it from standard input)")
         }
         if context.arguments.value("type") != nil, attachment == nil { throw UsageError("--type goes with --attach") }
         let parent = try context.arguments.value("reply-to").map { try messageID($0) }
@@ -470,6 +475,22 @@ enum ChatCommands {
         let unread = conversation.unreadCount
         try await store.markAllAsRead(in: conversation.id)
         Output.line("\(unread) marked read")
+    }
+
+    /// A message's text from a file or, for `-`, standard input — all of it, as one message,
+    /// less one final newline (as `echo` and editors leave one).
+    static func readText(from path: String) throws -> String {
+        let data: Data
+        if path == "-" {
+            data = FileHandle.standardInput.readDataToEndOfFile()
+        } else {
+            guard let contents = FileManager.default.contents(atPath: path) else { throw ToolFailure("cannot read \(path)") }
+            data = contents
+        }
+        guard var text = String(validating: data, as: UTF8.self) else { throw ToolFailure("\(path == "-" ? "standard input" : path) is not UTF-8 text") }
+        if text.hasSuffix("\n") || text.hasSuffix("\r\n") { text.removeLast() }
+        guard !text.isEmpty else { throw ToolFailure("\(path == "-" ? "standard input" : path) holds no text to send") }
+        return text
     }
 
     static func messageID(_ text: String?) throws -> MessageID {

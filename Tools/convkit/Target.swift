@@ -11,7 +11,7 @@ struct ToolFailure: Error {
 
 /// The options that choose what a command works on.
 enum Targets {
-    static let store = Option.valued("store", "dir", "The local store. (default: $XDG_DATA_HOME/convkit/store)")
+    static let store = Option.valued("store", "dir", "The local store. (default: $CONVKIT_STORE, else $XDG_DATA_HOME/convkit/store)")
     static let zoneDir = Option.valued("zone-dir", "dir", "A folder zone: sync through it, or inspect it directly.")
     static let server = Option.valued("server", "url", "A zone server: sync through it, or inspect it directly.")
     static let key = Option.valued("key", "file", "The key to sign requests to a server with. (default: the store's)")
@@ -40,7 +40,7 @@ struct Context {
     var json: Bool { arguments.has("json") }
 
     var storePath: String {
-        if let path = arguments.value("store") { return path }
+        if let path = arguments.value("store") ?? ProcessInfo.processInfo.environment["CONVKIT_STORE"].flatMap({ $0.isEmpty ? nil : $0 }) { return path }
         let base = ProcessInfo.processInfo.environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
             ?? (NSHomeDirectory() + "/.local/share")
         return base + "/convkit/store"
