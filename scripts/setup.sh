@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, when they are missing. Idempotent.
 set -euo pipefail
-packages=(libsqlite3-dev libsodium-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config openssl unison syncthing libpng-dev libturbojpeg0-dev tmux postgresql libpq-dev time)
+packages=(libsqlite3-dev libsodium-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config openssl unison syncthing libpng-dev libturbojpeg0-dev tmux postgresql libpq-dev time man-db zsh fish)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

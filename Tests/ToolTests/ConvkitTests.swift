@@ -23,7 +23,11 @@ import TestSupport
     static let commands = ["init", "whoami", "send", "chat", "messages", "conversations", "conversations remove", "conversations set", "encryption", "read", "edit", "edits", "react", "mentions", "search", "delete", "download", "block", "unblock", "blocked", "speakers", "find", "sync", "retry",
                            "fingerprint", "trust", "introduce", "doctor", "avatar set", "avatar get", "device list", "device link", "device join", "device revoke", "recovery create", "recovery restore", "zones", "records list", "records show",
                            "records verify", "changes", "token decode", "outbox", "quarantine", "refetch", "stats", "demo",
-                           "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list"]
+                           "group create", "group add", "group remove", "group leave", "group role", "group rename", "group describe", "group members", "group list",
+                           "completions", "man"]
+    /// Commands that only print what the tool declares (no store, file or network): nothing
+    /// there to fail but their usage (exit 64, tested in ShellIntegrationTests).
+    static let cannotFail: Set<String> = ["completions", "man"]
 
     @Test func everySubcommandHasGeneratedHelpAndRefusesUnknownOptions() async throws {
         for command in Self.commands {
@@ -73,7 +77,7 @@ import TestSupport
             #expect(run.status == 1 && run.err.hasPrefix("Error: "), "\(arguments): \(run.status) \(run.err)")
             covered.insert(Self.commands.filter { arguments.starts(with: $0.split(separator: " ").map(String.init)) }.max { $0.count < $1.count } ?? "")
         }
-        #expect(covered == Set(Self.commands), "no failure case for \(Set(Self.commands).subtracting(covered).sorted())")
+        #expect(covered == Set(Self.commands).subtracting(Self.cannotFail), "no failure case for \(Set(Self.commands).subtracting(covered).sorted())")
     }
 
     @Test func theDemoChecksOutEveryStep() async throws {

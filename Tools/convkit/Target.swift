@@ -152,6 +152,9 @@ enum Output {
     /// content, tags, zone and record names), so the whole line passes ``DisplayText/safe(_:)``:
     /// no control, escape or bidi character reaches the terminal. `--json` is exact instead.
     static func line(_ text: String) { FileHandle.standardOutput.write(Data((DisplayText.safe(text) + "\n").utf8)) }
+    /// Text the tool made itself from its own declarations (a script, a manual page), nothing
+    /// of a record's or a peer's in it: written as it is.
+    static func text(_ text: String) { FileHandle.standardOutput.write(Data(text.utf8)) }
 
     static func json(_ value: Any) throws {
         let data = try JSONSerialization.data(withJSONObject: value, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])

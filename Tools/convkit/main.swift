@@ -21,7 +21,7 @@ struct ToolCommand: Sendable {
 }
 
 let version = "0.1.0"
-let commands = ChatCommands.all + GroupCommands.all + [ChatView.command] + InspectCommands.all + [DemoCommand.command]
+let commands = ChatCommands.all + GroupCommands.all + [ChatView.command] + InspectCommands.all + [DemoCommand.command] + ShellCommands.all
 
 /// The help of `convkit` itself, or of a group (`convkit records`).
 func groupHelp(_ prefix: [String]) -> Command? {

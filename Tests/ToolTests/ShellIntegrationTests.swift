@@ -1,0 +1,88 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// `convkit completions` and `convkit man` in the real programs that read them: an interactive
+/// bash in a real terminal (tmux) completing on Tab, fish's and zsh's completion systems, and
+/// man and groff.
+@Suite(.serialized) struct ShellIntegrationTests {
+    static func run(_ executable: String, _ arguments: [String]) async throws -> ConvkitTests.Run {
+        let child = try ChildProcess(executable, arguments)
+        let status = await child.wait()
+        return ConvkitTests.Run(status: status, out: child.standardOutput, err: child.standardError)
+    }
+
+    static var toolDirectory: String { get throws { URL(fileURLWithPath: try builtProduct("convkit")).deletingLastPathComponent().path } }
+
+    /// Tab in an interactive bash: `convkit gro` becomes `convkit group`, a nested command and
+    /// an option complete too, and a path option completes file names.
+    @Test func bashCompletesOnTab() async throws {
+        let dir = try TemporaryDirectory("convkit-bash")
+        try Data().write(to: URL(fileURLWithPath: dir.path + "/notes.txt"))
+        let session = "convkit-bash-\(UUID().uuidString.prefix(8))"
+        _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "20", "-c", dir.path,
+                                             "env -i HOME=\(dir.path) TERM=xterm PATH=\(try Self.toolDirectory):/usr/bin:/bin bash --norc --noprofile -i"])
+        defer { Task { _ = try? await ConvkitChatTests.tmux(["kill-session", "-t", session]) } }
+        func type(_ keys: String...) async throws { _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session] + keys) }
+        /// Whether a line of the screen is `line` (tmux drops the space a completion leaves).
+        func screen(shows line: String) async throws -> Bool {
+            let wanted = line.trimmingCharacters(in: .whitespaces)
+            for _ in 0..<50 {
+                let lines = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session]).split(separator: "\n")
+                if lines.contains(where: { $0.trimmingCharacters(in: .whitespaces) == wanted }) { return true }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            return false
+        }
+        try await type("PS1='$ '; source <(convkit completions bash) && echo loaded", "Enter")
+        #expect(try await screen(shows: "loaded"), "the script loads")
+        for (typed, completed) in [("convkit gro", "convkit group "), ("convkit records sh", "convkit records show "),
+                                   ("convkit send bob --atta", "convkit send bob --attach "), ("convkit send bob --attach no", "convkit send bob --attach notes.txt ")] {
+            try await type(typed, "Tab")
+            let shown = try await screen(shows: "$ " + completed)
+            let pane = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session])
+            #expect(shown, "\(typed)<Tab>: \(pane)")
+            try await type("C-u")
+        }
+    }
+
+    /// fish lists the completions its script declares; zsh registers the function with its
+    /// completion system; an unknown shell is a usage error.
+    @Test func fishAndZshTakeTheirScripts() async throws {
+        let dir = try TemporaryDirectory("convkit-shells")
+        let convkit = try builtProduct("convkit")
+        for shell in ["fish", "zsh"] {
+            let script = try await Self.run(convkit, ["completions", shell])
+            #expect(script.status == 0)
+            try script.out.write(toFile: dir.path + "/convkit.\(shell)", atomically: true, encoding: .utf8)
+        }
+        let fish = try await Self.run("/usr/bin/fish", ["--no-config", "-c", "source \(dir.path)/convkit.fish; complete -C 'convkit gro'; complete -C 'convkit records show --'"])
+        #expect(fish.status == 0, "\(fish.err)")
+        #expect(fish.out.split(separator: "\n").contains { $0.hasPrefix("group\t") }, "\(fish.out)")
+        #expect(fish.out.contains("--decrypt\t") && fish.out.contains("--json\t"), "records show's own options: \(fish.out)")
+        #expect(!fish.out.contains("--attach"), "not another command's options: \(fish.out)")
+        let zsh = try await Self.run("/usr/bin/zsh", ["-fc", "autoload -U compinit && compinit -u -d \(dir.path)/zcompdump; source \(dir.path)/convkit.zsh; print -r -- ${_comps[convkit]}"])
+        #expect(zsh.status == 0 && zsh.out.contains("_convkit"), "\(zsh.out) \(zsh.err)")
+        let unknown = try await Self.run(convkit, ["completions", "tcsh"])
+        #expect(unknown.status == 64 && unknown.err.contains("bash, zsh or fish"), "\(unknown.err)")
+    }
+
+    /// `man -l` renders the page with every command in it; groff finds nothing to warn about.
+    @Test func theManualPageRenders() async throws {
+        let dir = try TemporaryDirectory("convkit-man")
+        let convkit = try builtProduct("convkit")
+        let page = try await Self.run(convkit, ["man", "--date", "2026-12-03"])
+        #expect(page.status == 0)
+        try page.out.write(toFile: dir.path + "/convkit.1", atomically: true, encoding: .utf8)
+        let groff = try await Self.run("/usr/bin/groff", ["-man", "-ww", "-z", dir.path + "/convkit.1"])
+        #expect(groff.status == 0 && groff.err.isEmpty, "groff warns: \(groff.err)")
+        let shown = try await Self.run("/usr/bin/env", ["MANWIDTH=100", "man", "-l", dir.path + "/convkit.1"])
+        #expect(shown.status == 0, "\(shown.err)")
+        let text = shown.out.replacingOccurrences(of: "‐\n", with: "")  // man's hyphenation
+        for heading in ["NAME", "SYNOPSIS", "COMMANDS", "ENVIRONMENT", "EXIT STATUS"] { #expect(text.contains("\n\(heading)\n"), "\(heading)") }
+        for command in ConvkitTests.commands { #expect(text.contains("convkit \(command)\n"), "\(command) is in the page") }
+        #expect(text.contains("CONVKIT_STORE") && text.contains("--attach <file>") && text.contains("2026-12-03"))
+        let bad = try await Self.run(convkit, ["man", "--date", "yesterday"])
+        #expect(bad.status == 64, "\(bad.err)")
+    }
+}
