@@ -25,13 +25,6 @@ enum Targets {
 }
 
 /// What `convkit init` remembers of the store's backend: `<store>/convkit.json`.
-struct StoreSettings: Codable {
-    var server: String?
-    var zoneDir: String?
-    var device: String?
-    /// The store's speaker, for `convkit doctor --rebuild` when the database cannot be read.
-    var identity: String?
-}
 
 /// The parsed arguments of one command, with what the targets resolve to.
 struct Context {
@@ -46,14 +39,9 @@ struct Context {
         return base + "/convkit/store"
     }
 
-    var settingsPath: String { storePath + "/convkit.json" }
+    var settingsPath: String { StoreSettings.path(inStore: storePath) }
 
-    func settings() -> StoreSettings {
-        guard let data = FileManager.default.contents(atPath: settingsPath),
-            let settings = try? JSONDecoder().decode(StoreSettings.self, from: data)
-        else { return StoreSettings() }
-        return settings
-    }
+    func settings() -> StoreSettings { StoreSettings.load(fromStore: storePath) }
 
     /// Records the backend the options name (`--server`, or `--zone-dir` with `--device`) and the
     /// store's speaker in the store's convkit.json (mode 0600), for the other commands; what the

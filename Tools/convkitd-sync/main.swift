@@ -15,12 +15,12 @@ let syncCommand = Command(
         when it answers. One log line per event on standard error. Stops cleanly on SIGINT or
         SIGTERM.
         """,
-    synopsis: "--store <dir> (--zone-dir <dir> | --server <url>) [<options>]",
+    synopsis: "--store <dir> [--zone-dir <dir> | --server <url>] [<options>]",
     options: [
         .valued("store", "dir", "The store directory (required)."),
-        .valued("zone-dir", "dir", "Sync through this folder zone."),
-        .valued("server", "url", "Sync through this zone server."),
-        .valued("device", "label", "The device label to write to a folder as. (default: the host name)"),
+        .valued("zone-dir", "dir", "Sync through this folder zone. (default: the backend 'convkit init' saved in the store)"),
+        .valued("server", "url", "Sync through this zone server. (default: the backend 'convkit init' saved in the store)"),
+        .valued("device", "label", "The device label to write to a folder as. (default: the store's saved one, else the host name)"),
         .valued("identifier", "id", "Set the store's local speaker up as <id> when it has none."),
         .valued("poll-interval", "seconds", "How often to look at the database feed. (default: 1)"),
         .valued("log-level", "level", "trace, debug, info, notice, warning, error or critical; info logs one line per event. (default: info)"),
@@ -42,16 +42,23 @@ func sync(_ rawArguments: [String]) async {
         guard let level = Logger.Level(name: levelName) else { throw UsageError("unknown log level '\(levelName)'") }
         logger = Logger(label: "convkitd sync", level: level)
         pollInterval = try arguments.int("poll-interval", default: 1, range: 1...3600)
-        guard arguments.value("store") != nil else { throw UsageError("--store is required") }
-        switch (arguments.value("zone-dir"), arguments.value("server")) {
+        guard let store = arguments.value("store") else { throw UsageError("--store is required") }
+        // The options' backend, else the one `convkit init` saved in the store.
+        let saved = StoreSettings.load(fromStore: store)
+        let given = (arguments.value("zone-dir"), arguments.value("server"))
+        let (folder, server) = given == (nil, nil) ? (saved.zoneDir, saved.server) : given
+        switch (folder, server) {
         case (let folder?, nil):
-            let label = arguments.value("device") ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
+            let label = arguments.value("device") ?? (given.0 == nil ? saved.device : nil)
+                ?? ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "device"
             backend = .folder(folder, device: label)
         case (nil, let server?):
             guard let url = URL(string: server), url.scheme == "http" || url.scheme == "https", url.host != nil else {
                 throw UsageError("--server takes an http:// or https:// URL")
             }
             backend = .server(url)
+        case (nil, nil):
+            throw UsageError("\(store) has no saved backend ('convkit init' saves one): give --zone-dir or --server")
         default:
             throw UsageError("give one of --zone-dir and --server")
         }
