@@ -8,6 +8,30 @@ import TestSupport
 /// What apps and the tools need of the store besides chat: close, an observer of a folder,
 /// who is held back and why, reachability, a logger, retrying and refetching.
 @Suite struct StoreAPITests {
+    /// A message is found again by its short reference or 6 or more of its digits, deleted
+    /// or not, from either side; other text is refused with a typed error.
+    @Test func aMessageIsFoundByItsReference() async throws {
+        let fixture = try await ChatFixture(.memory)
+        defer { withExtendedLifetime(fixture) {} }
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let first = try await alice.send("one", to: "bob"), second = try await alice.send("two", to: "bob")
+        try await alice.delete(second.id)
+        try await syncAll([alice, bob])
+        for (message, store) in [(first, alice), (second, alice), (first, bob), (second, bob)] {
+            let reference = message.id.reference
+            #expect(reference.count == MessageID.referenceLength && message.id.name.contains("-" + reference))
+            #expect(try store.messages(referencedBy: reference) == [message.id])
+            #expect(try store.messages(referencedBy: String(reference.prefix(6)).uppercased()) == [message.id])
+            #expect(try store.messages(referencedBy: String(message.id.name.suffix(16))) == [message.id], "all 16 digits")
+        }
+        let unused = try #require(["000000", "111111", "222222"].first { prefix in ![first, second].contains { $0.id.reference.hasPrefix(prefix) } })
+        #expect(try alice.messages(referencedBy: unused).isEmpty)
+        for bad in ["12345", "12345678901234567", "ghijkl", "one two", ""] {
+            #expect { try alice.messages(referencedBy: bad) } throws: { ($0 as? ConversationError)?.code == .invalidReference }
+        }
+    }
+
     @Test func closeReleasesTheFolderLock() async throws {
         let fixture = try await ChatFixture(.filesystem)
         let alice = try await fixture.store("alice")

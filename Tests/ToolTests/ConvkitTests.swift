@@ -152,6 +152,10 @@ import TestSupport
 
         let sent = try await ok(["send", "bob", "Hi Bob", "--sync", "--json"] + alice)
         let sentID = try #require((sent.json as? [String: Any])?["id"] as? String)
+        // Listings print a message's short reference, and every command takes it (or 6 or more
+        // of its digits) as well as the full ID.
+        let sentRef = try #require((sent.json as? [String: Any])?["reference"] as? String)
+        #expect(sentRef.count == 10 && sentID.hasSuffix("-" + sentRef + String(sentID.suffix(6))), "\(sentRef) \(sentID)")
         #expect((sent.json as? [String: Any])?["state"] as? String == "synced")
         #expect(try await ok(["sync"] + bob).err.isEmpty, "no progress bar when stderr is not a terminal")
         let listed = try await ok(["messages", "alice", "--json"] + bob)
@@ -159,9 +163,9 @@ import TestSupport
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Alice (alice): Hi Bob"))
         #expect(((try await ok(["conversations", "--json"] + bob).json as? [[String: Any]])?.first?["unread"] as? Int) == 1)
         // Bob's store holds it (his sync said so): delivered, on alice's side, once she syncs.
-        #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  \(sentID)"))
+        #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  \(sentRef)\n"))
         _ = try await ok(["sync"] + alice)
-        #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  [delivered]  \(sentID)"))
+        #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  [delivered]  \(sentRef)\n"))
         #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
         // Housekeeping, on this device only: pinned, archived (out of the list but with
         // --archived), muted, marked unread; contradictions and nothing to set are usage errors.
@@ -178,13 +182,16 @@ import TestSupport
         for bad in [["--pin", "--unpin"], ["--mute", "soon"], ["--mute", "60", "--unmute"], []] {
             #expect(try await Self.convkit(["conversations", "set", "alice"] + bad + bob).status == 64, "\(bad)")
         }
-        #expect(try await ok(["edit", sentID, "Hi Bob (edited)"] + alice).out.contains("edited"))
+        #expect(try await ok(["edit", sentRef, "Hi Bob (edited)"] + alice).out == "\(sentRef) edited, pending\n")
+        let unknown = try await Self.convkit(["edits", "000000"] + alice), notReference = try await Self.convkit(["edits", "hello"] + alice)
+        #expect(unknown.status == 1 && unknown.err.contains("no message of this store has the reference '000000'"), "\(unknown.err)")
+        #expect(notReference.status == 64 && notReference.err.contains("is not a message"), "\(notReference.err)")
         let versions = try await ok(["edits", sentID, "--json"] + alice)
         #expect((versions.json as? [[String: Any]])?.map { $0["content"] as? String } == ["Hi Bob", "Hi Bob (edited)"], "\(versions.out)")
         #expect(try await ok(["edits", sentID] + alice).out.hasSuffix(" Hi Bob (edited)\n"))
         // Reactions: bob's, shown to alice with the message after a sync; a reaction needs an
         // emoji, or --remove without one.
-        let reacted = try await ok(["react", sentID, "👍", "--json"] + bob)
+        let reacted = try await ok(["react", String(sentRef.prefix(6)), "👍", "--json"] + bob)
         #expect(((reacted.json as? [String: Any])?["reactions"] as? [[String: Any]])?.map { "\($0["reactor"] ?? "") \($0["emoji"] ?? "")" } == ["bob 👍"], "\(reacted.out)")
         #expect(try await Self.convkit(["react", sentID] + bob).status == 64)
         #expect(try await Self.convkit(["react", sentID, "👍", "--remove"] + bob).status == 64)
@@ -200,11 +207,12 @@ import TestSupport
         let answer = try await ok(["send", "alice", "Tent", "--reply-to", questionID, "--json"] + bob)
         #expect((answer.json as? [String: Any])?["replyTo"] as? String == questionID, "\(answer.out)")
         #expect(try await ok(["messages", "alice"] + bob).out.contains("  ↪ alice: Tent or hut?\n"))
+        let questionRef = try #require(questionID.split(separator: "-").last?.prefix(10))
         _ = try await ok(["delete", questionID] + alice)
         _ = try await ok(["sync"] + alice)
         _ = try await ok(["sync"] + bob)
         let afterDeletion = try await ok(["messages", "alice"] + bob).out
-        #expect(afterDeletion.contains("  ↪ (a deleted message)\n") && afterDeletion.contains("Alice (alice): (a deleted message)  \(questionID)\n"), "\(afterDeletion)")
+        #expect(afterDeletion.contains("  ↪ (a deleted message)\n") && afterDeletion.contains("Alice (alice): (a deleted message)  \(questionRef)\n"), "\(afterDeletion)")
         #expect(!afterDeletion.contains("Tent or hut?"))
         // An app's own kind of message: its fallback text, its type; --data only with --custom.
         let poll = try await ok(["send", "alice", "Poll: lunch?", "--custom", "com.example.poll", "--data", #"{"options":["pizza"]}"#, "--json"] + bob)

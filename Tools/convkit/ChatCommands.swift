@@ -179,7 +179,7 @@ enum ChatCommands {
     }
 
     static func messageJSON(_ message: Message) -> [String: Any] {
-        var value: [String: Any] = ["id": message.id.description, "speaker": message.speaker, "listener": message.listener, "content": message.content,
+        var value: [String: Any] = ["id": message.id.description, "reference": message.id.reference, "speaker": message.speaker, "listener": message.listener, "content": message.content,
                                     "spokenAt": Output.time(message.spokenAt), "state": state(message.syncState)]
         if let edited = message.editedAt { value["editedAt"] = Output.time(edited) }
         if let read = message.readAt { value["readAt"] = Output.time(read) }
@@ -213,7 +213,7 @@ enum ChatCommands {
             throw UsageError("missing <text> (or '-' to read it from standard input)")
         }
         if context.arguments.value("type") != nil, attachment == nil { throw UsageError("--type goes with --attach") }
-        let parent = try context.arguments.value("reply-to").map { try messageID($0) }
+        let parent = try context.arguments.value("reply-to").map { try messageID($0, in: store) }
         let mentioned = context.arguments.all("mention")
         let mentions = Mention.written(mentioned, in: text)
         if let missing = mentioned.first(where: { id in !mentions.contains { $0.speaker == id } }) {
@@ -255,14 +255,14 @@ enum ChatCommands {
             }
             if let note { FileHandle.standardError.write(Data("note: \(DisplayText.safe(note))\n".utf8)) }
         }
-        if context.json { try Output.json(messageJSON(message)) } else { Output.line("\(message.id) \(state(message.syncState))") }
+        if context.json { try Output.json(messageJSON(message)) } else { Output.line("\(message.id.reference) \(state(message.syncState))") }
     }
 
     static func download(_ context: Context) async throws {
         let store = try context.store()
         guard let text = context.arguments.positional(0) else { throw UsageError("missing <message>") }
-        let id = try messageID(text)
-        guard let file = try store.message(id)?.attachment else { throw ToolFailure("\(id) carries no file (or is not in this store: 'convkit sync' first)") }
+        let id = try messageID(text, in: store)
+        guard let file = try store.message(id)?.attachment else { throw ToolFailure("\(id.reference) carries no file (or is not in this store: 'convkit sync' first)") }
         let held = try store.fileURL(of: id) != nil
         // Progress on a terminal only, one line rewritten per chunk.
         let showsProgress = !context.json && isatty(STDERR_FILENO) == 1 && !held
@@ -379,7 +379,7 @@ enum ChatCommands {
             printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
             if message.isDeleted {
-                Output.line("\(Output.time(message.spokenAt)) \(name): (a deleted message)  \(message.id)")
+                Output.line("\(Output.time(message.spokenAt)) \(name): (a deleted message)  \(message.id.reference)")
                 continue
             }
             // Ticks: read, else delivered (a group's per member: "delivered to 3, read by 1 of 4").
@@ -399,7 +399,7 @@ enum ChatCommands {
             case .notHeld?: Output.line("  ↪ (a message not synced yet)")
             case nil: break
             }
-            Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id)")
+            Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id.reference)")
         }
         printEvents(until: .distantFuture)
         if let older { Output.line("older: --before \(older)") }
@@ -493,23 +493,37 @@ enum ChatCommands {
         return text
     }
 
-    static func messageID(_ text: String?) throws -> MessageID {
-        guard let text, let slash = text.firstIndex(of: "/") else { throw UsageError("a message is <conversation>/<name>, as 'convkit messages' lists it") }
-        return MessageID(conversation: String(text[..<slash]), name: String(text[text.index(after: slash)...]))
+    /// A message as a person gives it: its full ID (`<conversation>/<name>`, as `--json`
+    /// prints it) or the start of its reference (6 or more of the hex digits listings print),
+    /// which must name one message of the store.
+    static func messageID(_ text: String?, in store: ConversationStore) throws -> MessageID {
+        guard let text, !text.isEmpty else { throw UsageError("missing <message>: its reference or ID, as 'convkit messages' lists it") }
+        if let slash = text.firstIndex(of: "/") {
+            return MessageID(conversation: String(text[..<slash]), name: String(text[text.index(after: slash)...]))
+        }
+        guard (MessageID.shortestReference...16).contains(text.count), text.allSatisfy(\.isHexDigit) else {
+            throw UsageError("'\(text)' is not a message: give its reference (6 or more hex digits) or its ID, as 'convkit messages' lists them")
+        }
+        let found = try store.messages(referencedBy: text, limit: 5)
+        guard let first = found.first else { throw ToolFailure("no message of this store has the reference '\(text)' ('convkit sync' first, or check it)") }
+        guard found.count == 1 else {
+            throw ToolFailure("'\(text)' is ambiguous: \(found.map(\.description).joined(separator: ", "))\(found.count == 5 ? ", …" : ""); give more of it, or the full ID")
+        }
+        return first
     }
 
     static func edit(_ context: Context) async throws {
         let store = try context.store()
-        let id = try messageID(context.arguments.positional(0))
+        let id = try messageID(context.arguments.positional(0), in: store)
         guard let text = context.arguments.positional(1) else { throw UsageError("missing <text>") }
         let message = try await store.edit(id, content: text)
         if context.json { return try Output.json(messageJSON(message)) }
-        Output.line("\(message.id) edited, \(state(message.syncState))")
+        Output.line("\(message.id.reference) edited, \(state(message.syncState))")
     }
 
     static func edits(_ context: Context) async throws {
         let store = try context.store(readOnly: true)
-        let versions = try store.editHistory(of: try messageID(context.arguments.positional(0)))
+        let versions = try store.editHistory(of: try messageID(context.arguments.positional(0), in: store))
         if context.json { return try Output.json(versions.map { ["content": $0.content, "at": Output.time($0.at)] }) }
         for version in versions { Output.line("\(Output.time(version.at)) \(version.content)") }
     }
@@ -524,7 +538,7 @@ enum ChatCommands {
         let hits = try store.search(words, in: conversation, from: context.arguments.value("from"))
         if context.json { return try Output.json(hits.map { hit in var value = messageJSON(hit.message); value["snippet"] = hit.snippet; return value }) }
         if hits.isEmpty { Output.line("no message holds \(words)") }
-        for hit in hits { Output.line("\(Output.time(hit.message.spokenAt)) \(hit.message.speaker): \(hit.snippet)  \(hit.message.id)") }
+        for hit in hits { Output.line("\(Output.time(hit.message.spokenAt)) \(hit.message.speaker): \(hit.snippet)  \(hit.message.id.reference)") }
     }
 
     static func mentions(_ context: Context) async throws {
@@ -532,12 +546,12 @@ enum ChatCommands {
         let messages = try store.messagesMentioningMe()
         if context.json { return try Output.json(messages.map(messageJSON)) }
         if messages.isEmpty { Output.line("no messages mention you") }
-        for message in messages { Output.line("\(Output.time(message.spokenAt)) \(message.speaker): \(message.content)  \(message.id)") }
+        for message in messages { Output.line("\(Output.time(message.spokenAt)) \(message.speaker): \(message.content)  \(message.id.reference)") }
     }
 
     static func react(_ context: Context) async throws {
         let store = try context.store()
-        let id = try messageID(context.arguments.positional(0))
+        let id = try messageID(context.arguments.positional(0), in: store)
         let emoji = context.arguments.positional(1)
         if context.arguments.has("remove") {
             guard emoji == nil else { throw UsageError("--remove takes no <emoji>") }
@@ -548,7 +562,7 @@ enum ChatCommands {
         }
         let reactions = try store.reactions(to: id)
         if context.json { return try Output.json(["message": id.description, "reactions": reactions.map(reactionJSON)]) }
-        Output.line(reactions.isEmpty ? "\(id): no reactions" : "\(id): \(summary(of: reactions))")
+        Output.line(reactions.isEmpty ? "\(id.reference): no reactions" : "\(id.reference): \(summary(of: reactions))")
     }
 
     static func block(_ context: Context) async throws { try await setBlocked(context, true) }
@@ -587,9 +601,9 @@ enum ChatCommands {
 
     static func delete(_ context: Context) async throws {
         let store = try context.store()
-        let id = try messageID(context.arguments.positional(0))
+        let id = try messageID(context.arguments.positional(0), in: store)
         try await store.delete(id)
-        Output.line("\(id) deleted")
+        Output.line("\(id.reference) deleted")
     }
 
     static func speakerJSON(_ speaker: Speaker) -> [String: Any] {

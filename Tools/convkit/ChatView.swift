@@ -61,7 +61,7 @@ enum ChatView {
                 let time = Self.clock.string(from: message.spokenAt)
                 var notes = [String]()
                 if message.isWaitingForKey { notes.append("waiting for its key") }
-                if let file = message.attachment { notes.append("file: \(file.name), \(Output.bytes(file.size)): convkit download \(message.id)") }
+                if let file = message.attachment { notes.append("file: \(file.name), \(Output.bytes(file.size)): convkit download \(message.id.reference)") }
                 if let reactions = state.reactions[message.id] { notes.append(reactions) }
                 if message.editedAt != nil { notes.append("edited") }
                 if message.readAt != nil { notes.append("read") } else if message.isDelivered { notes.append("delivered") }

@@ -18,6 +18,8 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         case unknownSpeaker
         case unknownConversation
         case unknownMessage
+        /// A message reference that is not 6 to 16 hex digits (``MessageID/reference``).
+        case invalidReference
         case notYourMessage
         /// A ref's key, or a fingerprint, does not match the key the store holds for the speaker.
         case keyConflict

@@ -12,6 +12,23 @@ public struct MessageID: Sendable, Hashable, Codable, CustomStringConvertible {
         self.name = name
     }
     public var description: String { "\(conversation)/\(name)" }
+
+    /// A short reference for people to type, as git's short hashes are: the first
+    /// ``referenceLength`` hex digits of the random part that ends a message's name
+    /// (`m.<speaker>.<clock>-<random>`); ``ConversationStore/messages(referencedBy:)`` finds the
+    /// message again by it or any longer prefix. The whole description for a name not of that form.
+    public var reference: String {
+        guard let dash = name.lastIndex(of: "-"), name.hasPrefix("m.") else { return description }
+        let random = name[name.index(after: dash)...]
+        guard random.count > Self.referenceLength else { return description }
+        return String(random.prefix(Self.referenceLength))
+    }
+
+    /// Hex digits in a ``reference``: 40 bits, so two messages of a store of a million share one
+    /// with a probability of about 0.4 — then a longer prefix, or the full ID, tells them apart.
+    public static let referenceLength = 10
+    /// The fewest hex digits a reference may be given with.
+    public static let shortestReference = 6
 }
 
 /// One message, as a value snapshot.

@@ -330,6 +330,24 @@ extension ConversationStore {
         return try message(db, parent).id.name
     }
 
+    /// The messages (deleted ones too) whose ``MessageID/reference`` starts with `reference` (at
+    /// least ``MessageID/shortestReference`` hex digits, at most the 16 of the name's random
+    /// part), at most `limit`: one when it is unambiguous. Reads every message's name (about
+    /// a second for ten million); meant for a person's typing, not a hot path.
+    /// - Throws: ``ConversationError/Code/invalidReference`` for a reference of other characters
+    ///   or length.
+    public func messages(referencedBy reference: String, limit: Int = 10) throws(ConversationError) -> [MessageID] {
+        let digits = reference.lowercased()
+        guard (MessageID.shortestReference...16).contains(digits.count), digits.allSatisfy(\.isHexDigit) else {
+            throw ConversationError(.invalidReference, "a message reference is \(MessageID.shortestReference) to 16 hex digits, not '\(reference)'")
+        }
+        return try read { db in
+            // The name's random part is its last 16 characters: `m.<speaker>.<clock>-<random>`.
+            try db.rows("SELECT zone, name FROM messages WHERE name GLOB 'm.*' AND substr(name, -17) GLOB ? LIMIT ?",
+                        ["-" + digits + "*", max(1, limit)]) { MessageID(conversation: $0.text(0), name: $0.text(1)) }
+        }
+    }
+
     /// One message, if the store has it and it is not deleted.
     public func message(_ id: MessageID) throws(ConversationError) -> Message? {
         try read { db in try? Self.message(db, id) }
