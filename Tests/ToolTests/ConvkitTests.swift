@@ -131,6 +131,39 @@ import TestSupport
         #expect(other.status == 0 && other.out.hasPrefix("bob"), "\(other.out) \(other.err)")
     }
 
+    /// `init` checks before it sets up: one backend, a valid device name, a backend that
+    /// answers (a failed set-up takes away only what it made); run again, it keeps the tags it
+    /// is not told to drop.
+    @Test func initValidatesAndKeepsTags() async throws {
+        let dir = try TemporaryDirectory("convkit-init")
+        let folder = dir.path + "/shared", store = dir.path + "/alice"
+        let both = try await Self.convkit(["init", "--id", "alice", "--name", "Alice", "--zone-dir", folder, "--server", "http://127.0.0.1:9", "--store", store])
+        #expect(both.status == 64 && both.err.contains("give one of --zone-dir and --server"), "\(both.err)")
+        let badLabel = try await Self.convkit(["init", "--id", "alice", "--name", "Alice", "--zone-dir", folder, "--device", "my/laptop", "--store", store])
+        #expect(badLabel.status == 64 && badLabel.err.contains("--device: device label 'my/laptop' must be"), "\(badLabel.err)")
+        #expect(!FileManager.default.fileExists(atPath: store), "nothing made for a usage error")
+        let unreachable = try await Self.convkit(["init", "--id", "alice", "--name", "Alice", "--server", "http://127.0.0.1:9", "--store", store])
+        #expect(unreachable.status == 1 && unreachable.err.contains("nothing was set up") && unreachable.err.contains("--offline"), "\(unreachable.err)")
+        #expect(!FileManager.default.fileExists(atPath: store), "the store it began is gone")
+        // Into a directory that held something already: only what init made goes.
+        try FileManager.default.createDirectory(atPath: store, withIntermediateDirectories: true)
+        try Data("mine".utf8).write(to: URL(fileURLWithPath: store + "/notes.txt"))
+        #expect(try await Self.convkit(["init", "--id", "alice", "--name", "Alice", "--server", "http://127.0.0.1:9", "--store", store]).status == 1)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: store) == ["notes.txt"])
+
+        func initialize(_ extra: [String]) async throws -> Run {
+            try await Self.convkit(["init", "--id", "alice", "--name", "Alice", "--zone-dir", folder, "--device", "laptop", "--store", store, "--json"] + extra)
+        }
+        func tags(_ run: Run) -> [String]? { (run.json as? [String: Any])?["tags"] as? [String] }
+        #expect(tags(try await initialize(["--tag", "swift", "--tag", "linux"])) == ["linux", "swift"])
+        #expect(tags(try await initialize([])) == ["linux", "swift"], "init again without --tag keeps them")
+        let dropping = try await initialize(["--tag", "swift"])
+        #expect(dropping.status == 1 && dropping.err.contains("would drop alice's tags linux"), "\(dropping.err)")
+        #expect(tags(try await initialize(["--tag", "swift", "--tag", "rust"])) == nil, "refused too: linux would go")
+        #expect(tags(try await initialize(["--tag", "swift", "--replace-tags"])) == ["swift"])
+        #expect(try await Self.convkit(["whoami", "--store", store]).out.contains("tags: swift\n"))
+    }
+
     @Test func chatAndInspectionThroughAFolder() async throws {
         let dir = try TemporaryDirectory("convkit-tool")
         let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"], bob = ["--store", dir.path + "/bob"]
@@ -283,7 +316,7 @@ import TestSupport
         #expect(((try await ok(["device", "list", "--json"] + alice).json as? [[String: Any]])?.first?["thisDevice"] as? Bool) == true)
         let code = try await ok(["device", "link"] + alice).out.trimmingCharacters(in: .whitespacesAndNewlines)
         let tablet = ["--store", dir.path + "/tablet"]
-        #expect(try await ok(["device", "join", code, "--zone-dir", folder, "--device", "tablet", "--label", "tablet"] + tablet).out.contains("a device of alice"))
+        #expect(try await ok(["device", "join", code, "--zone-dir", folder, "--device", "tablet"] + tablet).out.contains("a device of alice"))
         #expect(try await ok(["send", "bob", "from the tablet", "--sync"] + tablet).out.contains("synced"))
         _ = try await ok(["sync"] + alice)
         #expect(((try await ok(["device", "list", "--json"] + alice).json as? [[String: Any]])?.count) == 2)

@@ -11,7 +11,7 @@ import TestSupport
         func run(_ arguments: [String]) async throws -> ConvkitTests.Run { try await ConvkitTests.convkit(arguments) }
         #expect(try await run(["init", "--id", "alice", "--name", "Alice", "--zone-dir", folder, "--device", "laptop"] + alice).status == 0)
         let code = try await run(["device", "link"] + alice).out.trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(try await run(["device", "join", code, "--zone-dir", folder, "--device", "tablet", "--label", "tablet"] + tablet).status == 0)
+        #expect(try await run(["device", "join", code, "--zone-dir", folder, "--device", "tablet"] + tablet).status == 0)
         let revoked = try await run(["device", "revoke", "tablet"] + alice)
         #expect(revoked.status == 0 && revoked.out.contains("tablet revoked"), "\(revoked.out)\(revoked.err)")
         let unknown = try await run(["device", "revoke", "phone"] + alice)

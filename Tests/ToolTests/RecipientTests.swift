@@ -34,7 +34,7 @@ import TestSupport
 
         // Offline: whether someone exists cannot be known; said so, and --new still sends.
         let offline = ["--store", dir.path + "/offline"]
-        let initialized = try await run(["init", "--id", "dave", "--name", "Dave", "--server", "http://127.0.0.1:9"] + offline)
+        let initialized = try await run(["init", "--id", "dave", "--name", "Dave", "--server", "http://127.0.0.1:9", "--offline"] + offline)
         #expect(initialized.status == 0 && initialized.err.contains("not published yet"), "\(initialized.err)")
         let unknown = try await run(["send", "erin", "hello"] + offline)
         #expect(unknown.status == 1 && unknown.err.contains("cannot check whether 'erin' exists"), "\(unknown.err)")

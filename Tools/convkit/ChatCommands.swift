@@ -8,9 +8,16 @@ import ToolSupport
 enum ChatCommands {
     static let all: [ToolCommand] = [
         ToolCommand(Command("convkit init", "Create a store and set its local speaker up.",
-                            discussion: "Remembers the backend (--server or --zone-dir) in <store>/convkit.json for the other commands.",
+                            discussion: """
+                                Remembers the backend (--server or --zone-dir) in <store>/convkit.json for the other commands, and publishes the profile at once: a new store whose backend cannot be reached is not made (exit 1) unless --offline says to set it up without it.
+
+                                Run again on a store, it changes the name and tags: without --tag the tags stay; --tag that leaves one of them out is refused unless --replace-tags says to drop it.
+                                """,
                             options: [.valued("id", "identifier", "The speaker's identifier (required)."), .valued("name", "name", "The speaker's name (required)."),
-                                      .valued("tag", "tag", "A tag others can find the speaker by.", repeats: true)] + Targets.storeOptions + [Targets.json]), run: initialize),
+                                      .valued("tag", "tag", "A tag others can find the speaker by.", repeats: true),
+                                      .flag("replace-tags", "Let --tag drop the tags the speaker has and it does not name."),
+                                      .flag("offline", "Set a new store up even when its backend cannot be reached (the profile waits for the next sync).")]
+                                + Targets.storeOptions + [Targets.json]), run: initialize),
         ToolCommand(Command("convkit whoami", "Show the store's local speaker, its fingerprint and backend.", options: [Targets.store, Targets.json]), run: whoami),
         ToolCommand(Command("convkit send", "Send a message (committed locally; pushed by the next sync or a running daemon).",
                             discussion: "<id> must be someone who published a profile (in the store, or on the backend); --new sends to someone who has not yet.",
@@ -97,7 +104,7 @@ enum ChatCommands {
                             options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)")]), run: deviceLink),
         ToolCommand(Command("convkit device join", "Set a new store up as one more device of a speaker, from a link code.",
                             positionals: [Positional("code", "The link code printed by 'convkit device link' on the first device.")],
-                            options: Targets.storeOptions + [.valued("label", "label", "This device's name. (default: the host name)")]), run: deviceJoin),
+                            options: Targets.storeOptions), run: deviceJoin),
         ToolCommand(Command("convkit doctor", "Check a store; with --rebuild, rebuild a damaged one from its backend with its key.",
                             discussion: "Without --rebuild: checks the database (SQLite's quick_check), the local speaker and its key; exits 1 on a problem. With --rebuild (a first device): moves the damaged database aside (store.sqlite.damaged-<time>), makes a new one with the store's key and pulls everything back from the backend; what had not been pushed is not recovered.",
                             options: Targets.storeOptions + [.flag("rebuild", "Rebuild the store from its backend."),
@@ -140,14 +147,34 @@ enum ChatCommands {
             throw UsageError("--id and --name are required")
         }
         let backend = try context.backend()
+        // What was in the directory before (nil: no directory), so that a failed set-up takes
+        // away only what it made.
+        let before = try? FileManager.default.contentsOfDirectory(atPath: context.storePath)
         let store = try ConversationStore(directory: context.storePath, backend: backend)
-        let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: context.arguments.all("tag"))
+        let current = try store.localSpeaker
+        var tags = context.arguments.all("tag")
+        if let current, current.identifier == identifier {
+            let dropped = current.tags.filter { !tags.contains($0) }
+            if tags.isEmpty {
+                tags = current.tags
+            } else if !dropped.isEmpty, !context.arguments.has("replace-tags") {
+                throw ToolFailure("this would drop \(identifier)'s tags \(dropped.joined(separator: ", ")): name them with --tag too, or give --replace-tags")
+            }
+        }
+        let speaker = try await store.setupLocalSpeaker(identifier: identifier, name: name, tags: tags)
         try context.rememberBackend(identity: speaker.identifier)
-        // Published at once where the backend answers, so others can find and write to this
-        // speaker; otherwise the profile waits in the outbox for the next sync.
+        // Published at once, so others can find and write to this speaker. A new store whose
+        // backend does not answer is not left behind, unless --offline asks for it (the profile
+        // then waits in the outbox for the next sync).
         var published = true
         do { try await store.sync() } catch {
             published = false
+            if current == nil, !context.arguments.has("offline") {
+                store.close()
+                let made = before.map { kept in ((try? FileManager.default.contentsOfDirectory(atPath: context.storePath)) ?? []).filter { !kept.contains($0) } }
+                for path in made.map({ $0.map { context.storePath + "/" + $0 } }) ?? [context.storePath] { try? FileManager.default.removeItem(atPath: path) }
+                throw ToolFailure("cannot publish the profile (\(error.message)); nothing was set up: check --server or --zone-dir, or give --offline to set the store up without its backend")
+            }
             FileHandle.standardError.write(Data("note: the profile is not published yet (\(DisplayText.safe(error.message))); the next sync will\n".utf8))
         }
         if context.json {
@@ -774,7 +801,7 @@ enum ChatCommands {
     static func deviceJoin(_ context: Context) async throws {
         guard let code = context.arguments.positional(0) else { throw UsageError("missing <code>") }
         let store = try ConversationStore(directory: context.storePath, backend: try context.backend())
-        let speaker = try await store.setupLocalSpeaker(linking: code, label: context.arguments.value("label") ?? defaultDevice())
+        let speaker = try await store.setupLocalSpeaker(linking: code, label: context.arguments.value("device") ?? defaultDevice())
         try context.rememberBackend(identity: speaker.identifier)
         Output.line("this store is now a device of \(speaker.identifier) (\(speaker.name))")
     }

@@ -15,7 +15,7 @@ enum Targets {
     static let zoneDir = Option.valued("zone-dir", "dir", "A folder zone: sync through it, or inspect it directly.")
     static let server = Option.valued("server", "url", "A zone server: sync through it, or inspect it directly.")
     static let key = Option.valued("key", "file", "The key to sign requests to a server with. (default: the store's)")
-    static let device = Option.valued("device", "label", "The device label to write to a folder as. (default: the host name)")
+    static let device = Option.valued("device", "label", "This device's name: what a folder's files and the speaker's device list call it. (default: the host name)")
     static let json = Option.flag("json", "Print JSON.")
 
     /// The options of a command that works on the store (and syncs through its backend).
@@ -63,6 +63,10 @@ struct Context {
 
     /// The backend the store syncs through: the options, or what `init` recorded.
     func backend() throws -> BackendFactory {
+        if arguments.value("zone-dir") != nil, arguments.value("server") != nil { throw UsageError("give one of --zone-dir and --server") }
+        if let label = arguments.value("device") {
+            do throws(RecordZoneError) { try FileSystemBackend.checkLabel(label) } catch { throw UsageError("--device: \(error.message)") }
+        }
         let saved = settings()
         let label = arguments.value("device") ?? saved.device ?? ChatCommands.defaultDevice()
         // Beside a daemon that syncs the same store (and holds its folder device), read the

@@ -113,7 +113,7 @@ public actor FileSystemBackend: RecordZoneBackend {
     }
 
     /// A device label: 1–40 characters of `A–Z a–z 0–9 . _ -`, not starting with `.` or `_`.
-    static func checkLabel(_ label: String) throws(RecordZoneError) {
+    public static func checkLabel(_ label: String) throws(RecordZoneError) {
         guard label.utf8.count <= maximumLabelLength, (try? ZoneName(label)) != nil else {
             throw RecordZoneError(.invalidArguments, "device label '\(label)' must be 1–\(maximumLabelLength) characters of A–Z a–z 0–9 . _ - (not starting with . or _)")
         }
