@@ -39,6 +39,9 @@ import TestSupport
             let bad = try await Self.convkit(words + ["--no-such-option"])
             #expect(bad.status == 64 && bad.err.hasPrefix("Error: unknown option '--no-such-option'") && bad.err.contains("USAGE: convkit \(command)"), "\(command): \(bad.err)")
             #expect(bad.out.isEmpty)
+            // Every command that reads or changes the store says what it did as JSON on --json;
+            // the chat view, the demo and the generated scripts are for people and shells.
+            #expect(["chat", "demo", "completions", "man"].contains(command) || help.out.contains("--json"), "\(command) has no --json")
         }
         for group in [["records"], ["avatar"], ["device"], ["recovery"], ["token"], ["group"]] {
             let help = try await Self.convkit(group + ["--help"])
@@ -199,7 +202,7 @@ import TestSupport
         #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  \(sentRef)\n"))
         _ = try await ok(["sync"] + alice)
         #expect(try await ok(["messages", "bob"] + alice).out.contains("Hi Bob  [delivered]  \(sentRef)\n"))
-        #expect(try await ok(["read", "alice"] + bob).out.contains("1 marked read"))
+        #expect(((try await ok(["read", "alice", "--json"] + bob).json as? [String: Any])?["markedRead"] as? Int) == 1)
         // Housekeeping, on this device only: pinned, archived (out of the list but with
         // --archived), muted, marked unread; contradictions and nothing to set are usage errors.
         let pinned = try await ok(["conversations", "set", "alice", "--pin", "--mute", "3600", "--unread", "--json"] + bob)
@@ -241,7 +244,8 @@ import TestSupport
         #expect((answer.json as? [String: Any])?["replyTo"] as? String == questionID, "\(answer.out)")
         #expect(try await ok(["messages", "alice"] + bob).out.contains("  ↪ alice: Tent or hut?\n"))
         let questionRef = try #require(questionID.split(separator: "-").last?.prefix(10))
-        _ = try await ok(["delete", questionID] + alice)
+        let deleted = try await ok(["delete", questionID, "--json"] + alice)
+        #expect((deleted.json as? [String: Any])?["deleted"] as? Bool == true && (deleted.json as? [String: Any])?["reference"] as? String == String(questionRef), "\(deleted.out)")
         _ = try await ok(["sync"] + alice)
         _ = try await ok(["sync"] + bob)
         let afterDeletion = try await ok(["messages", "alice"] + bob).out
@@ -359,10 +363,12 @@ import TestSupport
         #expect(try await ok(["quarantine", "clear", String(entry)] + alice).out.contains("entry \(entry) cleared"))
         #expect(try await ok(["quarantine"] + alice).out.contains("the quarantine is empty"))
         #expect(try await ok(["refetch", conversation] + bob).out.contains("pulled again"))
+        #expect(((try await ok(["refetch", conversation, "--json"] + bob).json as? [String: Any])?["refetch"] as? String) == conversation)
         _ = try await ok(["sync"] + bob)
         #expect(try await ok(["messages", "alice"] + bob).out.contains("Hi Bob (edited)"), "refetched")
         #expect(try await ok(["messages", "alice"] + bob).out.contains("from the tablet"))
         #expect(try await ok(["retry"] + alice).out.contains("0 failed messages"))
+        #expect(((try await ok(["retry", "--json"] + alice).json as? [String: Any])?["retried"] as? Int) == 0)
         let stats = try await ok(["stats", "--json"] + bob)
         #expect(((stats.json as? [String: Any])?["messages"] as? Int) == 7,
                 "Hi Bob (edited), Tent, the poll, @alice…, still there? (failed: blocked), from the tablet, pending one — not the forged one, not the deleted question")

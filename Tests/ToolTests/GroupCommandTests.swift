@@ -39,7 +39,10 @@ import TestSupport
         #expect(refused.status == 1 && refused.err.contains("only an admin may add"), "\(refused.err)")
         _ = try await ok(["group", "role", id, "alice", "admin", "--sync"] + store("carol"))
         _ = try await ok(["sync"] + store("alice"))
-        _ = try await ok(["group", "add", "Trip", "--member", "dave", "--sync"] + store("alice"))
+        let addedDave = try await ok(["group", "add", "Trip", "--member", "dave", "--sync", "--json"] + store("alice"))
+        #expect((addedDave.json as? [String: Any])?["id"] as? String == id, "\(addedDave.out)")
+        #expect(((addedDave.json as? [String: Any])?["members"] as? [[String: Any]])?.contains { $0["id"] as? String == "dave" && $0["role"] as? String == "member" } == true,
+                "the group as the change left it: \(addedDave.out)")
         _ = try await ok(["sync"] + store("bob"))
         _ = try await ok(["group", "leave", "Trip", "--sync"] + store("bob"))
         for name in ["carol", "alice", "dave"] { _ = try await ok(["sync"] + store(name)) }

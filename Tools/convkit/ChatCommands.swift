@@ -24,7 +24,7 @@ enum ChatCommands {
                             positionals: [Positional("id", "The speaker to send to, or a group's id (g-…)."),
                                           Positional("text", "The message ('-': read it from standard input; with --attach: the file's caption, optional).", optional: true)],
                             options: Targets.storeOptions + [.flag("sync", "Sync right after."), newRecipient, groupFlag,
-                                                             .valued("reply-to", "message", "Answer this message (<conversation>/<name>, as listed)."),
+                                                             .valued("reply-to", "message", "Answer this message (its reference or ID, as listed)."),
                                                              .valued("mention", "id", "Mention this speaker where the text says @<id>.", repeats: true),
                                                              .valued("custom", "type", "An app's own kind of message (com.example.poll); <text> is shown where it is not understood."),
                                                              .valued("data", "text", "With --custom: its data (UTF-8 text, such as JSON)."),
@@ -34,7 +34,7 @@ enum ChatCommands {
                                                              Targets.json]), run: send),
         ToolCommand(Command("convkit download", "Download a message's file (or find it in the store), and print where it is.",
                             discussion: "Resumes a download cut short. Each chunk is checked against its hash and opened with the file's key before it is written; a changed byte fails the download (exit 1) and keeps nothing.",
-                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")],
+                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed.")],
                             options: Targets.storeOptions + [.valued("out", "file", "Copy the file there too."), Targets.json]), run: download),
         ToolCommand(Command("convkit mentions", "List the newest messages that mention you, in every conversation.",
                             options: [Targets.store, Targets.json]), run: mentions),
@@ -60,19 +60,19 @@ enum ChatCommands {
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag, Targets.json]),
                     run: encryption),
         ToolCommand(Command("convkit conversations remove", "Remove a conversation from this store (not from the backend; unsent messages are dropped).",
-                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store]), run: removeConversation),
+                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store] + [Targets.json]), run: removeConversation),
         ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
-                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag]), run: read),
+                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag] + [Targets.json]), run: read),
         ToolCommand(Command("convkit edit", "Edit one of your messages (each version is kept: 'convkit edits').",
-                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("text", "The new text.")],
+                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed."), Positional("text", "The new text.")],
                             options: [Targets.store, Targets.json]), run: edit),
         ToolCommand(Command("convkit edits", "List a message's versions, oldest first (the current one last).",
-                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")], options: [Targets.store, Targets.json]), run: edits),
+                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed.")], options: [Targets.store, Targets.json]), run: edits),
         ToolCommand(Command("convkit react", "React to a message with an emoji (replacing your earlier reaction), or take yours back with --remove.",
-                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed."), Positional("emoji", "The emoji (any short text; not with --remove).", optional: true)],
+                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed."), Positional("emoji", "The emoji (any short text; not with --remove).", optional: true)],
                             options: [Targets.store, Option.flag("remove", "Take your reaction back."), Targets.json]), run: react),
         ToolCommand(Command("convkit delete", "Delete one of your messages (a signed tombstone).",
-                            positionals: [Positional("message", "The message: <conversation>/<name>, as listed.")], options: [Targets.store]), run: delete),
+                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed.")], options: [Targets.store] + [Targets.json]), run: delete),
         ToolCommand(Command("convkit block", "Block a speaker: their messages are hidden on all your devices, and a zone server takes nothing more of theirs into your conversation.",
                             discussion: "A signed record in your conversation with them (synced: your other devices block them too; they can tell). 'convkit unblock' shows their messages again.",
                             positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: block),
@@ -84,16 +84,16 @@ enum ChatCommands {
         ToolCommand(Command("convkit find", "Find speakers by tag (the backend's query, then the cache).",
                             options: Targets.storeOptions + [.valued("tag", "tag", "The tag (required)."), Targets.json]), run: find),
         ToolCommand(Command("convkit sync", "Push the outbox and pull every change, once.", options: Targets.storeOptions + [Targets.json]), run: sync),
-        ToolCommand(Command("convkit retry", "Put failed messages back into the outbox.", options: [Targets.store]), run: retry),
+        ToolCommand(Command("convkit retry", "Put failed messages back into the outbox.", options: [Targets.store] + [Targets.json]), run: retry),
         ToolCommand(Command("convkit fingerprint", "Show a speaker's key fingerprint, to compare out of band.",
                             positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: fingerprint),
         ToolCommand(Command("convkit trust", "Pin a speaker's key: after comparing its fingerprint, or from an introduction by someone you trust.",
                             discussion: "With <fingerprint>: the key you compared out of band. With --introduction: the key someone whose key this store holds vouched for ('convkit introduce' on their side).",
                             positionals: [Positional("id", "The speaker."), Positional("fingerprint", "The fingerprint you compared (12 groups of 5 digits).", optional: true)],
-                            options: [Targets.store, .valued("introduction", "text", "An introduction (convkit-intro-1:…) instead of a fingerprint.")]), run: trust),
+                            options: [Targets.store, .valued("introduction", "text", "An introduction (convkit-intro-1:…) instead of a fingerprint.")] + [Targets.json]), run: trust),
         ToolCommand(Command("convkit introduce", "Print an introduction of a speaker, signed by you, for someone who trusts you.",
                             discussion: "The text carries the key this store holds for <id>; whoever holds your key settles who <id> is with 'convkit trust <id> --introduction <text>'.",
-                            positionals: [Positional("id", "The speaker to introduce.")], options: [Targets.store]), run: introduce),
+                            positionals: [Positional("id", "The speaker to introduce.")], options: [Targets.store] + [Targets.json]), run: introduce),
         ToolCommand(Command("convkit avatar set", "Set your avatar from a PNG or JPEG file (capped to 100×100).",
                             positionals: [Positional("file", "The image file.")], options: [Targets.store, Targets.json]), run: avatarSet),
         ToolCommand(Command("convkit avatar get", "Get a speaker's avatar (downloading it when needed).",
@@ -101,10 +101,10 @@ enum ChatCommands {
                             options: Targets.storeOptions + [.valued("out", "file", "Write the PNG there. (default: print where it is cached)"), Targets.json]), run: avatarGet),
         ToolCommand(Command("convkit device list", "List the local speaker's devices.", options: [Targets.store, Targets.json]), run: deviceList),
         ToolCommand(Command("convkit device link", "On the first device: print a link code for one more device.",
-                            options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)")]), run: deviceLink),
+                            options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)")] + [Targets.json]), run: deviceLink),
         ToolCommand(Command("convkit device join", "Set a new store up as one more device of a speaker, from a link code.",
                             positionals: [Positional("code", "The link code printed by 'convkit device link' on the first device.")],
-                            options: Targets.storeOptions), run: deviceJoin),
+                            options: Targets.storeOptions + [Targets.json]), run: deviceJoin),
         ToolCommand(Command("convkit doctor", "Check a store; with --rebuild, rebuild a damaged one from its backend with its key.",
                             discussion: "Without --rebuild: checks the database (SQLite's quick_check), the local speaker and its key; exits 1 on a problem. With --rebuild (a first device): moves the damaged database aside (store.sqlite.damaged-<time>), makes a new one with the store's key and pulls everything back from the backend; what had not been pushed is not recovered.",
                             options: Targets.storeOptions + [.flag("rebuild", "Rebuild the store from its backend."),
@@ -118,7 +118,7 @@ enum ChatCommands {
                             options: Targets.storeOptions + [.valued("code-file", "file", "Read the code from this file. (default: standard input; never an argument, which 'ps' shows)"), Targets.json]),
                     run: recoveryRestore),
         ToolCommand(Command("convkit device revoke", "On the first device: revoke a linked device (by its label or fingerprint).",
-                            positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store]), run: deviceRevoke),
+                            positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store] + [Targets.json]), run: deviceRevoke),
     ]
 
     static let newRecipient = Option.flag("new", "Send to someone who has not published a profile yet (not a typo).")
@@ -492,7 +492,7 @@ enum ChatCommands {
         let store = try context.store()
         guard let other = context.arguments.positional(0) else { throw UsageError("missing <id>") }
         try await store.removeConversation(with: other)
-        Output.line("the conversation with \(other) is removed from this store")
+        try Output.result(context, ["removed": other], "the conversation with \(other) is removed from this store")
     }
 
     static func read(_ context: Context) async throws {
@@ -501,7 +501,7 @@ enum ChatCommands {
         let conversation = try group(other, store, context) ?? conversation(store, with: other)
         let unread = conversation.unreadCount
         try await store.markAllAsRead(in: conversation.id)
-        Output.line("\(unread) marked read")
+        try Output.result(context, ["conversation": conversation.id, "markedRead": unread], "\(unread) marked read")
     }
 
     /// A message's text from a file or, for `-`, standard input — all of it, as one message,
@@ -630,7 +630,7 @@ enum ChatCommands {
         let store = try context.store()
         let id = try messageID(context.arguments.positional(0), in: store)
         try await store.delete(id)
-        Output.line("\(id.reference) deleted")
+        try Output.result(context, ["id": id.description, "reference": id.reference, "deleted": true], "\(id.reference) deleted")
     }
 
     static func speakerJSON(_ speaker: Speaker) -> [String: Any] {
@@ -676,7 +676,7 @@ enum ChatCommands {
 
     static func retry(_ context: Context) async throws {
         let count = try await context.store().retryFailedMessages()
-        Output.line("\(count) failed message\(count == 1 ? "" : "s") back in the outbox")
+        try Output.result(context, ["retried": count], "\(count) failed message\(count == 1 ? "" : "s") back in the outbox")
     }
 
     static func fingerprint(_ context: Context) async throws {
@@ -709,17 +709,18 @@ enum ChatCommands {
                 throw ToolFailure("the introduction is of '\(introduction.introduced)', not '\(identifier)'")
             }
             let (_, introducer) = try await store.trust(introduction: text)
-            Output.line("\(identifier) verified (introduced by \(introducer))")
+            try Output.result(context, ["verified": identifier, "introducedBy": introducer], "\(identifier) verified (introduced by \(introducer))")
             return
         }
         guard let fingerprint = context.arguments.positional(1) else { throw UsageError("missing <fingerprint> (or --introduction)") }
         try await store.trust(identifier, fingerprint: fingerprint)
-        Output.line("\(identifier) verified")
+        try Output.result(context, ["verified": identifier], "\(identifier) verified")
     }
 
     static func introduce(_ context: Context) async throws {
         guard let identifier = context.arguments.positional(0) else { throw UsageError("missing <id>") }
-        Output.line(try context.store(readOnly: true).introduction(of: identifier))
+        let introduction = try context.store(readOnly: true).introduction(of: identifier)
+        try Output.result(context, ["introduction": introduction], introduction)
     }
 
     static func avatarSet(_ context: Context) async throws {
@@ -803,7 +804,8 @@ enum ChatCommands {
         let store = try ConversationStore(directory: context.storePath, backend: try context.backend())
         let speaker = try await store.setupLocalSpeaker(linking: code, label: context.arguments.value("device") ?? defaultDevice())
         try context.rememberBackend(identity: speaker.identifier)
-        Output.line("this store is now a device of \(speaker.identifier) (\(speaker.name))")
+        try Output.result(context, ["identifier": speaker.identifier, "name": speaker.name, "store": context.storePath],
+                          "this store is now a device of \(speaker.identifier) (\(speaker.name))")
     }
 
     static func deviceRevoke(_ context: Context) async throws {
@@ -820,7 +822,7 @@ enum ChatCommands {
         guard let device = matches.first else { throw ToolFailure("no other device '\(which)' (see 'convkit device list')") }
         guard matches.count == 1 else { throw ToolFailure("'\(which)' names \(matches.count) devices: give its fingerprint") }
         try await store.revokeDevice(device)
-        Output.line("\(device.label) revoked (pushed by the next sync)")
+        try Output.result(context, ["revoked": device.label, "fingerprint": device.fingerprint], "\(device.label) revoked (pushed by the next sync)")
     }
 
     static func recoveryCreate(_ context: Context) async throws {
@@ -863,6 +865,7 @@ enum ChatCommands {
 
     static func deviceLink(_ context: Context) async throws {
         let minutes = try context.arguments.int("minutes", default: 10, range: 1...1440)
-        Output.line(try context.store().linkDevice(lifetime: TimeInterval(minutes * 60)))
+        let code = try context.store().linkDevice(lifetime: TimeInterval(minutes * 60))
+        try Output.result(context, ["code": code, "validMinutes": minutes], code)
     }
 }

@@ -14,16 +14,16 @@ enum GroupCommands {
                                       .valued("history", "rule", "What members added later read: since-added (the default: from when they are added) or all (what was said before too). Set once.")]
                                 + Targets.storeOptions + [.flag("sync", "Sync right after."), Targets.json]), run: create),
         ToolCommand(Command("convkit group add", "Add speakers to a group (an admin's change).",
-                            positionals: [group], options: [.valued("member", "id", "A speaker to add (required).", repeats: true)] + Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+                            positionals: [group], options: [.valued("member", "id", "A speaker to add (required).", repeats: true)] + changeOptions),
                     run: { try await change($0) { store, id, arguments in try await store.addMembers(arguments.all("member"), to: id) } }),
         ToolCommand(Command("convkit group remove", "Remove a member or an admin from a group (an admin's change; never the creator).",
-                            positionals: [group, Positional("id", "The speaker to remove.")], options: Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+                            positionals: [group, Positional("id", "The speaker to remove.")], options: changeOptions),
                     run: { try await change($0) { store, id, arguments in try await store.removeMember(try required(arguments.positional(1), "<id>"), from: id) } }),
-        ToolCommand(Command("convkit group leave", "Leave a group.", positionals: [group], options: Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+        ToolCommand(Command("convkit group leave", "Leave a group.", positionals: [group], options: changeOptions),
                     run: { try await change($0) { store, id, _ in try await store.leave(id) } }),
         ToolCommand(Command("convkit group role", "Make a member an admin, or an admin a member again (an admin's change).",
                             positionals: [group, Positional("id", "The speaker."), Positional("role", "admin or member.")],
-                            options: Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+                            options: changeOptions),
                     run: { try await change($0) { store, id, arguments in
                         let role: GroupMembership.Role
                         switch arguments.positional(2) {
@@ -34,12 +34,12 @@ enum GroupCommands {
                         try await store.setRole(role, of: try required(arguments.positional(1), "<id>"), in: id)
                     } }),
         ToolCommand(Command("convkit group rename", "Name a group anew (an admin's change).",
-                            positionals: [group, Positional("name", "The new name.")], options: Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+                            positionals: [group, Positional("name", "The new name.")], options: changeOptions),
                     run: { try await change($0) { store, id, arguments in try await store.rename(id, to: try required(arguments.positional(1), "<name>")) } }),
         ToolCommand(Command("convkit group describe", "Set a group's description and picture (an admin's change).",
                             positionals: [group],
                             options: [.valued("description", "text", "The description (empty: none)."), .valued("avatar", "file", "A PNG or JPEG for its picture (capped as avatars are)."),
-                                      .flag("remove-avatar", "Take its picture away.")] + Targets.storeOptions + [.flag("sync", "Sync right after.")]),
+                                      .flag("remove-avatar", "Take its picture away.")] + changeOptions),
                     run: { try await change($0) { store, id, arguments in
                         let text = arguments.value("description"), file = arguments.value("avatar")
                         guard text != nil || file != nil || arguments.has("remove-avatar") else { throw UsageError("give --description, --avatar or --remove-avatar") }
@@ -84,11 +84,21 @@ enum GroupCommands {
         if context.json { try Output.json(["id": group.id, "name": name]) } else { Output.line(group.id) }
     }
 
+    /// The options of a change to a group.
+    static let changeOptions = Targets.storeOptions + [.flag("sync", "Sync right after."),
+                                                       .flag("json", "Print the group as the change left it (id, name, members and roles), as JSON.")]
+
+    /// A change to a group: silent when it is made, as Unix tools are; with --json, the group
+    /// as it left it.
     static func change(_ context: Context, _ body: (ConversationStore, String, ParsedArguments) async throws -> Void) async throws {
         let store = context.arguments.has("sync") ? try context.syncingStore() : try context.store()
         let group = try resolve(context.arguments.positional(0), in: store)
         try await body(store, group.id, context.arguments)
         if context.arguments.has("sync") { try await store.sync() }
+        guard context.json else { return }
+        let after = (try? resolve(group.id, in: store)) ?? group
+        try Output.json(["id": group.id, "name": after.groupName ?? "",
+                         "members": try store.members(of: group.id).map { ["id": $0.speaker, "role": $0.role.rawValue] }] as [String: Any])
     }
 
     static func members(_ context: Context) async throws {

@@ -27,7 +27,7 @@ enum InspectCommands {
         ToolCommand(Command("convkit quarantine", "List, clear or retry the records the store refused.",
                             positionals: [Positional("action", "list (default), clear <n> or retry", optional: true), Positional("n", "The entry to clear.", optional: true)],
                             options: [Targets.store, Targets.json]), run: quarantine),
-        ToolCommand(Command("convkit refetch", "Pull one zone again from the start at the next sync.", positionals: [Positional("zone", "The zone.")], options: [Targets.store]),
+        ToolCommand(Command("convkit refetch", "Pull one zone again from the start at the next sync.", positionals: [Positional("zone", "The zone.")], options: [Targets.store, Targets.json]),
                     run: refetch),
         ToolCommand(Command("convkit stats", "Counts, sizes, tokens, last sync and held-back speakers of a store.", options: [Targets.store, Targets.json]), run: stats),
     ]
@@ -325,7 +325,7 @@ enum InspectCommands {
     static func refetch(_ context: Context) async throws {
         guard let zone = context.arguments.positional(0) else { throw UsageError("missing <zone>") }
         try await context.store().refetch(zone: try zoneName(zone).rawValue)
-        Output.line("\(zone) will be pulled again from the start at the next sync")
+        try Output.result(context, ["refetch": zone], "\(zone) will be pulled again from the start at the next sync")
     }
 
     static func stats(_ context: Context) async throws {

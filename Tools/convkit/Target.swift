@@ -144,6 +144,11 @@ enum Output {
     /// content, tags, zone and record names), so the whole line passes ``DisplayText/safe(_:)``:
     /// no control, escape or bidi character reaches the terminal. `--json` is exact instead.
     static func line(_ text: String) { FileHandle.standardOutput.write(Data((DisplayText.safe(text) + "\n").utf8)) }
+    /// What a command that changes something did: `json` with --json, else `line`.
+    static func result(_ context: Context, _ json: [String: Any], _ line: String) throws {
+        if context.json { try Output.json(json) } else { Output.line(line) }
+    }
+
     /// Text the tool made itself from its own declarations (a script, a manual page), nothing
     /// of a record's or a peer's in it: written as it is.
     static func text(_ text: String) { FileHandle.standardOutput.write(Data(text.utf8)) }
