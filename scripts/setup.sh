@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build needs, when they are missing. Idempotent.
+# Installs the Debian packages that are missing, when they are missing. Idempotent.
+#   scripts/setup.sh           what the build and the tests need
+#   scripts/setup.sh --build   what the build needs, nothing more (scripts/install.sh)
 set -euo pipefail
-packages=(libsqlite3-dev libsodium-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config openssl unison syncthing libpng-dev libturbojpeg0-dev tmux postgresql libpq-dev time man-db zsh fish)
+# The build: the C libraries (their -dev packages bring the runtime libraries) and pkg-config.
+packages=(libsqlite3-dev libsodium-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config libpng-dev libturbojpeg0-dev libpq-dev)
+case "${1:-}" in
+  --build) ;;
+  # The tests: a certificate (openssl), folders kept in step (unison, syncthing), a real terminal
+  # (tmux), PostgreSQL, /usr/bin/time, the manual page and completion tests (man-db, zsh, fish),
+  # the units' checks (systemd-analyze).
+  "") packages+=(openssl unison syncthing tmux postgresql time man-db zsh fish systemd) ;;
+  *) echo "Error: unknown option '$1' (--build, or nothing)" >&2; exit 64 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
