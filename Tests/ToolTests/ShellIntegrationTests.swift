@@ -46,6 +46,38 @@ import TestSupport
         }
     }
 
+    /// Attributes (bold names, dim times) on a terminal, none with NO_COLOR or `--color never`,
+    /// none into a pipe unless `--color always`.
+    @Test func colorsFollowTheTerminalNoColorAndTheOption() async throws {
+        let dir = try TemporaryDirectory("convkit-color")
+        let convkit = try builtProduct("convkit"), folder = dir.path + "/shared"
+        for (who, device) in [("alice", "laptop"), ("bob", "phone")] {
+            #expect(try await Self.run(convkit, ["init", "--id", who, "--name", who, "--zone-dir", folder, "--device", device, "--store", dir.path + "/" + who]).status == 0)
+        }
+        #expect(try await Self.run(convkit, ["send", "bob", "hello", "--sync", "--store", dir.path + "/alice"]).status == 0)
+        #expect(try await Self.run(convkit, ["sync", "--store", dir.path + "/bob"]).status == 0)
+        let list = "'\(convkit)' messages alice --store '\(dir.path)/bob'"
+        // Into a pipe: plain, unless asked.
+        #expect(try await Self.run("/bin/sh", ["-c", list]).out.contains("\u{1B}") == false)
+        let always = try await Self.run("/bin/sh", ["-c", list + " --color always"]).out
+        #expect(always.contains("\u{1B}[1malice\u{1B}[0m: hello"), "\(always.debugDescription)")
+        #expect(try await Self.run("/bin/sh", ["-c", list + " --color=sometimes"]).status == 64)
+        // On a terminal (tmux, its screen with attributes), in an environment of the test's own:
+        // bold by default; not with NO_COLOR or never.
+        for (prefix, suffix, bold) in [("", "", true), ("NO_COLOR=1 ", "", false), ("", " --color never", false), ("NO_COLOR=1 ", " --color always", true)] {
+            let session = "convkit-color-\(UUID().uuidString.prefix(8))"
+            _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "10", "env -i HOME=\(dir.path) TERM=xterm-256color \(prefix)\(list)\(suffix); sleep 30"])
+            defer { Task { _ = try? await ConvkitChatTests.tmux(["kill-session", "-t", session]) } }
+            var screen = ""
+            for _ in 0..<50 {
+                screen = try await ConvkitChatTests.tmux(["capture-pane", "-e", "-p", "-t", session])
+                if screen.contains("hello") { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(screen.contains("hello") && screen.contains("\u{1B}[1m") == bold, "\(prefix)…\(suffix): \(screen.debugDescription)")
+        }
+    }
+
     /// fish lists the completions its script declares; zsh registers the function with its
     /// completion system; an unknown shell is a usage error.
     @Test func fishAndZshTakeTheirScripts() async throws {

@@ -406,7 +406,7 @@ enum ChatCommands {
             printEvents(until: message.spokenAt)
             let name = shown((try? store.speaker(fromRef: SpeakerRef(identifier: message.speaker))?.name) ?? nil, message.speaker)
             if message.isDeleted {
-                Output.line("\(Output.time(message.spokenAt)) \(name): (a deleted message)  \(message.id.reference)")
+                Output.line([(Output.time(message.spokenAt), .dim), (" ", nil), (name, .bold), (": (a deleted message)  ", nil), (message.id.reference, .dim)])
                 continue
             }
             // Ticks: read, else delivered (a group's per member: "delivered to 3, read by 1 of 4").
@@ -426,7 +426,8 @@ enum ChatCommands {
             case .notHeld?: Output.line("  ↪ (a message not synced yet)")
             case nil: break
             }
-            Output.line("\(Output.time(message.spokenAt)) \(name): \(message.content)\(flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]")  \(message.id.reference)")
+            Output.line([(Output.time(message.spokenAt), .dim), (" ", nil), (name, .bold), (": \(message.content)", nil),
+                         (flags.isEmpty ? "" : "  [" + flags.joined(separator: ", ") + "]", .dim), ("  ", nil), (message.id.reference, .dim)])
         }
         printEvents(until: .distantFuture)
         if let older { Output.line("older: --before \(older)") }
@@ -565,7 +566,9 @@ enum ChatCommands {
         let hits = try store.search(words, in: conversation, from: context.arguments.value("from"))
         if context.json { return try Output.json(hits.map { hit in var value = messageJSON(hit.message); value["snippet"] = hit.snippet; return value }) }
         if hits.isEmpty { Output.line("no message holds \(words)") }
-        for hit in hits { Output.line("\(Output.time(hit.message.spokenAt)) \(hit.message.speaker): \(hit.snippet)  \(hit.message.id.reference)") }
+        for hit in hits {
+            Output.line([(Output.time(hit.message.spokenAt), .dim), (" ", nil), (hit.message.speaker, .bold), (": \(hit.snippet)  ", nil), (hit.message.id.reference, .dim)])
+        }
     }
 
     static func mentions(_ context: Context) async throws {
@@ -573,7 +576,9 @@ enum ChatCommands {
         let messages = try store.messagesMentioningMe()
         if context.json { return try Output.json(messages.map(messageJSON)) }
         if messages.isEmpty { Output.line("no messages mention you") }
-        for message in messages { Output.line("\(Output.time(message.spokenAt)) \(message.speaker): \(message.content)  \(message.id.reference)") }
+        for message in messages {
+            Output.line([(Output.time(message.spokenAt), .dim), (" ", nil), (message.speaker, .bold), (": \(message.content)  ", nil), (message.id.reference, .dim)])
+        }
     }
 
     static func react(_ context: Context) async throws {

@@ -46,7 +46,7 @@ enum ChatView {
             let state = state.withLock { $0 }
             var out = "\u{1B}[H\u{1B}[2J"
             let presence = Self.summary(of: state.presence, names: state.names)
-            out += "\u{1B}[1m\(DisplayText.safe(title))\u{1B}[0m" + (presence.isEmpty ? "" : "  \u{1B}[2m\(DisplayText.safe(presence))\u{1B}[0m") + "  (Enter sends, Ctrl-C leaves)\r\n"
+            out += Output.styled(title, .bold) + (presence.isEmpty ? "" : "  " + Output.styled(presence, .dim)) + "  (Enter sends, Ctrl-C leaves)\r\n"
             let room = max(1, rows - 5)
             // Each reply takes a line more, for what it answers: the newest that fit.
             var shown: [Message] = [], used = 0
@@ -78,9 +78,9 @@ enum ChatView {
             if !state.typing.isEmpty {
                 let who = state.typing.map { state.names[$0] ?? $0 }
                 let line = who.count == 1 ? "\(who[0]) is typing…" : "\(who.joined(separator: ", ")) are typing…"
-                out += "\u{1B}[\(rows - 2);1H\u{1B}[3m\(DisplayText.safe(line).prefix(columns))\u{1B}[0m"
+                out += "\u{1B}[\(rows - 2);1H" + Output.styled(String(DisplayText.safe(line).prefix(columns)), .italic)
             }
-            out += "\u{1B}[\(rows - 1);1H\u{1B}[2m\(DisplayText.safe(state.status).prefix(columns))\u{1B}[0m"
+            out += "\u{1B}[\(rows - 1);1H" + Output.styled(String(DisplayText.safe(state.status).prefix(columns)), .dim)
             out += "\u{1B}[\(rows);1H> \(DisplayText.safe(String(decoding: state.typed, as: UTF8.self)))"
             FileHandle.standardOutput.write(Data(out.utf8))
         }

@@ -19,7 +19,7 @@ enum ShellCommands {
 
     static var set: CommandSet {
         CommandSet(tool: "convkit", overview: "chat from a terminal, and inspect ConversationKit records, tokens, outbox and quarantine",
-                   commands: commands.map(\.command), rootOptions: [.flag("version", "Show the version.")])
+                   commands: commands.map(\.command), rootOptions: rootOptions)
     }
 
     static func completions(_ context: Context) async throws {
@@ -36,6 +36,7 @@ enum ShellCommands {
         Output.text(set.manualPage(version: version, date: date, sections: [
             ("Environment", [
                 "CONVKIT_STORE: the store a command uses when --store is not given.",
+                "NO_COLOR: when set and not empty, no text attributes (bold, dim) unless --color always asks for them (no-color.org).",
                 "XDG_DATA_HOME: without either, the store is $XDG_DATA_HOME/convkit/store (~/.local/share/convkit/store).",
             ]),
             ("Files", ["<store>/convkit.json: the backend and speaker 'convkit init' chose (mode 0600). <store>/speaker.key: the speaker's signing key."]),

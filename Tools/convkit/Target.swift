@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 import RecordZone
+import Synchronization
 import ToolSupport
 
 /// A failure (exit 1), printed as `Error: …`.
@@ -144,6 +145,32 @@ enum Output {
     /// content, tags, zone and record names), so the whole line passes ``DisplayText/safe(_:)``:
     /// no control, escape or bidi character reaches the terminal. `--json` is exact instead.
     static func line(_ text: String) { FileHandle.standardOutput.write(Data((DisplayText.safe(text) + "\n").utf8)) }
+
+    /// A text attribute (SGR), used only where ``colors`` says so.
+    enum Style: String { case bold = "1", dim = "2", italic = "3" }
+
+    /// Whether output carries attributes: `--color always|never`, or (auto) when standard output
+    /// is a terminal, `NO_COLOR` is unset or empty (no-color.org) and `TERM` is not `dumb`.
+    static let colors = Atomic<Bool>(false)
+
+    static func chooseColors(_ choice: String) {
+        let environment = ProcessInfo.processInfo.environment
+        let auto = isatty(STDOUT_FILENO) == 1 && (environment["NO_COLOR"] ?? "").isEmpty && environment["TERM"] != "dumb"
+        colors.store(choice == "always" || (choice == "auto" && auto), ordering: .relaxed)
+    }
+
+    /// `text` (made safe first) in `style`, when output carries attributes.
+    static func styled(_ text: String, _ style: Style) -> String {
+        let safe = DisplayText.safe(text)
+        guard colors.load(ordering: .relaxed), !safe.isEmpty else { return safe }
+        return "\u{1B}[\(style.rawValue)m\(safe)\u{1B}[0m"
+    }
+
+    /// One line of parts, each made safe on its own and styled where it says.
+    static func line(_ parts: [(text: String, style: Style?)]) {
+        let text = parts.map { part in part.style.map { styled(part.text, $0) } ?? DisplayText.safe(part.text) }.joined()
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
     /// What a command that changes something did: `json` with --json, else `line`.
     static func result(_ context: Context, _ json: [String: Any], _ line: String) throws {
         if context.json { try Output.json(json) } else { Output.line(line) }

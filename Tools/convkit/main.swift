@@ -21,6 +21,9 @@ struct ToolCommand: Sendable {
 }
 
 let version = "0.1.0"
+/// The options of `convkit` itself; `--color` goes with every command.
+let rootOptions: [Option] = [.flag("version", "Show the version."),
+                             .valued("color", "when", "auto (on a terminal, unless NO_COLOR is set), always or never. (default: auto)")]
 let commands = ChatCommands.all + GroupCommands.all + [ChatView.command] + InspectCommands.all + [DemoCommand.command] + ShellCommands.all
 
 /// The help of `convkit` itself, or of a group (`convkit records`).
@@ -42,7 +45,7 @@ func groupHelp(_ prefix: [String]) -> Command? {
     }
     let path = (["convkit"] + prefix).joined(separator: " ")
     let overview = prefix.isEmpty ? "Chat from a terminal, and inspect ConversationKit records, tokens, outbox and quarantine." : "The \(prefix.joined(separator: " ")) commands."
-    return Command(path, overview, options: prefix.isEmpty ? [.flag("version", "Show the version.")] : [], subcommands: subcommands)
+    return Command(path, overview, options: prefix.isEmpty ? rootOptions : [], subcommands: subcommands)
 }
 
 func usageFailure(_ message: String, _ command: Command) -> Never {
@@ -50,6 +53,18 @@ func usageFailure(_ message: String, _ command: Command) -> Never {
 }
 
 var words = Array(CommandLine.arguments.dropFirst())
+// --color auto|always|never, anywhere on the line, for every command (as git's).
+var colorChoice = "auto"
+while let index = words.firstIndex(where: { $0 == "--color" || $0.hasPrefix("--color=") }) {
+    let inline = words[index].hasPrefix("--color=") ? String(words[index].dropFirst("--color=".count)) : nil
+    let value = inline ?? (index + 1 < words.count ? words[index + 1] : "")
+    words.removeSubrange(index...(inline == nil ? min(index + 1, words.count - 1) : index))
+    guard ["auto", "always", "never"].contains(value) else {
+        exitWithError("--color takes auto, always or never, not '\(value)'", help: groupHelp([])?.help, tool: "convkit")
+    }
+    colorChoice = value
+}
+Output.chooseColors(colorChoice)
 if words.first == "--version" {
     print(version)
     exit(0)
