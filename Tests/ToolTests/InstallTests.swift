@@ -20,7 +20,8 @@ import TestSupport
         let installed = try await Self.run("/bin/bash", [Self.root + "/scripts/install.sh", "--prefix", prefix, "--binaries", binaries])
         #expect(installed.status == 0, "\(installed.err)")
         for file in ["bin/convkit", "bin/convkitd", "bin/convkitd-sync", "share/man/man1/convkit.1", "share/bash-completion/completions/convkit",
-                     "share/zsh/site-functions/_convkit", "share/fish/vendor_completions.d/convkit.fish",
+                     "share/zsh/site-functions/_convkit", "share/fish/vendor_completions.d/convkit.fish", "share/man/man1/convkitd.1",
+                     "share/bash-completion/completions/convkitd", "share/zsh/site-functions/_convkitd", "share/fish/vendor_completions.d/convkitd.fish",
                      "lib/systemd/system/convkitd-serve.service", "lib/systemd/system/convkitd-sync@.service", "lib/systemd/user/convkitd-sync.service"] {
             #expect(FileManager.default.fileExists(atPath: "\(prefix)/\(file)"), "\(file)")
         }

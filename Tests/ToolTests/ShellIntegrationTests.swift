@@ -34,10 +34,11 @@ import TestSupport
             }
             return false
         }
-        try await type("PS1='$ '; source <(convkit completions bash) && echo loaded", "Enter")
+        try await type("PS1='$ '; source <(convkit completions bash) && source <(convkitd completions bash) && echo loaded", "Enter")
         #expect(try await screen(shows: "loaded"), "the script loads")
         for (typed, completed) in [("convkit gro", "convkit group "), ("convkit records sh", "convkit records show "),
-                                   ("convkit send bob --atta", "convkit send bob --attach "), ("convkit send bob --attach no", "convkit send bob --attach notes.txt ")] {
+                                   ("convkit send bob --atta", "convkit send bob --attach "), ("convkit send bob --attach no", "convkit send bob --attach notes.txt "),
+                                   ("convkitd se", "convkitd serve "), ("convkitd sync --poll", "convkitd sync --poll-interval ")] {
             try await type(typed, "Tab")
             let shown = try await screen(shows: "$ " + completed)
             let pane = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session])
@@ -116,5 +117,15 @@ import TestSupport
         #expect(text.contains("CONVKIT_STORE") && text.contains("--attach <file>") && text.contains("2026-12-03"))
         let bad = try await Self.run(convkit, ["man", "--date", "yesterday"])
         #expect(bad.status == 64, "\(bad.err)")
+
+        // convkitd's, with convkitd sync's options though convkitd-sync runs it.
+        let daemonPage = try await Self.run(try builtProduct("convkitd"), ["man"])
+        try daemonPage.out.write(toFile: dir.path + "/convkitd.1", atomically: true, encoding: .utf8)
+        let daemonGroff = try await Self.run("/usr/bin/groff", ["-man", "-ww", "-z", dir.path + "/convkitd.1"])
+        #expect(daemonPage.status == 0 && daemonGroff.err.isEmpty, "\(daemonGroff.err)")
+        let daemonShown = try await Self.run("/usr/bin/env", ["MANWIDTH=100", "man", "-l", dir.path + "/convkitd.1"])
+        let daemonText = daemonShown.out.replacingOccurrences(of: "‐\n", with: "")
+        for command in ["serve", "sync", "replicate", "migrate", "completions", "man"] { #expect(daemonText.contains("convkitd \(command)\n"), "\(command)") }
+        #expect(daemonText.contains("--poll-interval <seconds>") && daemonText.contains("--operator-listen <host:port>"))
     }
 }

@@ -43,7 +43,38 @@ let mainCommand = Command("convkitd", "The ConversationKit daemon: serves record
                           subcommands: [("serve", "Serve record zones over HTTP from a data directory or a PostgreSQL database."),
                                         ("sync", "Keep a store in step with a folder zone or a server, continuously."),
                                         ("replicate", "Copy signed records zone to zone between two backends."),
-                                        ("migrate", "Copy a SQLite server's data into a PostgreSQL database, verifying every record.")])
+                                        ("migrate", "Copy a SQLite server's data into a PostgreSQL database, verifying every record."),
+                                        ("completions", "Print a completion script for bash, zsh or fish."),
+                                        ("man", "Print convkitd's manual page (roff), every command in it.")])
+
+let completionsCommand = Command("convkitd completions", "Print a completion script for bash, zsh or fish.",
+                                 discussion: "bash: source <(convkitd completions bash); zsh: source <(convkitd completions zsh); fish: convkitd completions fish | source.",
+                                 positionals: [Positional("shell", "bash, zsh or fish.")])
+let manCommand = Command("convkitd man", "Print convkitd's manual page (roff), every command in it.",
+                         options: [.valued("date", "yyyy-mm-dd", "The page's date. (default: today)")])
+
+/// Every command, for the completions and the manual page.
+let commandSet = CommandSet(tool: "convkitd", overview: "the ConversationKit daemon: serves record zones over HTTP, keeps stores in step",
+                            commands: [serveCommand, DaemonCommands.sync, replicateCommand, migrateCommand, completionsCommand, manCommand],
+                            rootOptions: [.flag("version", "Show the version.")])
+
+func printCompletions(_ rawArguments: [String]) {
+    let arguments = parseOrExit(rawArguments, completionsCommand, tool: "convkitd")
+    let shell = arguments.positional(0) ?? ""
+    guard let script = commandSet.completionScript(for: shell) else { fail("no completions for '\(shell)': bash, zsh or fish", usage: completionsCommand.help) }
+    FileHandle.standardOutput.write(Data(script.utf8))
+}
+
+func printManual(_ rawArguments: [String]) {
+    let arguments = parseOrExit(rawArguments, manCommand, tool: "convkitd")
+    let date = arguments.value("date") ?? String(ISO8601DateFormatter().string(from: Date()).prefix(10))
+    guard date.wholeMatch(of: /[0-9]{4}-[0-9]{2}-[0-9]{2}/) != nil else { fail("--date takes yyyy-mm-dd, not '\(date)'", usage: manCommand.help) }
+    FileHandle.standardOutput.write(Data(commandSet.manualPage(version: version, date: date, sections: [
+        ("Signals", ["SIGINT and SIGTERM stop a server or a sync daemon cleanly: requests in flight finish, long polls are answered, the database is closed."]),
+        ("Exit status", ["0 on success, 1 on a failure (the error on standard error), 64 on a usage error (with the command's usage line)."]),
+        ("See also", ["convkit(1); docs/SERVER.md and docs/PROTOCOL.md in the ConversationKit sources."]),
+    ]).utf8))
+}
 
 let mainHelp = mainCommand.help
 let serveHelp = serveCommand.help
@@ -158,6 +189,8 @@ case "help":
     case "sync": runSyncDaemon(["--help"])
     case "replicate": print(replicateHelp, terminator: "")
     case "migrate": print(migrateHelp, terminator: "")
+    case "completions": print(completionsCommand.help, terminator: "")
+    case "man": print(manCommand.help, terminator: "")
     case let other?: fail("unknown subcommand '\(other)'", usage: mainHelp)
     }
 case "serve":
@@ -168,6 +201,10 @@ case "replicate":
     await replicate(Array(arguments.dropFirst()))
 case "migrate":
     await migrate(Array(arguments.dropFirst()))
+case "completions":
+    printCompletions(Array(arguments.dropFirst()))
+case "man":
+    printManual(Array(arguments.dropFirst()))
 case let other?:
     fail("unknown subcommand '\(other)'", usage: mainHelp)
 }
