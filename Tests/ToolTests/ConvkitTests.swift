@@ -125,6 +125,8 @@ import TestSupport
         // Nothing to send, text that is not UTF-8: failures; both a text and --file: usage.
         let empty = try await shell("printf '' | \(alice) send bob -")
         #expect(empty.status == 1 && empty.err.contains("holds no text"), "\(empty.status) \(empty.err)")
+        let long = try await shell("head -c 70000 /dev/zero | tr '\\0' a | \(alice) send bob -")
+        #expect(long.status == 1 && long.err.contains("holds more than a message may (64 KiB)"), "\(long.status) \(long.err)")
         let binary = try await shell("printf '\\377\\376' | \(alice) send bob -")
         #expect(binary.status == 1 && binary.err.contains("not UTF-8"), "\(binary.status) \(binary.err)")
         let both = try await shell("\(alice) send bob hello --file '\(dir.path)/note.txt'")

@@ -34,6 +34,13 @@ extension CommandSet {
         return page
     }
 
+    /// A manual page's date: `given` when it is `yyyy-mm-dd`, today's without.
+    public static func pageDate(_ given: String?) throws(UsageError) -> String {
+        let date = given ?? String(ISO8601DateFormatter().string(from: Date()).prefix(10))
+        guard date.wholeMatch(of: /[0-9]{4}-[0-9]{2}-[0-9]{2}/) != nil else { throw UsageError("--date takes yyyy-mm-dd, not '\(date)'") }
+        return date
+    }
+
     /// Text for a roff line: backslashes and hyphens escaped, characters past ASCII as
     /// `\[uXXXX]` (groff's own form, whatever the reader's locale), a leading `.` or `'` (a
     /// request) neutralized.

@@ -60,9 +60,9 @@ enum ChatCommands {
                             positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag, Targets.json]),
                     run: encryption),
         ToolCommand(Command("convkit conversations remove", "Remove a conversation from this store (not from the backend; unsent messages are dropped).",
-                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store] + [Targets.json]), run: removeConversation),
+                            positionals: [Positional("id", "The other speaker.")], options: [Targets.store, Targets.json]), run: removeConversation),
         ToolCommand(Command("convkit read", "Mark a conversation's messages read (a signed receipt each).",
-                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag] + [Targets.json]), run: read),
+                            positionals: [Positional("id", "The other speaker, or a group's id (g-…).")], options: [Targets.store, groupFlag, Targets.json]), run: read),
         ToolCommand(Command("convkit edit", "Edit one of your messages (each version is kept: 'convkit edits').",
                             positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed."), Positional("text", "The new text.")],
                             options: [Targets.store, Targets.json]), run: edit),
@@ -72,7 +72,7 @@ enum ChatCommands {
                             positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed."), Positional("emoji", "The emoji (any short text; not with --remove).", optional: true)],
                             options: [Targets.store, Option.flag("remove", "Take your reaction back."), Targets.json]), run: react),
         ToolCommand(Command("convkit delete", "Delete one of your messages (a signed tombstone).",
-                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed.")], options: [Targets.store] + [Targets.json]), run: delete),
+                            positionals: [Positional("message", "The message: its reference (or 6 or more of its digits) or its ID, as listed.")], options: [Targets.store, Targets.json]), run: delete),
         ToolCommand(Command("convkit block", "Block a speaker: their messages are hidden on all your devices, and a zone server takes nothing more of theirs into your conversation.",
                             discussion: "A signed record in your conversation with them (synced: your other devices block them too; they can tell). 'convkit unblock' shows their messages again.",
                             positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: block),
@@ -84,16 +84,16 @@ enum ChatCommands {
         ToolCommand(Command("convkit find", "Find speakers by tag (the backend's query, then the cache).",
                             options: Targets.storeOptions + [.valued("tag", "tag", "The tag (required)."), Targets.json]), run: find),
         ToolCommand(Command("convkit sync", "Push the outbox and pull every change, once.", options: Targets.storeOptions + [Targets.json]), run: sync),
-        ToolCommand(Command("convkit retry", "Put failed messages back into the outbox.", options: [Targets.store] + [Targets.json]), run: retry),
+        ToolCommand(Command("convkit retry", "Put failed messages back into the outbox.", options: [Targets.store, Targets.json]), run: retry),
         ToolCommand(Command("convkit fingerprint", "Show a speaker's key fingerprint, to compare out of band.",
                             positionals: [Positional("id", "The speaker.")], options: [Targets.store, Targets.json]), run: fingerprint),
         ToolCommand(Command("convkit trust", "Pin a speaker's key: after comparing its fingerprint, or from an introduction by someone you trust.",
                             discussion: "With <fingerprint>: the key you compared out of band. With --introduction: the key someone whose key this store holds vouched for ('convkit introduce' on their side).",
                             positionals: [Positional("id", "The speaker."), Positional("fingerprint", "The fingerprint you compared (12 groups of 5 digits).", optional: true)],
-                            options: [Targets.store, .valued("introduction", "text", "An introduction (convkit-intro-1:…) instead of a fingerprint.")] + [Targets.json]), run: trust),
+                            options: [Targets.store, .valued("introduction", "text", "An introduction (convkit-intro-1:…) instead of a fingerprint."), Targets.json]), run: trust),
         ToolCommand(Command("convkit introduce", "Print an introduction of a speaker, signed by you, for someone who trusts you.",
                             discussion: "The text carries the key this store holds for <id>; whoever holds your key settles who <id> is with 'convkit trust <id> --introduction <text>'.",
-                            positionals: [Positional("id", "The speaker to introduce.")], options: [Targets.store] + [Targets.json]), run: introduce),
+                            positionals: [Positional("id", "The speaker to introduce.")], options: [Targets.store, Targets.json]), run: introduce),
         ToolCommand(Command("convkit avatar set", "Set your avatar from a PNG or JPEG file (capped to 100×100).",
                             positionals: [Positional("file", "The image file.")], options: [Targets.store, Targets.json]), run: avatarSet),
         ToolCommand(Command("convkit avatar get", "Get a speaker's avatar (downloading it when needed).",
@@ -101,7 +101,7 @@ enum ChatCommands {
                             options: Targets.storeOptions + [.valued("out", "file", "Write the PNG there. (default: print where it is cached)"), Targets.json]), run: avatarGet),
         ToolCommand(Command("convkit device list", "List the local speaker's devices.", options: [Targets.store, Targets.json]), run: deviceList),
         ToolCommand(Command("convkit device link", "On the first device: print a link code for one more device.",
-                            options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)")] + [Targets.json]), run: deviceLink),
+                            options: [Targets.store, .valued("minutes", "n", "How long the code stays valid. (default: 10)"), Targets.json]), run: deviceLink),
         ToolCommand(Command("convkit device join", "Set a new store up as one more device of a speaker, from a link code.",
                             positionals: [Positional("code", "The link code printed by 'convkit device link' on the first device.")],
                             options: Targets.storeOptions + [Targets.json]), run: deviceJoin),
@@ -118,7 +118,7 @@ enum ChatCommands {
                             options: Targets.storeOptions + [.valued("code-file", "file", "Read the code from this file. (default: standard input; never an argument, which 'ps' shows)"), Targets.json]),
                     run: recoveryRestore),
         ToolCommand(Command("convkit device revoke", "On the first device: revoke a linked device (by its label or fingerprint).",
-                            positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store] + [Targets.json]), run: deviceRevoke),
+                            positionals: [Positional("device", "The device's label or fingerprint, as 'device list' shows it.")], options: [Targets.store, Targets.json]), run: deviceRevoke),
     ]
 
     static let newRecipient = Option.flag("new", "Send to someone who has not published a profile yet (not a typo).")
@@ -171,8 +171,9 @@ enum ChatCommands {
             published = false
             if current == nil, !context.arguments.has("offline") {
                 store.close()
-                let made = before.map { kept in ((try? FileManager.default.contentsOfDirectory(atPath: context.storePath)) ?? []).filter { !kept.contains($0) } }
-                for path in made.map({ $0.map { context.storePath + "/" + $0 } }) ?? [context.storePath] { try? FileManager.default.removeItem(atPath: path) }
+                let now = (try? FileManager.default.contentsOfDirectory(atPath: context.storePath)) ?? []
+                let made = before.map { kept in now.filter { !kept.contains($0) }.map { context.storePath + "/" + $0 } } ?? [context.storePath]
+                for path in made { try? FileManager.default.removeItem(atPath: path) }
                 throw ToolFailure("cannot publish the profile (\(error.message)); nothing was set up: check --server or --zone-dir, or give --offline to set the store up without its backend")
             }
             FileHandle.standardError.write(Data("note: the profile is not published yet (\(DisplayText.safe(error.message))); the next sync will\n".utf8))
@@ -508,16 +509,17 @@ enum ChatCommands {
     /// A message's text from a file or, for `-`, standard input — all of it, as one message,
     /// less one final newline (as `echo` and editors leave one).
     static func readText(from path: String) throws -> String {
-        let data: Data
-        if path == "-" {
-            data = FileHandle.standardInput.readDataToEndOfFile()
-        } else {
-            guard let contents = FileManager.default.contents(atPath: path) else { throw ToolFailure("cannot read \(path)") }
-            data = contents
-        }
-        guard var text = String(validating: data, as: UTF8.self) else { throw ToolFailure("\(path == "-" ? "standard input" : path) is not UTF-8 text") }
+        let what = path == "-" ? "standard input" : path
+        guard let handle = path == "-" ? FileHandle.standardInput : FileHandle(forReadingAtPath: path) else { throw ToolFailure("cannot read \(path)") }
+        defer { if path != "-" { try? handle.close() } }
+        // Read no more than a message may hold (and a final newline), whatever comes down a pipe.
+        let limit = Message.maximumContentBytes + 2
+        var data = Data()
+        while data.count < limit, let chunk = try handle.read(upToCount: limit - data.count), !chunk.isEmpty { data.append(chunk) }
+        guard data.count < limit else { throw ToolFailure("\(what) holds more than a message may (\(Message.maximumContentBytes / 1024) KiB)") }
+        guard var text = String(validating: data, as: UTF8.self) else { throw ToolFailure("\(what) is not UTF-8 text") }
         if text.hasSuffix("\n") || text.hasSuffix("\r\n") { text.removeLast() }
-        guard !text.isEmpty else { throw ToolFailure("\(path == "-" ? "standard input" : path) holds no text to send") }
+        guard !text.isEmpty else { throw ToolFailure("\(what) holds no text to send") }
         return text
     }
 

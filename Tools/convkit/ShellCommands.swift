@@ -31,8 +31,7 @@ enum ShellCommands {
     }
 
     static func manual(_ context: Context) async throws {
-        let date = context.arguments.value("date") ?? String(ISO8601DateFormatter().string(from: Date()).prefix(10))
-        guard date.wholeMatch(of: /[0-9]{4}-[0-9]{2}-[0-9]{2}/) != nil else { throw UsageError("--date takes yyyy-mm-dd, not '\(date)'") }
+        let date = try CommandSet.pageDate(context.arguments.value("date"))
         Output.text(set.manualPage(version: version, date: date, sections: [
             ("Environment", [
                 "CONVKIT_STORE: the store a command uses when --store is not given.",

@@ -25,8 +25,6 @@ enum Targets {
     static let inspectOptions = [store, zoneDir, server, key, json]
 }
 
-/// What `convkit init` remembers of the store's backend: `<store>/convkit.json`.
-
 /// The parsed arguments of one command, with what the targets resolve to.
 struct Context {
     let arguments: ParsedArguments
@@ -171,6 +169,7 @@ enum Output {
         let text = parts.map { part in part.style.map { styled(part.text, $0) } ?? DisplayText.safe(part.text) }.joined()
         FileHandle.standardOutput.write(Data((text + "\n").utf8))
     }
+
     /// What a command that changes something did: `json` with --json, else `line`.
     static func result(_ context: Context, _ json: [String: Any], _ line: String) throws {
         if context.json { try Output.json(json) } else { Output.line(line) }

@@ -53,9 +53,9 @@ func usageFailure(_ message: String, _ command: Command) -> Never {
 }
 
 var words = Array(CommandLine.arguments.dropFirst())
-// --color auto|always|never, anywhere on the line, for every command (as git's).
+// --color auto|always|never, anywhere before a `--`, for every command (as git's).
 var colorChoice = "auto"
-while let index = words.firstIndex(where: { $0 == "--color" || $0.hasPrefix("--color=") }) {
+while let index = words.prefix(while: { $0 != "--" }).firstIndex(where: { $0 == "--color" || $0.hasPrefix("--color=") }) {
     let inline = words[index].hasPrefix("--color=") ? String(words[index].dropFirst("--color=".count)) : nil
     let value = inline ?? (index + 1 < words.count ? words[index + 1] : "")
     words.removeSubrange(index...(inline == nil ? min(index + 1, words.count - 1) : index))

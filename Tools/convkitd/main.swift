@@ -67,8 +67,8 @@ func printCompletions(_ rawArguments: [String]) {
 
 func printManual(_ rawArguments: [String]) {
     let arguments = parseOrExit(rawArguments, manCommand, tool: "convkitd")
-    let date = arguments.value("date") ?? String(ISO8601DateFormatter().string(from: Date()).prefix(10))
-    guard date.wholeMatch(of: /[0-9]{4}-[0-9]{2}-[0-9]{2}/) != nil else { fail("--date takes yyyy-mm-dd, not '\(date)'", usage: manCommand.help) }
+    let date: String
+    do throws(UsageError) { date = try CommandSet.pageDate(arguments.value("date")) } catch { fail(error.message, usage: manCommand.help) }
     FileHandle.standardOutput.write(Data(commandSet.manualPage(version: version, date: date, sections: [
         ("Signals", ["SIGINT and SIGTERM stop a server or a sync daemon cleanly: requests in flight finish, long polls are answered, the database is closed."]),
         ("Exit status", ["0 on success, 1 on a failure (the error on standard error), 64 on a usage error (with the command's usage line)."]),
