@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 @testable import RecordZone
+import SQLiteKit
 import Synchronization
 import Testing
 import TestSupport
@@ -27,6 +28,16 @@ import TestSupport
         }
         let unused = try #require(["000000", "111111", "222222"].first { prefix in ![first, second].contains { $0.id.reference.hasPrefix(prefix) } })
         #expect(try alice.messages(referencedBy: unused).isEmpty)
+        // Two messages whose names' random parts begin alike (one written into the store's
+        // file beside the store, as no sender can choose that part through the API): the
+        // reference names both, a longer prefix one.
+        let twin = String(first.id.name.dropLast(6)) + (first.id.name.hasSuffix("000000") ? "111111" : "000000")
+        let db = try Database(path: fixture.storePath("alice") + "/store.sqlite")
+        try db.execute("INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, sync_state) SELECT zone, ?, speaker, listener, 'twin', spoken_at, sync_state FROM messages WHERE zone = ? AND name = ?",
+                       [twin, first.id.conversation, first.id.name])
+        #expect(Set(try alice.messages(referencedBy: first.id.reference)) == [first.id, MessageID(conversation: first.id.conversation, name: twin)])
+        #expect(try alice.messages(referencedBy: first.id.reference, limit: 1).count == 1)
+        #expect(try alice.messages(referencedBy: String(first.id.name.suffix(16))) == [first.id])
         for bad in ["12345", "12345678901234567", "ghijkl", "one two", ""] {
             #expect { try alice.messages(referencedBy: bad) } throws: { ($0 as? ConversationError)?.code == .invalidReference }
         }
