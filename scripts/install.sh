@@ -8,13 +8,15 @@
 # Usage: scripts/install.sh [--prefix DIR] [--binaries DIR]   (DESTDIR is honoured for packaging)
 #   --binaries DIR   install the binaries already built in DIR (e.g. .build/release) instead
 set -euo pipefail
+called_from=$PWD
 cd "$(dirname "$0")/.."
 prefix=/usr/local
 built=""
 while (($#)); do
   case "$1" in
     --prefix) [ $# -ge 2 ] || { echo "Error: --prefix needs a directory" >&2; exit 64; }; prefix="$2"; shift 2 ;;
-    --binaries) [ $# -ge 2 ] || { echo "Error: --binaries needs a directory" >&2; exit 64; }; built="$2"; shift 2 ;;
+    --binaries) [ $# -ge 2 ] || { echo "Error: --binaries needs a directory" >&2; exit 64; }
+      case "$2" in /*) built="$2" ;; *) built="$called_from/$2" ;; esac; shift 2 ;;
     -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "Error: unknown option '$1'" >&2; exit 64 ;;
   esac
@@ -50,4 +52,4 @@ for unit in convkitd-serve.service convkitd-sync@.service; do
 done
 sed "s|/usr/local/bin/|$prefix/bin/|g" contrib/systemd/convkitd-sync.service > "$user_units/convkitd-sync.service"
 chmod 0644 "$user_units/convkitd-sync.service"
-echo "installed convkit, convkitd and convkitd-sync in $bin; the manual page, completions and systemd units (system and user) under $root"
+echo "installed convkit, convkitd and convkitd-sync in $bin; their manual pages and completions, and the systemd units (system and user), under $root"
