@@ -1,6 +1,7 @@
 import Foundation
 import ImageKit
 import RecordZone
+import SQLiteKit
 import Testing
 import TestSupport
 
@@ -221,6 +222,17 @@ import TestSupport
             #expect(try await Self.convkit(["conversations", "set", "alice"] + bad + bob).status == 64, "\(bad)")
         }
         #expect(try await ok(["edit", sentRef, "Hi Bob (edited)"] + alice).out == "\(sentRef) edited, pending\n")
+        // A reference two messages share (a row written into the store's file: no sender can
+        // choose a name's random part) is refused with both IDs; more digits pick one.
+        let twin = String(sentID.dropLast(6)) + (sentID.hasSuffix("000000") ? "111111" : "000000")
+        let twinSlash = try #require(twin.firstIndex(of: "/"))
+        let database = try Database(path: dir.path + "/alice/store.sqlite")
+        try database.execute("INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, sync_state) SELECT zone, ?, speaker, listener, 'twin', spoken_at, sync_state FROM messages WHERE name = ?",
+                             [String(twin[twin.index(after: twinSlash)...]), String(sentID[sentID.index(after: try #require(sentID.firstIndex(of: "/")))...])])
+        let ambiguous = try await Self.convkit(["edits", sentRef] + alice)
+        #expect(ambiguous.status == 1 && ambiguous.err.contains("'\(sentRef)' is ambiguous") && ambiguous.err.contains(twin) && ambiguous.err.contains(sentID), "\(ambiguous.err)")
+        #expect(try await Self.convkit(["edits", String(sentID.suffix(16))] + alice).status == 0, "all 16 digits name one")
+        try database.execute("DELETE FROM messages WHERE content = 'twin'")
         let unknown = try await Self.convkit(["edits", "000000"] + alice), notReference = try await Self.convkit(["edits", "hello"] + alice)
         #expect(unknown.status == 1 && unknown.err.contains("no message of this store has the reference '000000'"), "\(unknown.err)")
         #expect(notReference.status == 64 && notReference.err.contains("is not a message"), "\(notReference.err)")
