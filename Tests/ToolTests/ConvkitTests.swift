@@ -434,9 +434,9 @@ import TestSupport
         let name = "convkit-chat-\(UUID().uuidString.prefix(8))"
         let exitFile: String
 
-        init(_ arguments: String, in directory: String) async throws {
+        init(_ arguments: String, in directory: String, before: String = "") async throws {
             exitFile = directory + "/exit"
-            let command = "\(try builtProduct("convkit")) chat \(arguments); echo $? > \(exitFile); sleep 30"
+            let command = "\(before)\(try builtProduct("convkit")) chat \(arguments); echo $? > \(exitFile); sleep 30"
             _ = try await tmux(["new-session", "-d", "-s", name, "-x", "100", "-y", "20", command])
         }
 
@@ -546,6 +546,41 @@ import TestSupport
 
         // Ctrl-C leaves cleanly.
         #expect(try await session.leave() == "0")
+    }
+
+    /// A line starting with / is a command, never sent: /quit leaves (exit 0), an unknown one is
+    /// said on the status line, //text sends /text. The view runs on the alternate screen: what
+    /// the terminal showed before is there again when it leaves.
+    @Test func commandsAreNeverSentAndTheTerminalComesBack() async throws {
+        let dir = try TemporaryDirectory("convkit-chat-commands")
+        let folder = dir.path + "/shared", alice = ["--store", dir.path + "/alice"]
+        for (who, device) in [("alice", "laptop"), ("bob", "phone")] {
+            #expect(try await ConvkitTests.convkit(["init", "--id", who, "--name", who.capitalized, "--zone-dir", folder, "--device", device, "--store", dir.path + "/" + who]).status == 0)
+        }
+        #expect(try await ConvkitTests.convkit(["send", "bob", "first", "--sync"] + alice).status == 0)
+        #expect(try await ConvkitTests.convkit(["sync", "--store", dir.path + "/bob"]).status == 0)
+        let session = try await Session("alice --store \(dir.path)/bob", in: dir.path, before: "echo BEFORE THE CHAT; ")
+        defer { session.kill() }
+        let opened = try await session.eventually(10) { $0.contains("Alice (alice): first") }
+        let first = try await session.screen()
+        #expect(opened && !first.contains("BEFORE THE CHAT"), "the view has a screen of its own: \(first)")
+        try await session.type("/frobnicate", "Enter")
+        let said = try await session.eventually(5) { $0.contains("unknown command /frobnicate") }
+        let status = try await session.screen()
+        #expect(said, "\(status)")
+        try await session.type("//slash at the start", "Enter")
+        #expect(try await session.eventually(5) { $0.contains("Bob (bob): /slash at the start") })
+        try await session.type("/quit", "Enter")
+        let deadline = Date().addingTimeInterval(5)
+        while !FileManager.default.fileExists(atPath: session.exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+        #expect((try? String(contentsOfFile: session.exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "/quit leaves")
+        let after = try await session.screen()
+        #expect(after.contains("BEFORE THE CHAT") && !after.contains("Alice (alice): first"), "the terminal as it was: \(after)")
+        // Alice got the //-line as /text, and no command.
+        #expect(try await Self.synced(alice, ["messages", "bob"], shows: "Bob (bob): /slash at the start"))
+        let listed = try await ConvkitTests.convkit(["messages", "bob", "--json"] + alice)
+        let contents = ((listed.json as? [String: Any])?["messages"] as? [[String: Any]])?.compactMap { $0["content"] as? String } ?? []
+        #expect(contents == ["first", "/slash at the start"], "\(contents)")
     }
 
     /// A message from another store shows within 2 s (inotify on the folder, then a sync

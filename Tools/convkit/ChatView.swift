@@ -46,7 +46,7 @@ enum ChatView {
             let state = state.withLock { $0 }
             var out = "\u{1B}[H\u{1B}[2J"
             let presence = Self.summary(of: state.presence, names: state.names)
-            out += Output.styled(title, .bold) + (presence.isEmpty ? "" : "  " + Output.styled(presence, .dim)) + "  (Enter sends, Ctrl-C leaves)\r\n"
+            out += Output.styled(title, .bold) + (presence.isEmpty ? "" : "  " + Output.styled(presence, .dim)) + "  (Enter sends, /quit or Ctrl-C leaves)\r\n"
             let room = max(1, rows - 5)
             // Each reply takes a line more, for what it answers: the newest that fit.
             var shown: [Message] = [], used = 0
@@ -224,24 +224,38 @@ enum ChatView {
             }
             thread.start()
         }
+        func leave() async -> Never {
+            refresher.cancel()
+            statusWatcher.cancel()
+            typingWatcher.cancel()
+            presenceWatcher.cancel()
+            syncing.cancel()
+            // The sync's last word (that its person went away), for at most 3 s.
+            await finish(syncing, within: .seconds(3))
+            terminal.restore()
+            exit(0)
+        }
         for await key in keys {
             switch key {
             case 3, 4:  // Ctrl-C, Ctrl-D
-                refresher.cancel()
-                statusWatcher.cancel()
-                typingWatcher.cancel()
-                presenceWatcher.cancel()
-                syncing.cancel()
-                // The sync's last word (that its person went away), for at most 3 s.
-                await finish(syncing, within: .seconds(3))
-                terminal.restore()
-                FileHandle.standardOutput.write(Data("\u{1B}[H\u{1B}[2J".utf8))
-                exit(0)
+                await leave()
             case 13, 10:  // Enter
-                let line = screen.state.withLock { state -> String in
+                var line = screen.state.withLock { state -> String in
                     defer { state.typed = [] }
                     return String(decoding: state.typed, as: UTF8.self)
                 }
+                // A line starting with / is a command, never sent; // sends a line that starts with /.
+                if line.hasPrefix("/"), !line.hasPrefix("//") {
+                    switch line.trimmingCharacters(in: .whitespaces) {
+                    case "/quit", "/exit", "/q": await leave()
+                    default: screen.state.withLock { $0.status = "unknown command \(line.prefix(40)): /quit leaves; //text sends /text" }
+                    }
+                    let id = conversation.id
+                    Task { try? await store.setTyping(false, in: id) }
+                    screen.draw()
+                    continue
+                }
+                if line.hasPrefix("//") { line.removeFirst() }
                 if !line.trimmingCharacters(in: .whitespaces).isEmpty {
                     do {
                         if let group { _ = try await store.send(line, toGroup: group.id) } else { _ = try await store.send(line, to: other) }
@@ -263,7 +277,10 @@ enum ChatView {
             // Typing said as the line changes (the store sends it at most every 3 s; a send or
             // an emptied line stops it).
             if key != 13, key != 10 {
-                let typing = screen.state.withLock { !$0.typed.isEmpty }
+                // A command being typed is not a message being typed.
+                let typing = screen.state.withLock { state in
+                    !state.typed.isEmpty && (state.typed[0] != UInt8(ascii: "/") || state.typed.starts(with: [UInt8(ascii: "/"), UInt8(ascii: "/")]))
+                }
                 let id = conversation.id
                 Task { try? await store.setTyping(typing, in: id) }
             }
@@ -273,8 +290,8 @@ enum ChatView {
     }
 }
 
-/// The terminal in raw mode (no echo, byte by byte, no signals from Ctrl-C), put back by
-/// ``restore()`` (also at exit).
+/// The terminal in raw mode (no echo, byte by byte, no signals from Ctrl-C) on its alternate
+/// screen, put back by ``restore()`` (also at exit).
 final class RawTerminal: Sendable {
     private let saved: Mutex<termios?>
 
@@ -289,6 +306,8 @@ final class RawTerminal: Sendable {
         raw.c_iflag &= ~tcflag_t(IXON | ICRNL)
         tcsetattr(STDIN_FILENO, TCSAFLUSH, &raw)
         saved = Mutex(original)
+        // The alternate screen: what the terminal showed comes back when the view leaves.
+        FileHandle.standardOutput.write(Data("\u{1B}[?1049h".utf8))
     }
 
     func restore() {
@@ -296,6 +315,7 @@ final class RawTerminal: Sendable {
             defer { state = nil }
             return state
         }) else { return }
+        FileHandle.standardOutput.write(Data("\u{1B}[?1049l".utf8))
         tcsetattr(STDIN_FILENO, TCSAFLUSH, &original)
     }
 }
