@@ -28,9 +28,9 @@ import TestSupport
         }
         let unused = try #require(["000000", "111111", "222222"].first { prefix in ![first, second].contains { $0.id.reference.hasPrefix(prefix) } })
         #expect(try alice.messages(referencedBy: unused).isEmpty)
-        // Two messages whose names' random parts begin alike (one written into the store's
-        // file beside the store, as no sender can choose that part through the API): the
-        // reference names both, a longer prefix one.
+        // Two messages whose names' random parts begin alike, as a hostile sender's own client
+        // can make them (here a row written into the store's file; the API picks the part at
+        // random): the reference names both, a longer prefix one.
         let twin = String(first.id.name.dropLast(6)) + (first.id.name.hasSuffix("000000") ? "111111" : "000000")
         let db = try Database(path: fixture.storePath("alice") + "/store.sqlite")
         try db.execute("INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, sync_state) SELECT zone, ?, speaker, listener, 'twin', spoken_at, sync_state FROM messages WHERE zone = ? AND name = ?",

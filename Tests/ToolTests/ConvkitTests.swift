@@ -222,8 +222,9 @@ import TestSupport
             #expect(try await Self.convkit(["conversations", "set", "alice"] + bad + bob).status == 64, "\(bad)")
         }
         #expect(try await ok(["edit", sentRef, "Hi Bob (edited)"] + alice).out == "\(sentRef) edited, pending\n")
-        // A reference two messages share (a row written into the store's file: no sender can
-        // choose a name's random part) is refused with both IDs; more digits pick one.
+        // A reference two messages share — as a hostile sender can make one, choosing its own
+        // names (here a row written into the store's file) — is refused with both IDs, never
+        // resolved to either; more digits pick one.
         let twin = String(sentID.dropLast(6)) + (sentID.hasSuffix("000000") ? "111111" : "000000")
         let twinSlash = try #require(twin.firstIndex(of: "/"))
         let database = try Database(path: dir.path + "/alice/store.sqlite")

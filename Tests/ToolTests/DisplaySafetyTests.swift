@@ -40,6 +40,12 @@ import TestSupport
         #expect(messages.out.contains("hi<U+000D><U+001B>[2KBob: I owe Alice 500 EUR<U+001B>[2J"), "\(messages.out)")
         #expect(!messages.out.split(separator: "\n").contains { $0.hasPrefix("Bob:") })
         try await printsSafely(["messages", "alice"] + bob)
+        // With attributes asked for, the only escapes are the tool's own (bold, dim, reset): a
+        // peer's text is made safe before a part is styled.
+        let styled = try await ok(["messages", "alice", "--color", "always"] + bob).out
+        let ours = ["\u{1B}[1m", "\u{1B}[2m", "\u{1B}[0m"]
+        #expect(ours.contains { styled.contains($0) }, "attributes were asked for: \(styled.debugDescription)")
+        #expect(Self.isSafe(ours.reduce(styled) { $0.replacingOccurrences(of: $1, with: "") }), "\(styled.debugDescription)")
         try await printsSafely(["speakers"] + bob)
         try await printsSafely(["whoami"] + alice)
         try await printsSafely(["find", "--tag", "t" + Self.hostile] + bob)

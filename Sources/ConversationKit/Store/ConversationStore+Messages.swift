@@ -332,8 +332,10 @@ extension ConversationStore {
 
     /// The messages (deleted ones too) whose ``MessageID/reference`` starts with `reference` (at
     /// least ``MessageID/shortestReference`` hex digits, at most the 16 of the name's random
-    /// part), at most `limit`: one when it is unambiguous. Reads every message's name (about
-    /// a second for ten million); meant for a person's typing, not a hot path.
+    /// part), at most `limit`: one when it is unambiguous. Reads every message's name (a scan,
+    /// not an index); meant for a person's typing, not a hot path. A sender chooses its own
+    /// names, so a hostile one can make a reference ambiguous: the caller refuses it then rather
+    /// than pick one (`convkit` does).
     /// - Throws: ``ConversationError/Code/invalidReference`` for a reference of other characters
     ///   or length.
     public func messages(referencedBy reference: String, limit: Int = 10) throws(ConversationError) -> [MessageID] {
