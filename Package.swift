@@ -37,6 +37,9 @@ let package = Package(
         .systemLibrary(
             name: "CPostgres", path: "Sources/CPostgres", pkgConfig: "libpq",
             providers: [.apt(["libpq-dev"])]),
+        .systemLibrary(
+            name: "CNcurses", path: "Sources/CNcurses",
+            providers: [.apt(["libncurses-dev"])]),
         // MHD_start_daemon is variadic: a small C shim calls it for Swift.
         .target(name: "CMicroHTTPD", dependencies: ["CLibMicroHTTPD"], path: "Sources/CMicroHTTPD"),
 
@@ -58,6 +61,10 @@ let package = Package(
         // A crowd of online clients holding long polls, for the capacity bench and its tests.
         .target(name: "Crowd", dependencies: ["RecordZone", "CCrowd"], path: "Tools/Crowd"),
         .target(name: "CCrowd", path: "Tools/CCrowd"),
+        // The chat view's terminal: ncursesw behind a few calls, and the terminal put back on
+        // every way out (a signal, a crash, exit).
+        .target(name: "CTerminal", dependencies: ["CNcurses"], path: "Tools/CTerminal",
+                linkerSettings: [.linkedLibrary("ncursesw"), .linkedLibrary("tinfo")]),
         // convkitd serves (and migrates, replicates) without the store; `convkitd sync` runs
         // convkitd-sync, beside it, which holds one.
         .executableTarget(
@@ -67,7 +74,7 @@ let package = Package(
             name: "convkitd-sync", dependencies: ["ConversationKit", "RecordZone", "ToolSupport"],
             path: "Tools/convkitd-sync"),
         .executableTarget(
-            name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport"],
+            name: "convkit", dependencies: ["ConversationKit", "RecordZone", "ImageKit", "ToolSupport", "CTerminal"],
             path: "Tools/convkit"),
         .executableTarget(
             name: "convkit-bench", dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "PostgresKit", "ImageKit", "ToolSupport", "ChatSchema", "CSodium", "CSQLite", "CRawLimits", "CPNG", "CTurboJPEG", "Crowd"],

@@ -4,7 +4,7 @@
 #   scripts/setup.sh --build   what the build needs, nothing more (scripts/install.sh)
 set -euo pipefail
 # The build: the C libraries (their -dev packages bring the runtime libraries) and pkg-config.
-packages=(libsqlite3-dev libsodium-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config libpng-dev libturbojpeg0-dev libpq-dev)
+packages=(libsqlite3-dev libsodium-dev libmicrohttpd-dev libcurl4-openssl-dev pkg-config libpng-dev libturbojpeg0-dev libpq-dev libncurses-dev)
 case "${1:-}" in
   --build) ;;
   # The tests: a certificate (openssl), folders kept in step (unison, syncthing), a real terminal

@@ -1,0 +1,3 @@
+#define NCURSES_WIDECHAR 1
+#include <curses.h>
+#include <term.h>
