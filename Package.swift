@@ -105,7 +105,7 @@ let package = Package(
         .testTarget(
             name: "ConversationKitTests",
             dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "StorageTestSupport", "convkit-store-sync", "convkit-lock-holder"]),
-        .testTarget(name: "ToolTests", dependencies: ["ImageKit", "RecordZone", "SQLiteKit", "TestSupport", "convkit", "convkitd", "convkitd-sync"]),
+        .testTarget(name: "ToolTests", dependencies: ["ConversationKit", "ImageKit", "RecordZone", "SQLiteKit", "TestSupport", "convkit", "convkitd", "convkitd-sync"]),
         .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "Crowd", "convkitd", "convkitd-sync"]),
     ],
     swiftLanguageModes: [.v6]

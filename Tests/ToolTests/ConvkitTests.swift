@@ -429,16 +429,17 @@ import TestSupport
         return false
     }
 
-    /// `convkit chat` with `arguments` in a detached 100×20 tmux session; its exit status goes
-    /// to a file when it ends.
+    /// `convkit chat` with `arguments` in a detached tmux session (100×20 unless asked), after
+    /// `before` and before `after` (shell commands); its exit status goes to a file when it ends.
     struct Session {
         let name = "convkit-chat-\(UUID().uuidString.prefix(8))"
         let exitFile: String
 
-        init(_ arguments: String, in directory: String, before: String = "") async throws {
+        init(_ arguments: String, in directory: String, before: String = "", after: String = "", width: Int = 100, height: Int = 20) async throws {
             exitFile = directory + "/exit"
-            let command = "\(before)\(try builtProduct("convkit")) chat \(arguments); echo $? > \(exitFile); sleep 30"
-            _ = try await tmux(["new-session", "-d", "-s", name, "-x", "100", "-y", "20", command])
+            let command = "\(before)\(try builtProduct("convkit")) chat \(arguments); status=$?; \(after)echo $status > \(exitFile); sleep 60"
+            // A clean environment: what the test runs under (its TERM, locale, NO_COLOR) stays out.
+            _ = try await tmux(["new-session", "-d", "-s", name, "-x", "\(width)", "-y", "\(height)", "env -i PATH=/usr/bin:/bin HOME=\(directory) TERM=screen bash -c '\(command)'"])
         }
 
         func screen() async throws -> String { try await tmux(["capture-pane", "-p", "-t", name]) }
@@ -458,12 +459,25 @@ import TestSupport
         /// Ctrl-C, then the exit status (nil if it did not end within 5 s).
         func leave() async throws -> String? {
             try await type("C-c")
-            let deadline = Date().addingTimeInterval(5)
-            while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
-            return (try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+            return try await status()
         }
 
         func kill() { let name = name; Task { _ = try? await tmux(["kill-session", "-t", name]) } }
+
+        /// The exit status once the view ended (nil if not within 5 s).
+        func status() async throws -> String? {
+            let deadline = Date().addingTimeInterval(5)
+            while !FileManager.default.fileExists(atPath: exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            try await Task.sleep(for: .milliseconds(100))
+            return (try? String(contentsOfFile: exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+
+        /// Sends `signal` to the chat process (the child of the pane's shell).
+        func signal(_ signal: String) async throws {
+            let shell = try await tmux(["display", "-p", "-t", name, "#{pane_pid}"]).trimmingCharacters(in: .whitespacesAndNewlines)
+            let child = try ChildProcess("/usr/bin/pkill", ["-\(signal)", "-P", shell, "-x", "convkit"])
+            _ = await child.wait()
+        }
     }
 
     /// Through a zone server (a folder carries no typing): what bob types shows on alice's chat
@@ -572,9 +586,7 @@ import TestSupport
         try await session.type("//slash at the start", "Enter")
         #expect(try await session.eventually(5) { $0.contains("Bob (bob): /slash at the start") })
         try await session.type("/quit", "Enter")
-        let deadline = Date().addingTimeInterval(5)
-        while !FileManager.default.fileExists(atPath: session.exitFile) && Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
-        #expect((try? String(contentsOfFile: session.exitFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == "0", "/quit leaves")
+        #expect(try await session.status() == "0", "/quit leaves")
         let after = try await session.screen()
         #expect(after.contains("BEFORE THE CHAT") && !after.contains("Alice (alice): first"), "the terminal as it was: \(after)")
         // Alice got the //-line as /text, and no command.

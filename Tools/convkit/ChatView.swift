@@ -364,12 +364,11 @@ enum ChatView {
                 let found = digits.count <= MessageID.referenceLength ? messages.filter { $0.id.reference.hasPrefix(digits) }
                     : try store.messages(referencedBy: digits).filter { $0.conversation == conversation.id }.compactMap { id in messages.first { $0.id == id } }
                 if found.count > 1 { throw ToolFailure("'\(first)' is ambiguous here: give more of it") }
-                if let message = found.first {
-                    rest = String(rest.dropFirst(first.count).drop { $0.isWhitespace })
-                    return message
-                }
+                guard let message = found.first else { throw ToolFailure("no message '\(first)' here: give the reference shown before it") }
+                rest = String(rest.dropFirst(first.count).drop { $0.isWhitespace })
+                return message
             }
-            guard let fallback else { throw ToolFailure("no message '\(first)' here: give the reference shown before it") }
+            guard let fallback else { throw ToolFailure("'\(first)' is not a reference: give the one shown before the message") }
             return fallback
         }
         let newestFromOthers = messages.last { $0.speaker != local && !$0.isDeleted }
@@ -441,6 +440,8 @@ enum ChatView {
                 shared.tell("unknown command /\(name.prefix(40)): /help lists them; //text sends /text")
             }
         } catch let error as ConversationError {
+            shared.tell("/\(name): \(error.message)")
+        } catch let error as ToolFailure {
             shared.tell("/\(name): \(error.message)")
         } catch {
             shared.tell("/\(name): \(error)")
