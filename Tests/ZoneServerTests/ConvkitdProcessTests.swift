@@ -110,11 +110,14 @@ import ZoneServer
         let help = try ChildProcess(tool, ["--help"])
         _ = await help.wait()
         #expect(help.standardOutput.contains("SUBCOMMANDS:"))
+        let version = try ChildProcess(tool, ["--version"])
+        #expect(await version.wait() == 0 && version.standardOutput.split(separator: ".").count == 3, "\(version.standardOutput)")
         for arguments in [[], ["bogus"], ["serve"], ["serve", "--data"], ["serve", "--data", "/tmp/x", "--listen", "nowhere"], ["serve", "--data", "/tmp/x", "--frobnicate"],
                           ["serve", "--data", "/tmp/x", "--log-level", "loud"], ["serve", "--data", "/tmp/x", "--storage", "postgres://db/chat"],
                           ["serve", "--storage", "/var/lib/chat"], ["serve", "--storage", "postgres://db/chat", "--pool-size", "0"],
                           ["migrate"], ["migrate", "--from", "/tmp/x"], ["migrate", "--from", "/tmp/x", "--storage", "mysql://db"],
-                          ["sync"], ["sync", "--store", "/tmp/x"], ["sync", "--store", "/tmp/x", "--server", "ftp://host"]] {
+                          ["sync"], ["sync", "--store", "/tmp/x"], ["sync", "--store", "/tmp/x", "--server", "ftp://host"],
+                          ["help", "bogus"], ["completions"], ["completions", "tcsh"], ["man", "--date", "yesterday"]] {
             let child = try ChildProcess(tool, arguments)
             #expect(await child.wait() == 64, "\(arguments)")
             #expect(child.standardError.hasPrefix("Error: "), "\(arguments)")

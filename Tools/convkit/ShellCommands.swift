@@ -17,10 +17,7 @@ enum ShellCommands {
                             options: [.valued("date", "yyyy-mm-dd", "The page's date. (default: today)")]), run: manual),
     ]
 
-    static var set: CommandSet {
-        CommandSet(tool: "convkit", overview: "chat from a terminal, and inspect ConversationKit records, tokens, outbox and quarantine",
-                   commands: commands.map(\.command), rootOptions: rootOptions)
-    }
+    static var set: CommandSet { tool.commandSet }
 
     static func completions(_ context: Context) async throws {
         let shell = context.arguments.positional(0) ?? ""

@@ -5,11 +5,6 @@ import Synchronization
 import ToolSupport
 
 /// A failure (exit 1), printed as `Error: …`.
-struct ToolFailure: Error {
-    let message: String
-    init(_ message: String) { self.message = message }
-}
-
 /// The options that choose what a command works on.
 enum Targets {
     static let store = Option.valued("store", "dir", "The local store. (default: $CONVKIT_STORE, else $XDG_DATA_HOME/convkit/store)")

@@ -58,8 +58,7 @@ let migrateCommand = Command(
     ])
 let migrateHelp = migrateCommand.help
 
-func migrate(_ rawArguments: [String]) async {
-    let arguments = parseOrExit(rawArguments, migrateCommand, tool: "convkitd")
+func migrate(_ arguments: ParsedArguments) async {
     let directory: String, conninfo: String
     do throws(UsageError) {
         guard let from = arguments.value("from") else { throw UsageError("--from is required") }

@@ -40,8 +40,7 @@ struct ReplicationState: Codable {
     var tokens: [String: String] = [:]
 }
 
-func replicate(_ rawArguments: [String]) async {
-    let arguments = parseOrExit(rawArguments, replicateCommand, tool: "convkitd")
+func replicate(_ arguments: ParsedArguments) async {
     let logger: Logger
     let interval: Int
     let identity = arguments.value("identity") ?? "_replicator"

@@ -38,45 +38,27 @@ let serveCommand = Command(
         .valued("replicator", "identity=key", "A peer's replicator (convkitd replicate; the identity starts with _, the public key in hex) that may read and write every zone — every record it saves is still checked.", repeats: true),
     ])
 
-let mainCommand = Command("convkitd", "The ConversationKit daemon: serves record zones over HTTP, keeps stores in step.",
-                          options: [.flag("version", "Show the version.")],
-                          subcommands: [("serve", "Serve record zones over HTTP from a data directory or a PostgreSQL database."),
-                                        ("sync", "Keep a store in step with a folder zone or a server, continuously."),
-                                        ("replicate", "Copy signed records zone to zone between two backends."),
-                                        ("migrate", "Copy a SQLite server's data into a PostgreSQL database, verifying every record."),
-                                        ("completions", "Print a completion script for bash, zsh or fish."),
-                                        ("man", "Print convkitd's manual page (roff), every command in it.")])
-
 let completionsCommand = Command("convkitd completions", "Print a completion script for bash, zsh or fish.",
                                  discussion: "bash: source <(convkitd completions bash); zsh: source <(convkitd completions zsh); fish: convkitd completions fish | source.",
                                  positionals: [Positional("shell", "bash, zsh or fish.")])
 let manCommand = Command("convkitd man", "Print convkitd's manual page (roff), every command in it.",
                          options: [.valued("date", "yyyy-mm-dd", "The page's date. (default: today)")])
 
-/// Every command, for the completions and the manual page.
-let commandSet = CommandSet(tool: "convkitd", overview: "the ConversationKit daemon: serves record zones over HTTP, keeps stores in step",
-                            commands: [serveCommand, DaemonCommands.sync, replicateCommand, migrateCommand, completionsCommand, manCommand],
-                            rootOptions: [.flag("version", "Show the version.")])
-
-func printCompletions(_ rawArguments: [String]) {
-    let arguments = parseOrExit(rawArguments, completionsCommand, tool: "convkitd")
+func printCompletions(_ arguments: ParsedArguments) throws {
     let shell = arguments.positional(0) ?? ""
-    guard let script = commandSet.completionScript(for: shell) else { fail("no completions for '\(shell)': bash, zsh or fish", usage: completionsCommand.help) }
+    guard let script = tool.commandSet.completionScript(for: shell) else { throw UsageError("no completions for '\(shell)': bash, zsh or fish") }
     FileHandle.standardOutput.write(Data(script.utf8))
 }
 
-func printManual(_ rawArguments: [String]) {
-    let arguments = parseOrExit(rawArguments, manCommand, tool: "convkitd")
-    let date: String
-    do throws(UsageError) { date = try CommandSet.pageDate(arguments.value("date")) } catch { fail(error.message, usage: manCommand.help) }
-    FileHandle.standardOutput.write(Data(commandSet.manualPage(version: version, date: date, sections: [
+func printManual(_ arguments: ParsedArguments) throws {
+    let date = try CommandSet.pageDate(arguments.value("date"))
+    FileHandle.standardOutput.write(Data(tool.commandSet.manualPage(version: version, date: date, sections: [
         ("Signals", ["SIGINT and SIGTERM stop a server or a sync daemon cleanly: requests in flight finish, long polls are answered, the database is closed."]),
         ("Exit status", ["0 on success, 1 on a failure (the error on standard error), 64 on a usage error (with the command's usage line)."]),
         ("See also", ["convkit(1); docs/SERVER.md and docs/PROTOCOL.md in the ConversationKit sources."]),
     ]).utf8))
 }
 
-let mainHelp = mainCommand.help
 let serveHelp = serveCommand.help
 
 func fail(_ message: String, usage: String?) -> Never {
@@ -93,18 +75,12 @@ func hostAndPort(_ address: String, option: String) throws(UsageError) -> (host:
     return (host, port)
 }
 
-func serve(_ rawArguments: [String]) async {
-    let arguments: ParsedArguments
+func serve(_ arguments: ParsedArguments) async {
     let listen: (host: String, port: Int)
     let operatorListen: (host: String, port: Int)?
     let configuration: ZoneServerConfiguration
     let storageChoice: StorageChoice
     do throws(UsageError) {
-        arguments = try serveCommand.parse(rawArguments)
-        if arguments.has("help") {
-            print(serveHelp, terminator: "")
-            exit(0)
-        }
         storageChoice = try StorageChoice(arguments)
         listen = try hostAndPort(arguments.value("listen") ?? "127.0.0.1:8080", option: "listen")
         operatorListen = try arguments.value("operator-listen").map { address throws(UsageError) in try hostAndPort(address, option: "operator-listen") }
@@ -173,38 +149,12 @@ func runSyncDaemon(_ rawArguments: [String]) -> Never {
     fail("cannot run \(path): \(String(cString: strerror(errno)))", usage: nil)
 }
 
-var arguments = Array(CommandLine.arguments.dropFirst())
-switch arguments.first {
-case nil:
-    FileHandle.standardError.write(Data("Error: missing subcommand\n\n\(mainHelp)".utf8))
-    exit(64)
-case "-h", "--help":
-    print(mainHelp, terminator: "")
-case "--version":
-    print(version)
-case "help":
-    switch arguments.dropFirst().first {
-    case nil: print(mainHelp, terminator: "")
-    case "serve": print(serveHelp, terminator: "")
-    case "sync": runSyncDaemon(["--help"])
-    case "replicate": print(replicateHelp, terminator: "")
-    case "migrate": print(migrateHelp, terminator: "")
-    case "completions": print(completionsCommand.help, terminator: "")
-    case "man": print(manCommand.help, terminator: "")
-    case let other?: fail("unknown subcommand '\(other)'", usage: mainHelp)
-    }
-case "serve":
-    await serve(Array(arguments.dropFirst()))
-case "sync":
-    runSyncDaemon(Array(arguments.dropFirst()))
-case "replicate":
-    await replicate(Array(arguments.dropFirst()))
-case "migrate":
-    await migrate(Array(arguments.dropFirst()))
-case "completions":
-    printCompletions(Array(arguments.dropFirst()))
-case "man":
-    printManual(Array(arguments.dropFirst()))
-case let other?:
-    fail("unknown subcommand '\(other)'", usage: mainHelp)
-}
+/// The commands, run by ToolSupport's Dispatcher (convkit's too).
+let tool = Dispatcher(tool: "convkitd", overview: "the ConversationKit daemon: serves record zones over HTTP, keeps stores in step", version: version,
+                      subcommands: [Subcommand(serveCommand) { await serve($0) },
+                                    Subcommand(DaemonCommands.sync, words: { runSyncDaemon($0) }),
+                                    Subcommand(replicateCommand) { await replicate($0) },
+                                    Subcommand(migrateCommand) { await migrate($0) },
+                                    Subcommand(completionsCommand) { try printCompletions($0) },
+                                    Subcommand(manCommand) { try printManual($0) }])
+await tool.run(Array(CommandLine.arguments.dropFirst()))
