@@ -122,6 +122,16 @@ import TestSupport
         #expect(shown, "\(screen)")
         #expect(try await Self.reaches(alice, block))
         #expect(try await Self.contents(alice) == ["first", block], "one message")
+        // 32 KiB in 640 lines: one message too, in one go.
+        let large = (1...640).map { String(format: "%03d ", $0) + String(repeating: "x", count: 46) }.joined(separator: "\n")
+        try large.write(toFile: dir.path + "/large", atomically: true, encoding: .utf8)
+        _ = try await ConvkitChatTests.tmux(["load-buffer", "-b", buffer, dir.path + "/large"])
+        _ = try await ConvkitChatTests.tmux(["paste-buffer", "-p", "-d", "-b", buffer, "-t", view.name])
+        #expect(try await view.eventually(10) { $0.contains("640 xxxx") })
+        try await view.type("Enter")
+        #expect(try await view.eventually(10) { $0.contains("  640 xxxx") && !$0.contains("↵") })
+        #expect(try await Self.reaches(alice, large))
+        #expect(try await Self.contents(alice) == ["first", block, large])
         #expect(try await view.leave() == "0")
     }
 

@@ -461,8 +461,12 @@ final class TerminalLoop {
     var editor = LineEditor()
     /// Rows scrolled back from the newest (0: following what comes).
     var scroll = 0
+    /// Inside a bracketed paste, and what it brought so far.
     var pasting = false
+    var pasted = ""
     var drawn = -1
+    /// The rows of the messages at the last draw, kept while nothing changed.
+    var laidOut: (generation: Int, width: Int, lines: [[Cell]], owners: [MessageID?])?
     /// The newest message and the rows of everything at the last draw: new messages at the
     /// bottom keep a scrolled-back view where it is.
     var newest: MessageID?
@@ -478,15 +482,19 @@ final class TerminalLoop {
 
     func run() {
         while !shared.quit.load(ordering: .relaxed) {
-            var value: UInt32 = 0
-            switch ck_terminal_key(100, &value) {
-            case Int32(CK_READ_CHARACTER):
-                guard let scalar = Unicode.Scalar(value) else { break }
-                if !character(scalar) { return end() }
-            case Int32(CK_READ_KEY):
-                key(Int32(value))
-            default:
-                break
+            // Every key already there (a paste is thousands) before one frame.
+            var wait: Int32 = 100
+            while true {
+                var value: UInt32 = 0
+                let kind = ck_terminal_key(wait, &value)
+                wait = 0
+                if kind == Int32(CK_READ_CHARACTER), let scalar = Unicode.Scalar(value) {
+                    if !character(scalar) { return end() }
+                } else if kind == Int32(CK_READ_KEY) {
+                    key(Int32(value))
+                } else {
+                    break
+                }
             }
             var rows: Int32 = 0, columns: Int32 = 0
             ck_terminal_size(&rows, &columns)
@@ -506,13 +514,17 @@ final class TerminalLoop {
 
     /// A typed character; false to leave.
     func character(_ scalar: Unicode.Scalar) -> Bool {
+        // A pasted block goes into the line whole when it ends (its newlines kept, a tab a space).
+        if pasting {
+            pasted.unicodeScalars.append(scalar.value == 13 ? "\n" : scalar.value == 9 ? " " : scalar)
+            return true
+        }
         switch scalar.value {
         case 3: return false  // Ctrl-C
         case 4:  // Ctrl-D: leaves on an empty line, else deletes forward
             if editor.isEmpty { return false }
             editor.deleteForward()
-        case 13, 10:
-            if pasting { editor.insert("\n") } else { submit() }
+        case 13, 10: submit()
         case 127, 8: editor.backspace()
         case 1: editor.home()
         case 5: editor.end()
@@ -521,8 +533,7 @@ final class TerminalLoop {
         case 11: editor.deleteToEnd()
         case 21: editor.deleteToStart()
         case 23: editor.deleteWordBack()
-        case 9:
-            if pasting { editor.insert(" ") } else { actions.yield(.move(1)) }
+        case 9: actions.yield(.move(1))
         case 12: drawn = -1  // Ctrl-L
         case 0..<32: return true
         default: editor.insert(String(Character(scalar)))
@@ -533,6 +544,12 @@ final class TerminalLoop {
     }
 
     func key(_ code: Int32) {
+        // Inside a paste only its end and its newlines count (curses reads a pasted escape
+        // sequence as a key: it is dropped, not obeyed).
+        if pasting, code != Int32(CK_KEY_PASTE_END) {
+            if code == Int32(CK_KEY_ENTER) { pasted += "\n" }
+            return
+        }
         let page = max(1, size.rows - 5)
         switch code {
         case Int32(CK_KEY_LEFT): editor.left()
@@ -548,14 +565,18 @@ final class TerminalLoop {
         case Int32(CK_KEY_DELETE): editor.deleteForward()
         case Int32(CK_KEY_UP): editor.previous()
         case Int32(CK_KEY_DOWN): editor.next()
-        case Int32(CK_KEY_ENTER): if pasting { editor.insert("\n") } else { submit() }
+        case Int32(CK_KEY_ENTER): submit()
         case Int32(CK_KEY_PAGE_UP): scroll += page
         case Int32(CK_KEY_PAGE_DOWN): scroll = max(0, scroll - page)
         case Int32(CK_KEY_WHEEL_UP): scroll += 3
         case Int32(CK_KEY_WHEEL_DOWN): scroll = max(0, scroll - 3)
         case Int32(CK_KEY_TAB_BACK): actions.yield(.move(-1))
         case Int32(CK_KEY_PASTE_BEGIN): pasting = true
-        case Int32(CK_KEY_PASTE_END): pasting = false
+        case Int32(CK_KEY_PASTE_END):
+            pasting = false
+            editor.insert(pasted)
+            pasted = ""
+            edited()
         default: break
         }
         if [CK_KEY_LEFT, CK_KEY_RIGHT, CK_KEY_HOME, CK_KEY_END, CK_KEY_PAGE_UP, CK_KEY_PAGE_DOWN, CK_KEY_WHEEL_UP, CK_KEY_WHEEL_DOWN, CK_KEY_RESIZE,
@@ -613,7 +634,11 @@ final class TerminalLoop {
             + TerminalText.cells("  (/help, Ctrl-C leaves)", Int32(CK_DIM))
         TerminalText.draw(TerminalText.clip(header, to: pane), at: 0, column: x)
         let room = height - 4
-        let (lines, owners) = layout(state, width: pane)
+        if laidOut?.generation != state.generation || laidOut?.width != pane {
+            let (lines, owners) = layout(state, width: pane)
+            laidOut = (state.generation, pane, lines, owners)
+        }
+        let lines = laidOut?.lines ?? [], owners = laidOut?.owners ?? []
         // A view scrolled back stays on what it shows when new messages come below.
         if scroll > 0, let newest, newest != state.messages.last?.id, lines.count > totalRows { scroll += lines.count - totalRows }
         newest = state.messages.last?.id
