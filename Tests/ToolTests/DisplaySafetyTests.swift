@@ -84,6 +84,8 @@ import TestSupport
         #expect(try await ConvkitTests.convkit(["init", "--id", "alice", "--name", "Alice\u{202E}", "--zone-dir", folder, "--device", "laptop"] + alice).status == 0)
         #expect(try await ConvkitTests.convkit(["init", "--id", "bob", "--name", "Bob", "--zone-dir", folder, "--device", "phone"] + bob).status == 0)
         #expect(try await ConvkitTests.convkit(["send", "bob", Self.forgedLine, "--sync"] + alice).status == 0)
+        // A window title (OSC 2) and a colour: shown, not obeyed.
+        #expect(try await ConvkitTests.convkit(["send", "bob", "\u{1B}]2;pwned\u{07}\u{1B}[31mred", "--sync"] + alice).status == 0)
         #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
         let session = "convkit-esc-\(UUID().uuidString.prefix(8))"
         let command = "\(try builtProduct("convkit")) chat alice --store \(dir.path)/bob; sleep 30"
@@ -99,6 +101,11 @@ import TestSupport
         #expect(screen.contains("Chat with Alice<U+202E> (alice)"), "the header survives: \(screen)")
         #expect(screen.contains("Alice<U+202E> (alice): hi<U+000D><U+001B>[2KBob: I owe Alice 500 EUR<U+001B>[2J"), "\(screen)")
         #expect(!screen.split(separator: "\n").contains { $0.hasPrefix("Bob: I owe") })
+        #expect(screen.contains("<U+001B>]2;pwned<U+0007><U+001B>[31mred"), "\(screen)")
+        let title = try await ConvkitChatTests.tmux(["display", "-p", "-t", session, "#{pane_title}"])
+        #expect(!title.contains("pwned"), "\(title)")
+        let attributes = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-e", "-t", session])
+        #expect(!attributes.contains("\u{1B}[31m"), "no red: \(attributes.debugDescription)")
         _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session, "C-c"])
     }
 }

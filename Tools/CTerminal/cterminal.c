@@ -159,6 +159,10 @@ void ck_terminal_cursor(int row, int at, int visible) {
     move(row, at);
 }
 
+void ck_terminal_repaint(void) {
+    if (screen) clearok(curscr, TRUE);
+}
+
 void ck_terminal_show(void) {
     if (screen) refresh();
 }

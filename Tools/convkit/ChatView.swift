@@ -97,17 +97,13 @@ enum ChatView {
         func tell(_ notice: String) { update { $0.notice = notice } }
     }
 
-    static let clock: DateFormatter = {
-        let formatter = DateFormatter()
-        formatter.dateFormat = "HH:mm"
-        return formatter
-    }()
-
-    static let day: DateFormatter = {
-        let formatter = DateFormatter()
-        formatter.dateFormat = "yyyy-MM-dd HH:mm"
-        return formatter
-    }()
+    /// `14:05` in the local time zone; with `day`, `2026-11-30 14:05`. (Calendar is a value:
+    /// safe from the terminal's thread and the tasks alike, where a shared DateFormatter is not.)
+    static func time(_ date: Date, day: Bool = false) -> String {
+        let parts = Calendar.current.dateComponents([.year, .month, .day, .hour, .minute], from: date)
+        let clock = String(format: "%02d:%02d", parts.hour ?? 0, parts.minute ?? 0)
+        return day ? String(format: "%04d-%02d-%02d ", parts.year ?? 0, parts.month ?? 0, parts.day ?? 0) + clock : clock
+    }
 
     /// "online", "last seen 14:05" (a day before: "last seen 2026-11-30 14:05") for one other;
     /// "2 of 5 online: Bob (bob), Carol (carol)" for several; nothing when nobody was seen.
@@ -115,7 +111,7 @@ enum ChatView {
         if presence.count == 1, let one = presence.first {
             if one.isOnline { return "online" }
             guard let seen = one.lastSeen else { return "" }
-            return "last seen " + (Calendar.current.isDate(seen, inSameDayAs: now) ? clock : day).string(from: seen)
+            return "last seen " + time(seen, day: !Calendar.current.isDate(seen, inSameDayAs: now))
         }
         let online = presence.filter(\.isOnline).map { names[$0.identity] ?? $0.identity }
         return online.isEmpty ? "" : "\(online.count) of \(presence.count) online: " + online.joined(separator: ", ")
@@ -150,7 +146,7 @@ enum ChatView {
                 guard case .syncActivity(let activity) = event else { continue }
                 switch activity {
                 case .synced(let report) where report.failed > 0: shared.say("synced; \(report.failed) failed (/retry sends them again)")
-                case .synced: shared.say("synced " + clock.string(from: Date()))
+                case .synced: shared.say("synced " + time(Date()))
                 case .unreachable(let why): shared.say("offline (\(why)): messages wait in the outbox")
                 case .notAccepted(_, let why): shared.say("not accepted: \(why)")
                 case .reachable: shared.say("online again")
@@ -472,6 +468,7 @@ final class TerminalLoop {
     var newest: MessageID?
     var totalRows = 0
     var askedOlderAt = -1
+    /// Whether "typing" was said last.
     var typing = false
     var size = (rows: 0, columns: 0)
 
@@ -534,7 +531,7 @@ final class TerminalLoop {
         case 21: editor.deleteToStart()
         case 23: editor.deleteWordBack()
         case 9: actions.yield(.move(1))
-        case 12: drawn = -1  // Ctrl-L
+        case 12: ck_terminal_repaint()  // Ctrl-L
         case 0..<32: return true
         default: editor.insert(String(Character(scalar)))
         }
@@ -591,7 +588,7 @@ final class TerminalLoop {
         let text = editor.text
         let now = !text.isEmpty && (!text.hasPrefix("/") || text.hasPrefix("//"))
         // The store says it again every 3 s while it lasts; a change is said at once.
-        actions.yield(.typing(now))
+        if now || typing { actions.yield(.typing(now)) }
         typing = now
     }
 
@@ -601,7 +598,6 @@ final class TerminalLoop {
         shared.update { $0.notice = "" }
         if line.hasPrefix("/"), !line.hasPrefix("//") {
             actions.yield(.command(line.trimmingCharacters(in: .whitespaces)))
-            actions.yield(.typing(false))
             return
         }
         if line.hasPrefix("//") { line.removeFirst() }
@@ -742,7 +738,7 @@ final class TerminalLoop {
             let speaker = state.names[message.speaker] ?? message.speaker
             // Names, content and notes come from others: each part is made safe (TerminalText.cells).
             var head = TerminalText.cells(String(message.id.reference.prefix(length)) + " ", dim)
-                + TerminalText.cells(ChatView.clock.string(from: message.spokenAt) + " ", dim)
+                + TerminalText.cells(ChatView.time(message.spokenAt, day: !Calendar.current.isDateInToday(message.spokenAt)) + " ", dim)
                 + TerminalText.cells(speaker, bold) + TerminalText.cells(": ")
             let paragraphs = message.isDeleted ? ["(a deleted message)"]
                 : message.content.split(omittingEmptySubsequences: false) { $0 == "\n" || $0 == "\r\n" }.map(String.init)

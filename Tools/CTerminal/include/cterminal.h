@@ -43,6 +43,9 @@ void ck_terminal_put(int row, int column, const char *text, int attributes);
 /* Where the cursor shows (visible or not) once the frame is on the screen. */
 void ck_terminal_cursor(int row, int column, int visible);
 
+/* The next frame is sent whole, as if the screen held nothing (Ctrl-L). */
+void ck_terminal_repaint(void);
+
 /* Puts the frame on the screen (only what changed is sent). */
 void ck_terminal_show(void);
 
