@@ -12,14 +12,15 @@ final class ServerFixture: @unchecked Sendable {
     var port: Int { server.port }
     var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
 
+    /// `storage`: another than the SQLite one in `directory` (PostgreSQL).
     init(directory: TemporaryDirectory? = nil, access: any ZoneAccessPolicy = ChatZoneAccess(), policy: RecordPolicy = ConversationStore.recordPolicy(),
-         configure: (inout ZoneServerConfiguration) -> Void = { _ in }) throws {
+         storage: (any ZoneStorage)? = nil, configure: (inout ZoneServerConfiguration) -> Void = { _ in }) throws {
         self.directory = try directory ?? TemporaryDirectory("server")
         var configuration = ZoneServerConfiguration()
         configuration.requestsPerSecond = 100_000
         configuration.burst = 100_000
         configure(&configuration)
-        let storage = try SQLiteZoneStorage(directory: self.directory.path, policy: policy, indexedFields: ConversationStore.queryIndexes)
+        let storage = try storage ?? SQLiteZoneStorage(directory: self.directory.path, policy: policy, indexedFields: ConversationStore.queryIndexes)
         server = ZoneServer(storage: storage, access: access, configuration: configuration)
         try server.start(host: "127.0.0.1", port: 0)
     }

@@ -35,6 +35,8 @@ let serveCommand = Command(
         .valued("max-wait", "seconds", "The longest long poll a client may ask for. (default: 60)"),
         .valued("tls-cert", "file", "Serve HTTPS with this certificate (PEM; with --tls-key)."),
         .valued("tls-key", "file", "The certificate's private key (PEM)."),
+        .flag("console", "Serve the operator's console at /console/ (a sign-in token is printed at start, unless --console-token-file gives it)."),
+        .valued("console-token-file", "file", "With --console: the sign-in token, read from this file (at least 32 characters; not printed)."),
         .valued("replicator", "identity=key", "A peer's replicator (convkitd replicate; the identity starts with _, the public key in hex) that may read and write every zone — every record it saves is still checked.", repeats: true),
     ])
 
@@ -104,6 +106,18 @@ func serve(_ arguments: ParsedArguments) async {
             }
             settings.replicators[parts[0]] = key
         }
+        if arguments.has("console") {
+            var console = ConsoleSettings(token: ConsoleSettings.randomToken())
+            if let file = arguments.value("console-token-file") {
+                guard let data = FileManager.default.contents(atPath: file) else { throw UsageError("--console-token-file: cannot read \(file)") }
+                console.token = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+                guard console.token.count >= 32 else { throw UsageError("--console-token-file: the token is at least 32 characters") }
+            }
+            console.secure = arguments.value("tls-cert") != nil
+            settings.console = console
+        } else if arguments.value("console-token-file") != nil {
+            throw UsageError("--console-token-file goes with --console")
+        }
         configuration = settings
     } catch {
         fail(error.message, usage: serveHelp)
@@ -120,6 +134,12 @@ func serve(_ arguments: ParsedArguments) async {
         }
         try server.start(host: listen.host, port: listen.port, tls: tls)
         if let operatorListen { try server.startOperator(host: operatorListen.host, port: operatorListen.port) }
+        if let console = configuration.console {
+            let scheme = console.secure ? "https" : "http"
+            let shown = listen.host.contains(":") ? "[\(listen.host)]" : listen.host
+            let token = arguments.value("console-token-file") == nil ? ", sign in with the token \(console.token)" : ", sign in with the token in \(arguments.value("console-token-file") ?? "")"
+            FileHandle.standardError.write(Data("console: \(scheme)://\(shown):\(server.port)/console/\(token)\n".utf8))
+        }
     } catch {
         logger.error("cannot start: \(error)")
         fail("\(error)", usage: nil)

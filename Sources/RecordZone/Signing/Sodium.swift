@@ -81,7 +81,7 @@ public enum Sodium {
     }
 
     /// Compares in constant time (`sodium_memcmp`).
-    static func constantTimeEqual(_ a: Data, _ b: Data) -> Bool {
+    package static func constantTimeEqual(_ a: Data, _ b: Data) -> Bool {
         guard a.count == b.count else { return false }
         return a.withUnsafeBytes { x in b.withUnsafeBytes { y in sodium_memcmp(x.baseAddress, y.baseAddress, a.count) == 0 } }
     }

@@ -37,6 +37,11 @@ final class Metrics: Sendable {
         return state.withLock { state in state.requests.filter { name == nil || $0.key.split(separator: ",").dropFirst().first.map(String.init) == name }.values.reduce(0, +) }
     }
 
+    /// Every request answered, those with an error, and the seconds they took in all.
+    func totals() -> (requests: Int, errors: Int, latencySeconds: Double) {
+        state.withLock { ($0.latencyCount, $0.errors, $0.latencySum) }
+    }
+
     func render(recordsStored: Int, longPollsWaiting: Int, inFlight: Int, idleGivenWay: Int = 0, openConnections: Int = 0, abandoned: Int = 0, memoryReleases: Int = 0) -> String {
         let snapshot = state.withLock { $0 }
         var out = """

@@ -11,6 +11,8 @@ public struct ZoneAPI: HTTPService {
     let configuration: ZoneServerConfiguration
     let authenticator: Authenticator
     let metrics = Metrics()
+    /// The saves refused since start (the newest), for the console.
+    public let refusals = RefusalLog()
     /// The transport's gauges, reported by `/metrics`.
     let counters: HTTPCounters
 

@@ -22,6 +22,8 @@ public struct ZoneServerConfiguration: Sendable {
     /// and the only key each may sign with: they read, create and write every zone
     /// (``ReplicatingZoneAccess``); every record they save is still checked.
     public var replicators: [String: Data] = [:]
+    /// The operator's console at `/console/` (``ConsoleSettings``); nil: none (the default).
+    public var console: ConsoleSettings? = nil
 
     public init() {}
 }
@@ -46,8 +48,10 @@ public final class ZoneServer: Sendable {
 
     public init(storage: any ZoneStorage, access: any ZoneAccessPolicy = OpenZoneAccess(), configuration: ZoneServerConfiguration = ZoneServerConfiguration()) {
         let counters = HTTPCounters()
-        api = ZoneAPI(storage: storage, access: access, configuration: configuration, counters: counters)
-        http = HTTPServer(service: api, limits: configuration.limits, logger: configuration.logger, counters: counters)
+        let api = ZoneAPI(storage: storage, access: access, configuration: configuration, counters: counters)
+        self.api = api
+        let service: any HTTPService = configuration.console.map { ConsoleService(api: api, settings: $0) } ?? api
+        http = HTTPServer(service: service, limits: configuration.limits, logger: configuration.logger, counters: counters)
         var operatorLimits = HTTPLimits()
         operatorLimits.maximumConnections = 32
         operatorLimits.maximumConnectionsPerAddress = 32

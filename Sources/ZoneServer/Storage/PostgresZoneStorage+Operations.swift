@@ -44,6 +44,34 @@ extension PostgresZoneStorage {
         Int(try await run { db in try db.execute("SELECT count(*) FROM ck_records").int(0, 0) } ?? 0)
     }
 
+    public func zoneListing(after: String?, limit: Int) async throws(RecordZoneError) -> [ZoneListing] {
+        let rows = try await run { db in
+            try db.execute("SELECT name, sequence FROM ck_zones WHERE name > $1 ORDER BY name LIMIT $2", [.text(after ?? ""), .int(Int64(limit))])
+        }
+        return (0..<rows.count).compactMap { row in rows.text(row, 0).map { ZoneListing(name: $0, sequence: rows.int(row, 1) ?? 0) } }
+    }
+
+    public func recordPage(in zone: ZoneName, after: String?, limit: Int) async throws(RecordZoneError) -> [Wire.SignedRecord] {
+        let rows = try await run { db in
+            try db.execute("SELECT record, sequence, received_at FROM ck_records WHERE zone = $1 AND name > $2 ORDER BY name LIMIT $3",
+                           [.text(zone.rawValue), .text(after ?? ""), .int(Int64(limit))])
+        }
+        return (0..<rows.count).compactMap { row in
+            rows.bytes(row, 0).map { Wire.SignedRecord(bytes: $0, changeTag: rows.int(row, 1).map(String.init), receivedAt: rows.int(row, 2)) }
+        }
+    }
+
+    public func zoneSize(_ zone: ZoneName) async throws(RecordZoneError) -> (records: Int, bytes: Int) {
+        let rows = try await run { db in
+            try db.execute("""
+                SELECT (SELECT count(*) FROM ck_records WHERE zone = $1), (SELECT coalesce(sum(length(record)), 0)::bigint FROM ck_records WHERE zone = $1),
+                       EXISTS (SELECT 1 FROM ck_zones WHERE name = $1)
+                """, [.text(zone.rawValue)])
+        }
+        guard rows.bool(0, 2) == true else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
+        return (Int(rows.int(0, 0) ?? 0), Int(rows.int(0, 1) ?? 0))
+    }
+
     public func healthProblem() async -> String? {
         do {
             _ = try await run { db in try db.execute("SELECT 1") }

@@ -391,6 +391,32 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         try await read { db in Int(try db.first("SELECT count(*) FROM records") { $0.int(0) } ?? 0) }
     }
 
+    public func zoneListing(after: String?, limit: Int) async throws(RecordZoneError) -> [ZoneListing] {
+        try await read { db in
+            try db.rows("SELECT name, sequence FROM zones WHERE name > ? ORDER BY name LIMIT ?", [after ?? "", Int64(limit)]) {
+                ZoneListing(name: $0.text(0), sequence: $0.int(1))
+            }
+        }
+    }
+
+    public func recordPage(in zone: ZoneName, after: String?, limit: Int) async throws(RecordZoneError) -> [Wire.SignedRecord] {
+        try await read { db in
+            try db.rows("SELECT record, sequence, received_at FROM records WHERE zone = ? AND name > ? ORDER BY name LIMIT ?",
+                        [zone.rawValue, after ?? "", Int64(limit)]) {
+                Wire.SignedRecord(bytes: $0.blob(0), changeTag: String($0.int(1)), receivedAt: $0.int(2))
+            }
+        }
+    }
+
+    public func zoneSize(_ zone: ZoneName) async throws(RecordZoneError) -> (records: Int, bytes: Int) {
+        let size = try await read { db -> (Int, Int)? in
+            guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) != nil else { return nil }
+            return try db.first("SELECT count(*), coalesce(sum(length(record)), 0) FROM records WHERE zone = ?", [zone.rawValue]) { (Int($0.int(0)), Int($0.int(1))) } ?? (0, 0)
+        }
+        guard let size else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
+        return size
+    }
+
     // MARK: Query index
 
     /// Replaces a record's index rows with those of this version (none for a tombstone).

@@ -68,6 +68,21 @@ public protocol ZoneStorage: RecordZoneBackend {
     /// The storage's background work (listening to other servers sharing it), until the calling
     /// task is cancelled; returns at once where there is none. ``ZoneServer`` runs it while it serves.
     func run() async
+
+    // What the operator's console shows (docs/SERVER.md, "Console"): pages by key, one seek each.
+    /// Zones in name order after `after`, at most `limit`, each with its change sequence.
+    func zoneListing(after: String?, limit: Int) async throws(RecordZoneError) -> [ZoneListing]
+    /// A zone's records (the version each holds) in name order after `after`, at most `limit`.
+    func recordPage(in zone: ZoneName, after: String?, limit: Int) async throws(RecordZoneError) -> [Wire.SignedRecord]
+    /// How many records a zone holds (tombstones too), and how many bytes they take.
+    func zoneSize(_ zone: ZoneName) async throws(RecordZoneError) -> (records: Int, bytes: Int)
+}
+
+/// A zone as the console lists it.
+public struct ZoneListing: Sendable, Hashable {
+    public let name: String
+    /// The zone's change counter: how many versions it has taken.
+    public let sequence: Int64
 }
 
 /// The nonces a single server has seen, in memory (``SQLiteZoneStorage``: one server per file),

@@ -1,0 +1,156 @@
+import ConversationKit
+import Foundation
+import RecordZone
+import StorageTestSupport
+import Testing
+import TestSupport
+@testable import ZoneServer
+
+/// The operator's console (`/console/`) over HTTP: nothing without a session, sessions that
+/// end, CSRF on what changes something, strict headers, and hostile record content as text.
+/// (A real browser drives it in ConsoleBrowserTests.)
+@Suite struct ConsoleTests {
+    static let token = String(repeating: "7", count: 64)
+
+    static func fixture(idle: Duration = .seconds(1800), storage: (any ZoneStorage)? = nil) throws -> ServerFixture {
+        try ServerFixture(storage: storage) { configuration in
+            var console = ConsoleSettings(token: token)
+            console.idleLifetime = idle
+            configuration.console = console
+        }
+    }
+
+    static func get(_ fixture: ServerFixture, _ path: String, cookie: String? = nil) async throws -> RawResponse {
+        try await RawConnection.exchange(port: fixture.port, method: "GET", path: path, headers: cookie.map { ["Cookie": "convkit_console=\($0)"] } ?? [:])
+    }
+
+    static func post(_ fixture: ServerFixture, _ path: String, form: String, cookie: String? = nil) async throws -> RawResponse {
+        var headers = ["Content-Type": "application/x-www-form-urlencoded"]
+        if let cookie { headers["Cookie"] = "convkit_console=\(cookie)" }
+        return try await RawConnection.exchange(port: fixture.port, method: "POST", path: path, headers: headers, body: Data(form.utf8))
+    }
+
+    /// Signs in: the session's cookie and its CSRF token (from a page's sign-out form).
+    static func signIn(_ fixture: ServerFixture) async throws -> (cookie: String, csrf: String) {
+        let answer = try await post(fixture, "/console/sign-in", form: "token=\(token)")
+        #expect(answer.status == 303 && answer.headers["location"] == "/console/")
+        let setCookie = try #require(answer.headers["set-cookie"])
+        #expect(setCookie.contains("HttpOnly") && setCookie.contains("SameSite=Strict") && setCookie.contains("Path=/console"), "\(setCookie)")
+        let cookie = try #require(setCookie.split(separator: ";").first?.split(separator: "=", maxSplits: 1).last.map(String.init))
+        let page = try await get(fixture, "/console/", cookie: cookie)
+        #expect(page.status == 200, "\(page.text)")
+        let csrf = try #require(page.text.range(of: #"name="csrf" value="([0-9a-f]+)""#, options: .regularExpression).map { String(page.text[$0].dropFirst(19).dropLast()) })
+        return (cookie, csrf)
+    }
+
+    static let pages = ["/console", "/console/", "/console/zones", "/console/zones/speakers", "/console/zones/speakers/changes",
+                        "/console/zones/speakers/records/x", "/console/identities/alice", "/console/refused", "/console/metrics"]
+
+    @Test func nothingAnswersWithoutASession() async throws {
+        let fixture = try Self.fixture()
+        for cookie in [nil, "forged", String(repeating: "0", count: 64)] {
+            for path in Self.pages {
+                let answer = try await Self.get(fixture, path, cookie: cookie)
+                #expect(answer.status == 303 && answer.headers["location"] == "/console/sign-in", "\(path) \(String(describing: cookie)): \(answer.status)")
+                #expect(!answer.text.contains("speakers"), "\(path)")
+            }
+            #expect(try await Self.get(fixture, "/console/metrics.json", cookie: cookie).status == 401)
+            #expect(try await Self.post(fixture, "/console/sign-out", form: "csrf=x", cookie: cookie).status == 401)
+        }
+        // The sign-in page and the stylesheet answer; a wrong token does not sign in.
+        let page = try await Self.get(fixture, "/console/sign-in")
+        #expect(page.status == 200 && page.text.contains("name=\"token\""))
+        let wrong = try await Self.post(fixture, "/console/sign-in", form: "token=\(String(repeating: "8", count: 64))")
+        #expect(wrong.status == 401 && wrong.headers["set-cookie"] == nil)
+        // Every answer carries the headers that keep a page from being framed, sniffed, cached
+        // or given a script from elsewhere.
+        for answer in [page, wrong] {
+            #expect(answer.headers["content-security-policy"]?.contains("default-src 'none'") == true)
+            #expect(answer.headers["content-security-policy"]?.contains("frame-ancestors 'none'") == true)
+            #expect(answer.headers["x-content-type-options"] == "nosniff" && answer.headers["cache-control"] == "no-store")
+        }
+        // Ten failures a minute, then none is even tried (the right token included).
+        for _ in 0..<9 { _ = try await Self.post(fixture, "/console/sign-in", form: "token=guess") }
+        #expect(try await Self.post(fixture, "/console/sign-in", form: "token=\(Self.token)").status == 429)
+        // The API beside it answers as before.
+        #expect(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz").status == 200)
+    }
+
+    @Test func aSessionEndsWhenIdleAndOnSignOutWithItsCSRFToken() async throws {
+        let fixture = try Self.fixture(idle: .milliseconds(700))
+        let (cookie, csrf) = try await Self.signIn(fixture)
+        for path in Self.pages.dropLast(3) {
+            let answer = try await Self.get(fixture, path, cookie: cookie)
+            #expect([200, 404].contains(answer.status) && answer.text.contains("convkitd console"), "\(path): \(answer.status)")
+        }
+        #expect(try await Self.get(fixture, "/console/metrics.json", cookie: cookie).status == 200)
+        // A form without the session's token changes nothing.
+        #expect(try await Self.post(fixture, "/console/sign-out", form: "csrf=\(String(repeating: "a", count: 64))", cookie: cookie).status == 403)
+        #expect(try await Self.post(fixture, "/console/sign-out", form: "", cookie: cookie).status == 403)
+        #expect(try await Self.get(fixture, "/console/zones", cookie: cookie).status == 200, "still signed in")
+        let out = try await Self.post(fixture, "/console/sign-out", form: "csrf=\(csrf)", cookie: cookie)
+        #expect(out.status == 303 && out.headers["set-cookie"]?.contains("Max-Age=0") == true)
+        #expect(try await Self.get(fixture, "/console/zones", cookie: cookie).status == 303, "signed out")
+        // Idle past its lifetime: gone.
+        let (again, _) = try await Self.signIn(fixture)
+        try await Task.sleep(for: .milliseconds(1000))
+        #expect(try await Self.get(fixture, "/console/zones", cookie: again).status == 303, "expired")
+    }
+
+    /// A record whose name, fields and owner's name hold markup and bidi controls: the pages
+    /// show them as text; a forged record is marked; a refused save is listed with its reason.
+    @Test func hostileContentIsTextAndForgeriesAreMarked() async throws {
+        try await Self.hostileContent(try Self.fixture())
+    }
+
+    @Test(.enabled(if: SharedPostgres.isAvailable, "PostgreSQL is not installed (scripts/setup.sh installs it)"))
+    func hostileContentIsTextAndForgeriesAreMarkedOnPostgreSQL() async throws {
+        let storage = try await PostgresZoneStorage(conninfo: try await SharedPostgres.freshDatabase(), poolSize: 2, policy: ConversationStore.recordPolicy(),
+                                                    indexedFields: ConversationStore.queryIndexes)
+        try await Self.hostileContent(try Self.fixture(storage: storage))
+    }
+
+    static func hostileContent(_ fixture: ServerFixture) async throws {
+        let hostile = "<script>alert(1)</script>\"><img src=x onerror=alert(2)>\u{202E}txt.exe"
+        let alice = fixture.client("alice", key: Keys.alice)
+        let zone = try conversationZone("alice", "bob")
+        _ = try await alice.createZone(zone)
+        var record = try message(zone, "0000000000000001-" + "aaaa", from: "alice", to: "bob", key: Keys.alice, text: hostile)
+        record.fields["note"] = .string(hostile)
+        try record.sign(with: Keys.alice, clock: HybridLogicalClock().now())
+        let saved = try await alice.save([record])
+        #expect((try? saved.first?.get()) != nil, "\(saved)")
+        // A forged version planted past every check: the bytes of alice's record, one signature byte changed.
+        var bytes = try record.encoded()
+        bytes[bytes.count - 1] ^= 0x01
+        try await fixture.server.storage.injectUnchecked(bytes, into: zone, name: "m.\(OwnershipRule.identityHash("alice")).forged")
+        // A save the server refuses: mallory's key claiming alice's message.
+        let forged = try message(zone, "0000000000000002-bbbb", from: "alice", to: "bob", key: Keys.mallory, text: "it was me")
+        let refused = try await fixture.client("alice", key: Keys.alice).save([forged])
+        #expect((try? refused.first?.get()) == nil)
+
+        let (cookie, _) = try await signIn(fixture)
+        let zonePage = try await Self.get(fixture, "/console/zones/\(zone.rawValue)", cookie: cookie)
+        #expect(zonePage.status == 200)
+        #expect(zonePage.text.contains("FORGED OR BROKEN"), "\(zonePage.text)")
+        #expect(zonePage.text.contains("<span class=\"good\">verified</span>"))
+        let name = record.id.name
+        let recordPage = try await Self.get(fixture, "/console/zones/\(zone.rawValue)/records/\(name)", cookie: cookie)
+        #expect(recordPage.status == 200 && recordPage.text.contains("verified") && recordPage.text.contains("Fingerprint"), "\(recordPage.text)")
+        for page in [zonePage, recordPage] {
+            #expect(!page.text.contains("<script>alert") && !page.text.contains("<img") && !page.text.contains("\u{202E}"), "\(page.text)")
+        }
+        #expect(recordPage.text.contains("&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;&lt;img src=x onerror=alert(2)&gt;&lt;U+202E&gt;txt.exe"), "\(recordPage.text)")
+        let refusals = try await Self.get(fixture, "/console/refused", cookie: cookie)
+        #expect(refusals.text.contains(forged.id.description) && refusals.text.contains("alice"), "\(refusals.text)")
+        // The changes feed, paged by token; the identity's keys.
+        let changes = try await Self.get(fixture, "/console/zones/\(zone.rawValue)/changes", cookie: cookie)
+        #expect(changes.status == 200 && changes.text.contains(name), "\(changes.text)")
+        let identity = try await Self.get(fixture, "/console/identities/alice", cookie: cookie)
+        #expect(identity.text.contains(KeyChain.fingerprint(identity: "alice", key: Keys.alice.publicKey)), "\(identity.text)")
+        // A zone that is not there: 404, said on a page.
+        #expect(try await Self.get(fixture, "/console/zones/c-0000000000000000-0000000000000000", cookie: cookie).status == 404)
+        #expect(try await Self.get(fixture, "/console/zones/bad%20name", cookie: cookie).status == 400)
+        #expect(try await Self.get(fixture, "/console/zones/..%2F..%2Fetc", cookie: cookie).status == 404)
+    }
+}
