@@ -106,7 +106,8 @@ let package = Package(
             name: "ConversationKitTests",
             dependencies: ["ConversationKit", "RecordZone", "ZoneServer", "ImageKit", "TestSupport", "StorageTestSupport", "convkit-store-sync", "convkit-lock-holder"]),
         .testTarget(name: "ToolTests", dependencies: ["ConversationKit", "ImageKit", "RecordZone", "SQLiteKit", "TestSupport", "convkit", "convkitd", "convkitd-sync"]),
-        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "Crowd", "convkitd", "convkitd-sync"]),
+        .testTarget(name: "ZoneServerTests", dependencies: ["ZoneServer", "PostgresKit", "ConversationKit", "RecordZone", "TestSupport", "StorageTestSupport", "Crowd", "convkitd", "convkitd-sync"],
+                    exclude: ["Browser"]),
     ],
     swiftLanguageModes: [.v6]
 )

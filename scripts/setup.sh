@@ -9,8 +9,8 @@ case "${1:-}" in
   --build) ;;
   # The tests: a certificate (openssl), folders kept in step (unison, syncthing), a real terminal
   # (tmux), PostgreSQL, /usr/bin/time, the manual page and completion tests (man-db, zsh, fish),
-  # the units' checks (systemd-analyze).
-  "") packages+=(openssl unison syncthing tmux postgresql time man-db zsh fish systemd) ;;
+  # the units' checks (systemd-analyze), the console in a real browser (chromium, its driver, Selenium).
+  "") packages+=(openssl unison syncthing tmux postgresql time man-db zsh fish systemd chromium chromium-driver python3-selenium) ;;
   *) echo "Error: unknown option '$1' (--build, or nothing)" >&2; exit 64 ;;
 esac
 missing=()

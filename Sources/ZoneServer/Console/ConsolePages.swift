@@ -55,10 +55,14 @@ struct ConsolePages {
         return html
     }
 
+    /// Rows a page shows: `?limit=` (10 to 500), else 50.
+    var limit: Int { min(500, max(10, request.queryValue("limit").flatMap { Int($0) } ?? Self.pageSize)) }
+
     func zone(_ zone: ZoneName) async throws -> String {
         let after = request.queryValue("after")
         let size = try await api.storage.zoneSize(zone)
-        let page = try await api.storage.recordPage(in: zone, after: after, limit: Self.pageSize)
+        let limit = self.limit
+        let page = try await api.storage.recordPage(in: zone, after: after, limit: limit)
         let policy = api.storage.policy
         let rows = page.map { signed -> [String] in
             let shown = Self.inspect(signed, policy: policy)
@@ -69,8 +73,8 @@ struct ConsolePages {
         }
         var html = "<p>\(size.records) records, \(size.bytes) bytes. " + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))/changes", "Its changes") + "</p>"
         html += HTML.table(["Record", "Type", "Owner", "Check", "Clock"], rows, caption: after.map { "Records after \($0)" } ?? "Records")
-        if page.count == Self.pageSize, let last = page.last.flatMap({ Self.inspect($0, policy: policy).record }) {
-            html += "<p>" + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))?after=\(HTML.component(last.id.name))", "Next records →") + "</p>"
+        if page.count == limit, let last = page.last.flatMap({ Self.inspect($0, policy: policy).record }) {
+            html += "<p>" + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))?limit=\(limit)&amp;after=\(HTML.component(last.id.name))", "Next records →") + "</p>"
         }
         return html
     }
