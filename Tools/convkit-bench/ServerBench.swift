@@ -132,7 +132,8 @@ final class KeepAliveConnection {
 
     deinit { close(fd) }
 
-    func roundTrip(_ request: String) throws { try roundTrip(Data(request.utf8)) }
+    @discardableResult
+    func roundTrip(_ request: String) throws -> [UInt8] { try roundTrip(Data(request.utf8)) }
 
     /// Sends bytes and reads the same number back (a TCP echo).
     func echo(_ bytes: [UInt8]) throws {
@@ -145,7 +146,9 @@ final class KeepAliveConnection {
         }
     }
 
-    func roundTrip(_ request: Data) throws {
+    /// Sends a request and reads its answer (head and body) by its Content-Length.
+    @discardableResult
+    func roundTrip(_ request: Data) throws -> [UInt8] {
         let bytes = [UInt8](request)
         guard send(fd, bytes, bytes.count, Int32(MSG_NOSIGNAL)) == bytes.count else { throw RawError("send failed") }
         var received = [UInt8]()
@@ -158,7 +161,7 @@ final class KeepAliveConnection {
                 guard let line = head.split(separator: "\r\n").first(where: { $0.hasPrefix("content-length:") }),
                       let length = Int(line.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces))
                 else { throw RawError("no Content-Length") }
-                if received.count - end.upperBound >= length { return }
+                if received.count - end.upperBound >= length { return received }
             }
         }
     }

@@ -8,7 +8,7 @@ import ToolSupport
 struct Options {
     var seconds = 1.0
     var json = false
-    var sections: Set<String> = ["records", "encryption", "store", "files", "groups", "server", "registration", "images"]
+    var sections: Set<String> = ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console"]
     var identities = [1_000, 100_000]
     var messages = 1_000_000
     /// A PostgreSQL cluster for the `postgres` section (scripts/bench.sh starts a private one).
@@ -21,7 +21,7 @@ let command = Command(
     "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
-        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, postgres or capacity (run only when asked for)."),
+        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, console, postgres or capacity (run only when asked for)."),
         .valued("clients", "n", "capacity: clients online, each holding a long poll. (default: 10000)"),
         .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
         .valued("senders", "n", "capacity: senders, each sending one message at a time. (default: 10)"),
@@ -48,8 +48,8 @@ func parseOptions() -> Options {
         if options.postgres != nil { options.sections.insert("postgres") }
         options.largeZone = try parsed.int("large-zone", default: options.largeZone, range: 10_000...100_000_000)
         if let section = parsed.value("only") {
-            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "postgres", "capacity"].contains(section) else {
-                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, postgres or capacity")
+            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console", "postgres", "capacity"].contains(section) else {
+                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, console, postgres or capacity")
             }
             guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
@@ -103,6 +103,7 @@ do {
     if options.sections.contains("capacity") { try await capacityBench(reporter, options.capacity) }
     if options.sections.contains("groups") { try await groupBench(reporter, seconds: options.seconds) }
     if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
+    if options.sections.contains("console") { try await consoleBench(reporter, seconds: options.seconds) }
     if options.sections.contains("postgres"), let conninfo = options.postgres {
         try await postgresBench(reporter, seconds: options.seconds, conninfo: conninfo, largeZone: options.largeZone)
     }

@@ -45,6 +45,43 @@ public final class RefusalLog: Sendable {
     public var recent: [Refusal] { entries.withLock { $0.reversed() } }
 }
 
+/// Zones' sizes for the console: counting a zone reads every row of it (a million rows take
+/// a third of a second), so a count runs in the background, at most one per zone at a time and
+/// again when the one held is a minute old; a page waits 50 ms for it, then says it is counting.
+final class ZoneSizes: Sendable {
+    struct Size: Sendable {
+        let records: Int
+        let bytes: Int
+        let at: ContinuousClock.Instant
+    }
+    private let sizes = Mutex<[ZoneName: Size]>([:])
+    private let counting = Mutex<[ZoneName: Task<Void, Never>]>([:])
+    static let maximumAge: Duration = .seconds(60)
+
+    func size(of zone: ZoneName, storage: any ZoneStorage) async -> Size? {
+        let held = sizes.withLock { $0[zone] }
+        if let held, ContinuousClock.now - held.at < Self.maximumAge { return held }
+        let task = counting.withLock { counting -> Task<Void, Never> in
+            if let running = counting[zone] { return running }
+            let task = Task {
+                if let (records, bytes) = try? await storage.zoneSize(zone) {
+                    self.sizes.withLock { $0[zone] = Size(records: records, bytes: bytes, at: .now) }
+                }
+                _ = self.counting.withLock { $0.removeValue(forKey: zone) }
+            }
+            counting[zone] = task
+            return task
+        }
+        let (done, signal) = AsyncStream.makeStream(of: Void.self)
+        let waiter = Task { await task.value; signal.yield() }
+        let timer = Task { try? await Task.sleep(for: .milliseconds(50)); signal.yield() }
+        for await _ in done { break }
+        waiter.cancel()
+        timer.cancel()
+        return sizes.withLock { $0[zone] } ?? held
+    }
+}
+
 /// The operator's console at `/console/`, beside the API: pages rendered on the server from
 /// what the storage holds, behind a sign-in. Every other path goes to the API.
 ///
@@ -59,6 +96,7 @@ struct ConsoleService: HTTPService {
     let api: ZoneAPI
     let settings: ConsoleSettings
     let sessions = Sessions()
+    let sizes = ZoneSizes()
     static let prefix = "/console"
 
     func isConsole(_ path: String) -> Bool { path == Self.prefix || path.hasPrefix(Self.prefix + "/") }
@@ -196,7 +234,7 @@ struct ConsoleService: HTTPService {
             return Self.page(status: 404, "Not found", "<p>No such action.</p>", csrf: session.csrf)
         }
         guard request.method == "GET" else { return HTTPResponse(status: 405, headers: [("Allow", "GET, POST")]) }
-        let pages = ConsolePages(api: api, request: request)
+        let pages = ConsolePages(api: api, request: request, sizes: sizes)
         do {
             switch path {
             case []: return Self.page(status: 200, "Overview", try await pages.overview(), csrf: session.csrf)

@@ -6,6 +6,7 @@ import RecordZone
 struct ConsolePages {
     let api: ZoneAPI
     let request: HTTPRequest
+    let sizes: ZoneSizes
     static let pageSize = 50
     var prefix: String { ConsoleService.prefix }
 
@@ -60,9 +61,9 @@ struct ConsolePages {
 
     func zone(_ zone: ZoneName) async throws -> String {
         let after = request.queryValue("after")
-        let size = try await api.storage.zoneSize(zone)
         let limit = self.limit
         let page = try await api.storage.recordPage(in: zone, after: after, limit: limit)
+        let size = await sizes.size(of: zone, storage: api.storage)
         let policy = api.storage.policy
         let rows = page.map { signed -> [String] in
             let shown = Self.inspect(signed, policy: policy)
@@ -71,7 +72,11 @@ struct ConsolePages {
                     HTML.text(shown.record.map { $0.recordType + ($0.isDeleted ? " (deleted)" : "") } ?? "-"),
                     HTML.text(shown.owner), Self.verdict(shown), HTML.text(shown.record.map { Self.clock($0.clock) } ?? "-")]
         }
-        var html = "<p>\(size.records) records, \(size.bytes) bytes. " + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))/changes", "Its changes") + "</p>"
+        let counted = size.map { size in
+            let age = Int((ContinuousClock.now - size.at).components.seconds)
+            return "\(size.records) records, \(size.bytes) bytes\(age >= 1 ? " (counted \(age) s ago)" : "")."
+        } ?? "Counting its records (a large zone takes a moment: reload)."
+        var html = "<p>\(counted) " + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))/changes", "Its changes") + "</p>"
         html += HTML.table(["Record", "Type", "Owner", "Check", "Clock"], rows, caption: after.map { "Records after \($0)" } ?? "Records")
         if page.count == limit, let last = page.last.flatMap({ Self.inspect($0, policy: policy).record }) {
             html += "<p>" + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))?limit=\(limit)&amp;after=\(HTML.component(last.id.name))", "Next records →") + "</p>"

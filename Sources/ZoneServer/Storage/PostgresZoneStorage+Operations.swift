@@ -53,8 +53,10 @@ extension PostgresZoneStorage {
 
     public func recordPage(in zone: ZoneName, after: String?, limit: Int) async throws(RecordZoneError) -> [Wire.SignedRecord] {
         let rows = try await run { db in
-            try db.execute("SELECT record, sequence, received_at FROM ck_records WHERE zone = $1 AND name > $2 ORDER BY name LIMIT $3",
-                           [.text(zone.rawValue), .text(after ?? ""), .int(Int64(limit))])
+            let zones = try db.execute("SELECT 1 FROM ck_zones WHERE name = $1", [.text(zone.rawValue)])
+            guard zones.count == 1 else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
+            return try db.execute("SELECT record, sequence, received_at FROM ck_records WHERE zone = $1 AND name > $2 ORDER BY name LIMIT $3",
+                                  [.text(zone.rawValue), .text(after ?? ""), .int(Int64(limit))])
         }
         return (0..<rows.count).compactMap { row in
             rows.bytes(row, 0).map { Wire.SignedRecord(bytes: $0, changeTag: rows.int(row, 1).map(String.init), receivedAt: rows.int(row, 2)) }

@@ -18,6 +18,8 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     /// The fields queries find through an index, per record type (a chat server: Speaker `tags`).
     public let queryIndex: QueryIndex
     let queue: DatabaseQueue
+    /// The database file, for a connection of its own (``zoneSize(_:)``).
+    let databasePath: String
     let assets: AssetFolder
     let instance: String
     let waiters = ChangeWaiters()
@@ -71,7 +73,8 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
         queryIndex = QueryIndex(indexedFields)
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            queue = try DatabaseQueue(path: directory + "/zones.sqlite", migrations: Self.migrations)
+            databasePath = directory + "/zones.sqlite"
+            queue = try DatabaseQueue(path: databasePath, migrations: Self.migrations)
             instance = try queue.writeNow { db in
                 if let existing = try db.first("SELECT value FROM meta WHERE key = 'instance'", [], { $0.text(0) }) { return existing }
                 let fresh = UUID().uuidString
@@ -400,18 +403,34 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     }
 
     public func recordPage(in zone: ZoneName, after: String?, limit: Int) async throws(RecordZoneError) -> [Wire.SignedRecord] {
-        try await read { db in
-            try db.rows("SELECT record, sequence, received_at FROM records WHERE zone = ? AND name > ? ORDER BY name LIMIT ?",
-                        [zone.rawValue, after ?? "", Int64(limit)]) {
+        let page = try await read { db -> [Wire.SignedRecord]? in
+            guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) != nil else { return nil }
+            return try db.rows("SELECT record, sequence, received_at FROM records WHERE zone = ? AND name > ? ORDER BY name LIMIT ?",
+                               [zone.rawValue, after ?? "", Int64(limit)]) {
                 Wire.SignedRecord(bytes: $0.blob(0), changeTag: String($0.int(1)), receivedAt: $0.int(2))
             }
         }
+        guard let page else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
+        return page
     }
 
+    /// On a connection of its own, off the pool: the count reads every row of the zone (a
+    /// third of a second for a million), and the one reader the API shares must not wait for it.
     public func zoneSize(_ zone: ZoneName) async throws(RecordZoneError) -> (records: Int, bytes: Int) {
-        let size = try await read { db -> (Int, Int)? in
-            guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) != nil else { return nil }
-            return try db.first("SELECT count(*), coalesce(sum(length(record)), 0) FROM records WHERE zone = ?", [zone.rawValue]) { (Int($0.int(0)), Int($0.int(1))) } ?? (0, 0)
+        let path = databasePath
+        let size: (Int, Int)?
+        do {
+            size = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<(Int, Int)?, any Error>) in
+                DispatchQueue.global(qos: .utility).async {
+                    continuation.resume(with: Result {
+                        let db = try Database(path: path, readOnly: true)
+                        guard try db.first("SELECT 1 FROM zones WHERE name = ?", [zone.rawValue], { _ in true }) != nil else { return nil }
+                        return try db.first("SELECT count(*), coalesce(sum(length(record)), 0) FROM records WHERE zone = ?", [zone.rawValue]) { (Int($0.int(0)), Int($0.int(1))) } ?? (0, 0)
+                    })
+                }
+            }
+        } catch {
+            throw Self.storageError(error)
         }
         guard let size else { throw RecordZoneError(.zoneNotFound, "zone '\(zone)' does not exist") }
         return size
@@ -450,14 +469,15 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
 
     /// Fills a zone with `count` filler rows (not records: 200 bytes each, never served to a
     /// verifying reader), so the bench can measure saves and fetches in a zone of that size.
-    package func fillForBenchmark(_ zone: ZoneName, count: Int) async throws(RecordZoneError) {
+    /// With `record`: those bytes in every row (a real record's, to decode and verify).
+    package func fillForBenchmark(_ zone: ZoneName, count: Int, record: Data? = nil) async throws(RecordZoneError) {
         try await write { db in
             let start = try db.first("SELECT sequence FROM zones WHERE name = ?", [zone.rawValue]) { $0.int(0) } ?? 0
             try db.execute("""
                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
                 INSERT INTO records (zone, name, type, sequence, clock, author, signature, record, received_at)
-                SELECT ?, 'filler-' || i, 'Filler', ? + i, i, x'00', x'00', zeroblob(200), 0 FROM n
-                """, [Int64(count), zone.rawValue, start])
+                SELECT ?, printf('filler-%09d', i), 'Filler', ? + i, i, x'00', x'00', coalesce(?, zeroblob(200)), 0 FROM n
+                """, [Int64(count), zone.rawValue, start, record])
             try db.execute("UPDATE zones SET sequence = ?, changed_at = ? WHERE name = ?", [start + Int64(count), try Self.nextDatabaseSequence(db), zone.rawValue])
         }
     }

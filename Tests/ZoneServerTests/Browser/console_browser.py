@@ -60,6 +60,11 @@ try:
 
     driver.find_element(By.LINK_TEXT, "Zones").click()
     driver.find_element(By.LINK_TEXT, zone).click()
+    # A zone is counted in the background: the page says so until the count is in.
+    deadline = time.time() + 20
+    while "Counting its records" in driver.page_source and time.time() < deadline:
+        time.sleep(0.2)
+        driver.refresh()
     check(("%d records" % expected_records) in driver.page_source, "the zone's count is not %d" % expected_records)
     driver.save_screenshot(shots + "/2-zone.png")
     print("ok zone opened", flush=True)
