@@ -30,6 +30,14 @@ public struct GroupAccess: ZoneGovernance {
         /// Nil for a zone that is not a group's (never asked: ``governingType(of:)``).
         var group: GroupMembership?
 
+        var summary: [(label: String, value: String)] {
+            guard let group else { return [] }
+            let members = group.roles.sorted { ($0.value, $1.key) > ($1.value, $0.key) }.map { "\($0.key) (\($0.value.rawValue))" }
+            let refused = group.decisions.filter { if case .refused = $0.decision { true } else { false } }.count
+            return [("members now", members.isEmpty ? "nobody" : members.joined(separator: ", ")),
+                    ("changes held", "\(group.decisions.count), of which the rule refused \(refused)")]
+        }
+
         mutating func admit(_ record: Record, owner: String?, as identity: String) -> String? {
             // Read through `group` in place (no copy held): a change after every one decided is
             // then taken in without copying a 10,000-member group.

@@ -23,6 +23,8 @@ struct PairBlocks: GovernedZone {
     /// Who blocks the other participant now.
     var blockers: [String] { newest.filter { !$0.value.isDeleted }.keys.sorted() }
 
+    var summary: [(label: String, value: String)] { [("blocked by", blockers.isEmpty ? "nobody" : blockers.joined(separator: ", "))] }
+
     mutating func admit(_ record: Record, owner: String?, as identity: String) -> String? {
         if record.recordType == ChatRecords.blockType {
             if let problem = ChatRecords.blockProblem(record) { return problem }

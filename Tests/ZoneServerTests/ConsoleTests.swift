@@ -97,6 +97,42 @@ import TestSupport
         #expect(try await Self.get(fixture, "/console/zones", cookie: again).status == 303, "expired")
     }
 
+    /// A group made by a real store: its zone's page shows the members as the server's rule
+    /// decides them; the identities list links each one's keys.
+    @Test func aGroupsMembersAsTheServerDecidesThem() async throws {
+        let fixture = try Self.fixture()
+        var stores = [String: ConversationStore]()
+        for name in ["carol", "alice", "bob"] {
+            let store = try ConversationStore(directory: fixture.directory.path + "/store-" + name, backend: .server(fixture.url))
+            _ = try await store.setupLocalSpeaker(identifier: name, name: name.capitalized)
+            try await store.sync()
+            stores[name] = store
+        }
+        let carol = try #require(stores["carol"])
+        let group = try await carol.createGroup(name: "Trip <b>", members: ["alice", "bob"])
+        try await carol.sync()
+        try await carol.removeMember("bob", from: group.id)
+        try await carol.sync()
+        let (cookie, _) = try await Self.signIn(fixture)
+        let page = try await Self.get(fixture, "/console/zones/\(group.id)", cookie: cookie)
+        #expect(page.text.contains("As this server decides it") && page.text.contains("carol (creator), alice (member)") && !page.text.contains("bob (member)"), "\(page.text)")
+        let identities = try await Self.get(fixture, "/console/identities", cookie: cookie)
+        for name in ["alice", "bob", "carol"] { #expect(identities.text.contains("/console/identities/\(name)"), "\(identities.text)") }
+    }
+
+    /// The operator action: every session ends at once, with the CSRF token of the one asking.
+    @Test func endingEverySessionSignsEveryoneOut() async throws {
+        let fixture = try Self.fixture()
+        let (first, csrf) = try await Self.signIn(fixture)
+        let (second, _) = try await Self.signIn(fixture)
+        let page = try await Self.get(fixture, "/console/sessions", cookie: second)
+        #expect(page.text.contains("2 console sessions open"), "\(page.text)")
+        #expect(try await Self.post(fixture, "/console/sessions/end-all", form: "csrf=nope", cookie: first).status == 403)
+        #expect(try await Self.get(fixture, "/console/zones", cookie: second).status == 200)
+        #expect(try await Self.post(fixture, "/console/sessions/end-all", form: "csrf=\(csrf)", cookie: first).status == 303)
+        for cookie in [first, second] { #expect(try await Self.get(fixture, "/console/zones", cookie: cookie).status == 303) }
+    }
+
     /// A record whose name, fields and owner's name hold markup and bidi controls: the pages
     /// show them as text; a forged record is marked; a refused save is listed with its reason.
     @Test func hostileContentIsTextAndForgeriesAreMarked() async throws {

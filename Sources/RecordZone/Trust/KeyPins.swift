@@ -54,6 +54,12 @@ public final class KeyPins: Sendable {
     /// The chain pinned for one identity.
     public func chain(for identity: String) -> KeyChain? { state.withLock { $0.chains[identity] } }
 
+    /// The identities with a chain, in order after `after`, at most `limit` (an operator's list).
+    public func identities(after: String?, limit: Int) -> [String] {
+        let names = state.withLock { state in state.chains.keys.filter { after == nil || $0 > after! } }
+        return Array(names.sorted().prefix(limit))
+    }
+
     /// The chains added or changed since the last call. Persist them in the transaction that
     /// stores the records that made them; on failure, hand them back with ``restoreChangedChains(_:)``.
     public func takeChangedChains() -> [String: KeyChain] {

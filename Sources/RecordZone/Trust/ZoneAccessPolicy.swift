@@ -78,6 +78,13 @@ public protocol GovernedZone: Sendable {
     mutating func admit(_ record: Record, owner: String?, as identity: String) -> String?
     /// Which stored versions `identity` may read, or nil when it may not read the zone at all.
     func readable(by identity: String) -> ReadableVersions?
+    /// What the governing records decide, for a person (an operator's console): a label and a
+    /// value per line.
+    var summary: [(label: String, value: String)] { get }
+}
+
+extension GovernedZone {
+    public var summary: [(label: String, value: String)] { [] }
 }
 
 /// Which versions of a zone one reader may read, by their type and clock (what a server's rows

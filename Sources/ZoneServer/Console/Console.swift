@@ -167,6 +167,16 @@ struct ConsoleService: HTTPService {
 
         func close(_ id: String) { sessions.withLock { $0[id] = nil } }
 
+        /// Ends every session. - Returns: how many there were.
+        func closeAll() -> Int {
+            sessions.withLock { sessions in
+                defer { sessions.removeAll() }
+                return sessions.count
+            }
+        }
+
+        var count: Int { sessions.withLock { $0.count } }
+
         /// Whether one more sign-in may be tried this minute; counts a failure when `failed`.
         func mayTry() -> Bool {
             let minute = Int64(Date().timeIntervalSince1970 / 60)
@@ -231,6 +241,12 @@ struct ConsoleService: HTTPService {
                 api.configuration.logger.notice("console: an operator signed out")
                 return HTTPResponse(status: 303, headers: [("Location", Self.prefix + "/sign-in"), setCookie("", maxAge: 0)])
             }
+            if path == ["sessions", "end-all"] {
+                // The operator action: every session ends (a token seen over a shoulder, a lost laptop).
+                let ended = sessions.closeAll()
+                api.configuration.logger.notice("console: an operator ended every session (\(ended))")
+                return HTTPResponse(status: 303, headers: [("Location", Self.prefix + "/sign-in"), setCookie("", maxAge: 0)])
+            }
             return Self.page(status: 404, "Not found", "<p>No such action.</p>", csrf: session.csrf)
         }
         guard request.method == "GET" else { return HTTPResponse(status: 405, headers: [("Allow", "GET, POST")]) }
@@ -240,6 +256,8 @@ struct ConsoleService: HTTPService {
             case []: return Self.page(status: 200, "Overview", try await pages.overview(), csrf: session.csrf)
             case ["zones"]: return Self.page(status: 200, "Zones", try await pages.zones(), csrf: session.csrf)
             case ["refused"]: return Self.page(status: 200, "Refused saves", pages.refused(), csrf: session.csrf)
+            case ["identities"]: return Self.page(status: 200, "Identities", pages.identities(), csrf: session.csrf)
+            case ["sessions"]: return Self.page(status: 200, "Sessions", ConsolePages.sessions(count: sessions.count, csrf: session.csrf, settings: settings), csrf: session.csrf)
             case ["metrics"]: return Self.page(status: 200, "Metrics", pages.metrics(), csrf: session.csrf)
             case ["metrics.json"]: return HTTPResponse(status: 200, headers: [("Content-Type", "application/json")], body: try await pages.metricsJSON())
             case let path where path.count == 2 && path[0] == "zones":
@@ -291,7 +309,7 @@ struct ConsoleService: HTTPService {
             """
         if let csrf {
             html += """
-                <a href="\(prefix)/">Overview</a> <a href="\(prefix)/zones">Zones</a> <a href="\(prefix)/refused">Refused saves</a> <a href="\(prefix)/metrics">Metrics</a>
+                <a href="\(prefix)/">Overview</a> <a href="\(prefix)/zones">Zones</a> <a href="\(prefix)/identities">Identities</a> <a href="\(prefix)/refused">Refused saves</a> <a href="\(prefix)/metrics">Metrics</a> <a href="\(prefix)/sessions">Sessions</a>
                 <form method="post" action="\(prefix)/sign-out" class="inline"><input type="hidden" name="csrf" value="\(HTML.text(csrf))"><button type="submit">Sign out</button></form>
                 """
         }

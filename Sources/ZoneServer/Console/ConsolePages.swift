@@ -76,7 +76,13 @@ struct ConsolePages {
             let age = Int((ContinuousClock.now - size.at).components.seconds)
             return "\(size.records) records, \(size.bytes) bytes\(age >= 1 ? " (counted \(age) s ago)" : "")."
         } ?? "Counting its records (a large zone takes a moment: reload)."
-        var html = "<p>\(counted) " + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))/changes", "Its changes") + "</p>"
+        var html = ""
+        // What the zone's governing records decide, as this server applies it (a group's members).
+        if let governance = api.access.governance, governance.governingType(of: zone) != nil,
+           let governed = try await api.storage.governed([zone], by: governance)[zone], !governed.summary.isEmpty {
+            html += HTML.table(["", ""], governed.summary.map { [HTML.text($0.label), HTML.text($0.value)] }, caption: "As this server decides it")
+        }
+        html += "<p>\(counted) " + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))/changes", "Its changes") + "</p>"
         html += HTML.table(["Record", "Type", "Owner", "Check", "Clock"], rows, caption: after.map { "Records after \($0)" } ?? "Records")
         if page.count == limit, let last = page.last.flatMap({ Self.inspect($0, policy: policy).record }) {
             html += "<p>" + HTML.link("\(prefix)/zones/\(HTML.component(zone.rawValue))?limit=\(limit)&amp;after=\(HTML.component(last.id.name))", "Next records →") + "</p>"
@@ -128,6 +134,21 @@ struct ConsolePages {
         return HTML.table(["", ""], rows, caption: "\(id)")
     }
 
+    func identities() -> String {
+        let after = request.queryValue("after")
+        let names = api.storage.policy.pins.identities(after: after, limit: limit)
+        let rows = names.map { name -> [String] in
+            let chain = api.storage.policy.pins.chain(for: name)
+            let revoked = chain?.devices.filter { $0.revokedAfter != nil }.count ?? 0
+            return [HTML.link("\(prefix)/identities/\(HTML.component(name))", name), "\(chain?.retired.count ?? 0)", "\(chain?.devices.count ?? 0)", "\(revoked)"]
+        }
+        var html = HTML.table(["Identity", "Rotations", "Devices", "Revoked"], rows, caption: after.map { "Identities after \($0)" } ?? "Identities with keys bound here")
+        if names.count == limit, let last = names.last {
+            html += "<p>" + HTML.link("\(prefix)/identities?limit=\(limit)&amp;after=\(HTML.component(last))", "Next identities →") + "</p>"
+        }
+        return html
+    }
+
     func identity(_ identity: String) -> String {
         guard let chain = api.storage.policy.pins.chain(for: identity) else { return "<p>No key is bound to <code>\(HTML.text(identity))</code> here.</p>" }
         func key(_ data: Data) -> String { "<code>\(HTML.text(KeyChain.fingerprint(identity: identity, key: data)))</code>" }
@@ -137,6 +158,14 @@ struct ConsolePages {
             rows.append(["device", key(device.key), HTML.text(device.revokedAfter.map { "revoked after \(Self.clock($0))" } ?? "active")])
         }
         return HTML.table(["Key", "Fingerprint", "State"], rows, caption: "Keys of \(identity)")
+    }
+
+    static func sessions(count: Int, csrf: String, settings: ConsoleSettings) -> String {
+        """
+        <p>\(count) console session\(count == 1 ? "" : "s") open (this one included). A session ends after \(settings.idleLifetime.components.seconds) s without a request, and after \(settings.lifetime.components.seconds) s in any case.</p>
+        <form method="post" action="\(ConsoleService.prefix)/sessions/end-all"><input type="hidden" name="csrf" value="\(HTML.text(csrf))">
+        <button type="submit">End every session (this one too)</button></form>
+        """
     }
 
     func refused() -> String {
