@@ -73,7 +73,7 @@ try:
     driver.get(base + "/console/zones/" + zone + "?limit=500")
     seen, pages = 0, 0
     while True:
-        rows = driver.find_elements(By.CSS_SELECTOR, "tbody tr")
+        rows = driver.find_elements(By.XPATH, "//table[starts-with(caption, 'Records')]/tbody/tr")
         seen += len(rows)
         pages += 1
         page_is_inert()
