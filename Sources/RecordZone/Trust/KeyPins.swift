@@ -56,7 +56,7 @@ public final class KeyPins: Sendable {
 
     /// The identities with a chain, in order after `after`, at most `limit` (an operator's list).
     public func identities(after: String?, limit: Int) -> [String] {
-        let names = state.withLock { state in state.chains.keys.filter { after == nil || $0 > after! } }
+        let names = state.withLock { state in state.chains.keys.filter { name in after.map { name > $0 } ?? true } }
         return Array(names.sorted().prefix(limit))
     }
 

@@ -58,6 +58,9 @@ final class ZoneSizes: Sendable {
     private let counting = Mutex<[ZoneName: Task<Void, Never>]>([:])
     static let maximumAge: Duration = .seconds(60)
 
+    /// The size last counted, however old (the zones list shows what is known, counting none).
+    func counted(_ zone: ZoneName) -> Size? { sizes.withLock { $0[zone] } }
+
     func size(of zone: ZoneName, storage: any ZoneStorage) async -> Size? {
         let held = sizes.withLock { $0[zone] }
         if let held, ContinuousClock.now - held.at < Self.maximumAge { return held }

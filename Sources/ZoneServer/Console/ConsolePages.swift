@@ -44,14 +44,19 @@ struct ConsolePages {
 
     func zones() async throws -> String {
         let after = request.queryValue("after")
-        let zones = try await api.storage.zoneListing(after: after, limit: Self.pageSize)
+        let limit = self.limit
+        let zones = try await api.storage.zoneListing(after: after, limit: limit)
         let rows = zones.map { zone in
-            [HTML.link("\(prefix)/zones/\(HTML.component(zone.name))", zone.name), "\(zone.sequence)",
-             HTML.link("\(prefix)/zones/\(HTML.component(zone.name))/changes", "changes")]
+            // Sizes as last counted (opening a zone counts it): a list counts nothing.
+            let size = (try? ZoneName(zone.name)).flatMap { sizes.counted($0) }
+            return [HTML.link("\(prefix)/zones/\(HTML.component(zone.name))", zone.name), "\(zone.sequence)",
+                    size.map { "\($0.records)" } ?? "–", size.map { "\($0.bytes)" } ?? "–",
+                    HTML.link("\(prefix)/zones/\(HTML.component(zone.name))/changes", "changes")]
         }
-        var html = HTML.table(["Zone", "Versions taken", ""], rows, caption: after.map { "Zones after \($0)" } ?? "Zones")
-        if zones.count == Self.pageSize, let last = zones.last {
-            html += "<p>" + HTML.link("\(prefix)/zones?after=\(HTML.component(last.name))", "Next zones →") + "</p>"
+        var html = "<p>Records and bytes as last counted (opening a zone counts it; – : not yet).</p>"
+        html += HTML.table(["Zone", "Versions taken", "Records", "Bytes", ""], rows, caption: after.map { "Zones after \($0)" } ?? "Zones")
+        if zones.count == limit, let last = zones.last {
+            html += "<p>" + HTML.link("\(prefix)/zones?limit=\(limit)&amp;after=\(HTML.component(last.name))", "Next zones →") + "</p>"
         }
         return html
     }
