@@ -327,3 +327,16 @@ void cmhd_watch_stop(struct cmhd_watch *w) {
 void cmhd_release_free_memory(void) {
     malloc_trim(0);
 }
+
+void cmhd_client_address(struct MHD_Connection *connection, char *out, size_t size) {
+    if (size == 0) return;
+    out[0] = 0;
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!info || !info->client_addr) return;
+    const struct sockaddr *address = info->client_addr;
+    if (address->sa_family == AF_INET) {
+        if (!inet_ntop(AF_INET, &((const struct sockaddr_in *)address)->sin_addr, out, (socklen_t)size)) out[0] = 0;
+    } else if (address->sa_family == AF_INET6) {
+        if (!inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)address)->sin6_addr, out, (socklen_t)size)) out[0] = 0;
+    }
+}

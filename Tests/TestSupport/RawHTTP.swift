@@ -77,18 +77,19 @@ public final class RawConnection {
     /// Sends a whole request with `Connection: close` and parses the answer. The blocking socket
     /// work runs on a Dispatch thread, never on Swift's cooperative pool, where an in-process
     /// server's handlers run.
-    public static func exchange(port: Int, _ request: Data) async throws -> RawResponse {
+    /// `source`: the local address to connect from (another of 127.0.0.0/8: another client).
+    public static func exchange(port: Int, _ request: Data, source: String? = nil) async throws -> RawResponse {
         try await offPool {
-            let connection = try RawConnection(port: port)
+            let connection = try RawConnection(port: port, source: source)
             connection.write(request)
             return RawResponse(connection.readToEnd())
         }
     }
 
-    public static func exchange(port: Int, method: String, path: String, headers: [String: String] = [:], body: Data = Data()) async throws -> RawResponse {
+    public static func exchange(port: Int, method: String, path: String, headers: [String: String] = [:], body: Data = Data(), source: String? = nil) async throws -> RawResponse {
         var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: \(body.count)\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
-        return try await exchange(port: port, Data((head + "\r\n").utf8) + body)
+        return try await exchange(port: port, Data((head + "\r\n").utf8) + body, source: source)
     }
 
     /// Reads until the peer closes, on a Dispatch thread.

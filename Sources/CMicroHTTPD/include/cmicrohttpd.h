@@ -53,6 +53,10 @@ void cmhd_watch_remove(struct cmhd_watch *watch, int fd);
 /* Stops the thread, if it runs (after its current callback), and frees the watch. */
 void cmhd_watch_stop(struct cmhd_watch *watch);
 
+/* The address a connection comes from, as text (IPv4, or IPv6 without brackets), into `out`
+ * (64 bytes are enough); "" when it cannot be told. */
+void cmhd_client_address(struct MHD_Connection *connection, char *out, size_t size);
+
 /* Gives the memory malloc holds free back to the system (malloc_trim): what a crowd of
  * connections used stays in glibc's arenas after they close, otherwise. */
 void cmhd_release_free_memory(void);

@@ -89,7 +89,7 @@ final class ZoneSizes: Sendable {
 /// what the storage holds, behind a sign-in. Every other path goes to the API.
 ///
 /// Access: a token printed at start signs in (compared in constant time; ten failures a minute
-/// at most); a session is a random cookie (`HttpOnly`, `SameSite=Strict`, `Secure` over
+/// per client address at most); a session is a random cookie (`HttpOnly`, `SameSite=Strict`, `Secure` over
 /// HTTPS, path `/console`) that ends after ``ConsoleSettings/idleLifetime`` idle or
 /// ``ConsoleSettings/lifetime``; every form that changes something carries the session's CSRF
 /// token. Nothing but the sign-in page answers without a session (a page: a redirect to it;
@@ -131,19 +131,18 @@ struct ConsoleService: HTTPService {
     final class Sessions: Sendable {
         struct Session {
             let csrf: String
-            let started: ContinuousClock.Instant
-            var seen: ContinuousClock.Instant
+            let started: Date
+            var seen: Date
         }
         let sessions = Mutex<[String: Session]>([:])
-        /// Failed sign-ins in the current minute.
-        let failures = Mutex<(minute: Int64, count: Int)>((0, 0))
+        /// Failed sign-ins in the current minute, by client address.
+        let failures = Mutex<(minute: Int64, counts: [String: Int])>((0, [:]))
         static let maximumSessions = 64
         static let failuresPerMinute = 10
 
         /// A new session's cookie value and CSRF token.
-        func open() -> (id: String, csrf: String) {
+        func open(now: Date) -> (id: String, csrf: String) {
             let id = ConsoleSettings.randomToken(), csrf = ConsoleSettings.randomToken()
-            let now = ContinuousClock.now
             sessions.withLock { sessions in
                 if sessions.count >= Self.maximumSessions, let oldest = sessions.min(by: { $0.value.seen < $1.value.seen })?.key {
                     sessions[oldest] = nil
@@ -154,11 +153,11 @@ struct ConsoleService: HTTPService {
         }
 
         /// The session `id` names, while it lasts (seen now); nil for an unknown or ended one.
-        func find(_ id: String, settings: ConsoleSettings) -> Session? {
-            let now = ContinuousClock.now
-            return sessions.withLock { sessions in
+        func find(_ id: String, settings: ConsoleSettings, now: Date) -> Session? {
+            sessions.withLock { sessions in
                 guard var session = sessions[id] else { return nil }
-                guard now - session.seen < settings.idleLifetime, now - session.started < settings.lifetime else {
+                guard now.timeIntervalSince(session.seen) < Self.seconds(settings.idleLifetime),
+                      now.timeIntervalSince(session.started) < Self.seconds(settings.lifetime) else {
                     sessions[id] = nil
                     return nil
                 }
@@ -180,20 +179,26 @@ struct ConsoleService: HTTPService {
 
         var count: Int { sessions.withLock { $0.count } }
 
-        /// Whether one more sign-in may be tried this minute; counts a failure when `failed`.
-        func mayTry() -> Bool {
-            let minute = Int64(Date().timeIntervalSince1970 / 60)
+        static func seconds(_ duration: Duration) -> TimeInterval {
+            Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+        }
+
+        /// Whether `client` may try one more sign-in this minute.
+        func mayTry(_ client: String, now: Date) -> Bool {
+            let minute = Int64(now.timeIntervalSince1970 / 60)
             return failures.withLock { state in
-                if state.minute != minute { state = (minute, 0) }
-                return state.count < Self.failuresPerMinute
+                if state.minute != minute { state = (minute, [:]) }
+                return state.counts[client, default: 0] < Self.failuresPerMinute
             }
         }
 
-        func failed() {
-            let minute = Int64(Date().timeIntervalSince1970 / 60)
+        func failed(_ client: String, now: Date) {
+            let minute = Int64(now.timeIntervalSince1970 / 60)
             failures.withLock { state in
-                if state.minute != minute { state = (minute, 0) }
-                state.count += 1
+                if state.minute != minute { state = (minute, [:]) }
+                // A flood from many addresses forgets the oldest minute's counts, never grows past this.
+                if state.counts.count >= 10_000 { state.counts.removeAll() }
+                state.counts[client, default: 0] += 1
             }
         }
     }
@@ -225,7 +230,7 @@ struct ConsoleService: HTTPService {
             if request.method == "POST" { return signIn(request) }
             return Self.page(status: 200, "Sign in", ConsolePages.signIn(message: nil), csrf: nil)
         }
-        guard let id = cookie(request), let session = sessions.find(id, settings: settings) else {
+        guard let id = cookie(request), let session = sessions.find(id, settings: settings, now: api.configuration.now()) else {
             // Nothing answers without a session: pages go to the sign-in, data is refused.
             if path.last?.hasSuffix(".json") == true || request.method != "GET" {
                 return HTTPResponse(status: 401, headers: [("Content-Type", "text/plain; charset=utf-8")], body: Data("sign in first\n".utf8))
@@ -283,16 +288,17 @@ struct ConsoleService: HTTPService {
     }
 
     func signIn(_ request: HTTPRequest) -> HTTPResponse {
-        guard sessions.mayTry() else {
+        let now = api.configuration.now()
+        guard sessions.mayTry(request.client, now: now) else {
             return Self.page(status: 429, "Sign in", ConsolePages.signIn(message: "Too many failed sign-ins: wait a minute."), csrf: nil)
         }
         let token = HTML.form(request.body)["token"] ?? ""
         guard Sodium.constantTimeEqual(Data(token.utf8), Data(settings.token.utf8)) else {
-            sessions.failed()
-            api.configuration.logger.notice("console: a sign-in with a wrong token refused")
+            sessions.failed(request.client, now: now)
+            api.configuration.logger.notice("console: a sign-in with a wrong token from \(request.client) refused")
             return Self.page(status: 401, "Sign in", ConsolePages.signIn(message: "That is not the console's token."), csrf: nil)
         }
-        let (id, _) = sessions.open()
+        let (id, _) = sessions.open(now: now)
         api.configuration.logger.notice("console: an operator signed in")
         let seconds = Int(settings.lifetime.components.seconds)
         return HTTPResponse(status: 303, headers: [("Location", Self.prefix + "/"), setCookie(id, maxAge: seconds)])

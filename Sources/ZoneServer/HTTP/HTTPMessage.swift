@@ -9,13 +9,16 @@ public struct HTTPRequest: Sendable {
     public var query: [(String, String)]
     public var headers: [String: String]
     public var body: Data
+    /// The address the request came from (IPv4 or IPv6, as text); empty when not told.
+    public var client: String
 
-    public init(method: String, path: String, query: [(String, String)] = [], headers: [String: String] = [:], body: Data = Data()) {
+    public init(method: String, path: String, query: [(String, String)] = [], headers: [String: String] = [:], body: Data = Data(), client: String = "") {
         self.method = method
         self.path = path
         self.query = query
         self.headers = headers
         self.body = body
+        self.client = client
     }
 
     public func queryValue(_ name: String) -> String? { query.first { $0.0 == name }?.1 }

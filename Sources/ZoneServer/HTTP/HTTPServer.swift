@@ -406,8 +406,10 @@ public final class HTTPServer: Sendable {
         if let response = exchange.response { return queue(response, on: connection) }
         guard !exchange.started else { return .YES }
         exchange.started = true
+        var address = [CChar](repeating: 0, count: 64)
+        cmhd_client_address(connection, &address, address.count)
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
-                                  headers: exchange.headers, body: exchange.body)
+                                  headers: exchange.headers, body: exchange.body, client: String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         counters.inFlight.add(1, ordering: .relaxed)
         // Counted before the check, the stop after its flag (both in one total order): either
         // the stop waits for this handler, or this request sees the stop and is refused.
