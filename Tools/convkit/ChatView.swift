@@ -468,6 +468,7 @@ final class TerminalLoop {
     var newest: MessageID?
     var totalRows = 0
     var askedOlderAt = -1
+    var shownConversation = ""
     /// Whether "typing" was said last.
     var typing = false
     var size = (rows: 0, columns: 0)
@@ -613,6 +614,14 @@ final class TerminalLoop {
         size = (Int(rows), Int(columns))
         let state = shared.state.withLock { $0 }
         drawn = state.generation
+        // Another conversation (Tab, /open): from its newest message.
+        if state.conversation.id != shownConversation {
+            shownConversation = state.conversation.id
+            scroll = 0
+            newest = nil
+            totalRows = 0
+            askedOlderAt = -1
+        }
         ck_terminal_erase()
         let height = size.rows, width = size.columns
         guard height >= 4, width >= 10 else {

@@ -15,7 +15,7 @@ public struct ConsoleSettings: Sendable {
     public init(token: String) { self.token = token }
 
     /// A new random token: 32 bytes, hex.
-    public static func randomToken() -> String { Sodium.randomBytes(32).map { String(format: "%02x", $0) }.joined() }
+    public static func randomToken() -> String { Sodium.randomBytes(32).hexString }
 }
 
 /// Recent saves the server refused, with why (in memory, the newest 200), for the console.

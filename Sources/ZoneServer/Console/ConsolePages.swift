@@ -129,7 +129,7 @@ struct ConsolePages {
             ["Check", Self.verdict(shown)],
             ["Signature", HTML.text(shown.signature)],
             ["Owner", shown.ownerIdentity.map { HTML.link("\(prefix)/identities/\(HTML.component($0))", $0) } ?? HTML.text(shown.owner)],
-            ["Author key", "<code>\(record.authorKey.map { String(format: "%02x", $0) }.joined())</code>"],
+            ["Author key", "<code>\(record.authorKey.hexString)</code>"],
             ["Fingerprint", "<code>\(HTML.text(shown.fingerprint))</code>"],
             ["Clock", HTML.text(Self.clock(record.clock))],
             ["Version held", HTML.text("sequence \(signed.changeTag ?? "-")" + (signed.receivedAt.map { ", received \(Date(timeIntervalSince1970: Double($0) / 1000).formatted(.iso8601))" } ?? ""))],

@@ -42,7 +42,7 @@ enum HTML {
 
     /// Bytes for a person: their size and first bytes in hex (what is sealed stays ciphertext).
     static func bytes(_ data: Data) -> String {
-        let head = data.prefix(16).map { String(format: "%02x", $0) }.joined()
+        let head = data.prefix(16).hexString
         return "\(data.count) bytes: \(head)\(data.count > 16 ? "…" : "")"
     }
 
