@@ -227,7 +227,8 @@ import TestSupport
     }
 
     /// Another conversation's new message shows in the list with its count; Tab opens it, with
-    /// a line above what was unread.
+    /// a line above what was unread; what was being typed stays as the draft of the conversation
+    /// it was typed in (Shift-Tab back shows it, and the store keeps it after the view ends).
     @Test func theListShowsUnreadAndTabOpensIt() async throws {
         let (dir, _, bob) = try await Self.people("convkit-view-list", others: ["carol"])
         let carol = ["--store", dir.path + "/carol"]
@@ -239,6 +240,8 @@ import TestSupport
         let counted = try await view.eventually(10) { $0.contains("Carol (carol) (2)") }
         let list = try await view.screen()
         #expect(counted, "\(list)")
+        try await view.type("half a thought")
+        #expect(try await view.eventually(5) { $0.contains("> half a thought") })
         try await view.type("Tab")
         let opened = try await view.eventually(5) { $0.contains("Chat with Carol (carol)") && $0.contains("Carol (carol): are you there?") }
         let carolsView = try await view.screen()
@@ -247,6 +250,15 @@ import TestSupport
         let rule = lines.firstIndex { $0.contains("─ new ─") }, message = lines.firstIndex { $0.contains("Carol (carol): hi from carol") }
         #expect(rule != nil && message != nil && rule! + 1 == message!, "the line above the first unread: \(carolsView)")
         #expect(!carolsView.contains("Carol (carol) (2)"), "read once shown: \(carolsView)")
+        #expect(!carolsView.contains("half a thought"), "the line was alice's conversation's: \(carolsView)")
+        try await view.type("BTab")
+        let back = try await view.eventually(5) { $0.contains("Chat with Alice (alice)") && $0.contains("> half a thought") }
+        let alicesView = try await view.screen()
+        #expect(back, "its draft again: \(alicesView)")
+        try await view.type(" and more")
         #expect(try await view.leave() == "0")
+        let listed = try await ConvkitTests.convkit(["conversations", "--json"] + bob)
+        let drafts = ((listed.json as? [[String: Any]]) ?? []).compactMap { $0["draft"] as? String }
+        #expect(drafts == ["half a thought and more"], "kept on leaving: \(listed.out)")
     }
 }

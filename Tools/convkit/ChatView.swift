@@ -70,11 +70,12 @@ enum ChatView {
         case send(String)
         case command(String)
         case typing(Bool)
-        /// The next (1) or previous (-1) conversation in the list.
-        case move(Int)
+        /// The next (1) or previous (-1) conversation in the list, with what was being typed in
+        /// this one (kept as its draft).
+        case move(Int, draft: String)
         case loadOlder
-        /// The terminal is given back: the view ends.
-        case ended
+        /// The terminal is given back: the view ends, keeping what was being typed as the draft.
+        case ended(draft: String)
     }
 
     final class Shared: Sendable {
@@ -169,6 +170,8 @@ enum ChatView {
             let conversation = shared.state.withLock { $0.conversation }
             switch action {
             case .send(let text):
+                // What was kept as the draft is sent now.
+                if conversation.draft != nil { await keep("", in: conversation) }
                 do {
                     if conversation.isGroup { _ = try await store.send(text, toGroup: conversation.id) }
                     else { _ = try await store.send(text, to: conversation.nonLocalSpeaker) }
@@ -182,14 +185,16 @@ enum ChatView {
             case .typing(let typing):
                 // Said over the network now and then: never in the way of what comes next.
                 Task { try? await store.setTyping(typing, in: conversation.id) }
-            case .move(let step):
+            case .move(let step, let draft):
+                await keep(draft, in: conversation)
                 let list = shared.state.withLock { $0.conversations }
                 guard !list.isEmpty else { break }
                 let index = list.firstIndex { $0.id == conversation.id } ?? 0
                 await open(list[(index + step + list.count) % list.count])
             case .loadOlder:
                 shared.update { $0.limit = $0.messages.count + 200 }
-            case .ended:
+            case .ended(let draft):
+                await keep(draft, in: conversation)
                 for task in [refresher, syncWatcher] + watchers { task.cancel() }
                 syncing.cancel()
                 // The sync's last word (that its person went away), for at most 3 s.
@@ -198,10 +203,23 @@ enum ChatView {
             }
         }
 
-        /// Shows `conversation` instead, the typing of the one before ended.
-        func open(_ conversation: Conversation) async {
+        /// Keeps what was being typed in `conversation` as its draft (this device only, as
+        /// `convkit conversations set --draft`), or clears it.
+        func keep(_ draft: String, in conversation: Conversation) async {
+            let text = draft.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty ? nil : draft
+            guard text != conversation.draft else { return }
+            do { try await store.setDraft(text, in: conversation.id) } catch { shared.tell("draft not kept: \(error.message)") }
+            shared.update { state in
+                if state.conversation.id == conversation.id { state.conversation.draft = text }
+            }
+        }
+
+        /// Shows `conversation` instead (with its draft, read afresh), the typing of the one
+        /// before ended.
+        func open(_ listed: Conversation) async {
             let before = shared.state.withLock { $0.conversation.id }
-            guard conversation.id != before else { return }
+            guard listed.id != before else { return }
+            let conversation = (try? store.conversations(includeArchived: true))?.first { $0.id == listed.id } ?? listed
             try? await store.setTyping(false, in: before)
             for task in watchers { task.cancel() }
             shared.update { state in
@@ -506,8 +524,17 @@ final class TerminalLoop {
 
     func end() {
         ck_terminal_stop()
-        actions.yield(.ended)
+        actions.yield(.ended(draft: editor.text))
         actions.finish()
+    }
+
+    /// To another conversation: what is typed here goes with it, as this one's draft.
+    func move(_ step: Int) {
+        guard shared.state.withLock({ $0.conversations.count }) > 1 else { return }
+        actions.yield(.move(step, draft: editor.text))
+        editor.show("")
+        if typing { actions.yield(.typing(false)) }
+        typing = false
     }
 
     /// A typed character; false to leave.
@@ -531,7 +558,7 @@ final class TerminalLoop {
         case 11: editor.deleteToEnd()
         case 21: editor.deleteToStart()
         case 23: editor.deleteWordBack()
-        case 9: actions.yield(.move(1))
+        case 9: move(1)
         case 12: ck_terminal_repaint()  // Ctrl-L
         case 0..<32: return true
         default: editor.insert(String(Character(scalar)))
@@ -568,7 +595,7 @@ final class TerminalLoop {
         case Int32(CK_KEY_PAGE_DOWN): scroll = max(0, scroll - page)
         case Int32(CK_KEY_WHEEL_UP): scroll += 3
         case Int32(CK_KEY_WHEEL_DOWN): scroll = max(0, scroll - 3)
-        case Int32(CK_KEY_TAB_BACK): actions.yield(.move(-1))
+        case Int32(CK_KEY_TAB_BACK): move(-1)
         case Int32(CK_KEY_PASTE_BEGIN): pasting = true
         case Int32(CK_KEY_PASTE_END):
             pasting = false
@@ -617,6 +644,8 @@ final class TerminalLoop {
         // Another conversation (Tab, /open): from its newest message.
         if state.conversation.id != shownConversation {
             shownConversation = state.conversation.id
+            // Its draft, to go on with (what was typed before it opened stays, when there is none).
+            if let draft = state.conversation.draft, editor.isEmpty { editor.show(draft) }
             scroll = 0
             newest = nil
             totalRows = 0

@@ -178,4 +178,10 @@ struct LineEditor {
         characters = line
         cursor = line.count
     }
+
+    /// `text` as the line, the cursor at its end (the history stays).
+    mutating func show(_ text: String) {
+        recalled = nil
+        show(Array(text))
+    }
 }
