@@ -309,7 +309,8 @@ enum ChatView {
                     parents[message.id] = byID[parentID]?.isDeleted == true ? "(a deleted message)" : "(a message not here)"
                 }
             }
-            for id in Set(visible + page.messages.suffix(50).map(\.id)) where byID[id].map({ !$0.isDeleted }) ?? false {
+            let watched = Set(visible + page.messages.suffix(50).map(\.id))
+            for id in watched where byID[id].map({ !$0.isDeleted }) ?? false {
                 if let held = try? store.reactions(to: id), !held.isEmpty { reactions[id] = ChatCommands.summary(of: held) }
             }
             // Names of those without one yet (a profile that arrived since, a new member).
@@ -327,7 +328,7 @@ enum ChatView {
                     state.reactions[id] = summary
                     changed = true
                 }
-                for id in Set(visible + page.messages.suffix(50).map(\.id)) where reactions[id] == nil && state.reactions[id] != nil {
+                for id in watched where reactions[id] == nil && state.reactions[id] != nil {
                     state.reactions[id] = nil
                     changed = true
                 }
@@ -487,8 +488,9 @@ final class TerminalLoop {
     var totalRows = 0
     var askedOlderAt = -1
     var shownConversation = ""
-    /// Whether "typing" was said last.
+    /// Whether "typing" was said last, and the line it was said of.
     var typing = false
+    var lastTyped = ""
     var size = (rows: 0, columns: 0)
 
     init(shared: ChatView.Shared, actions: AsyncStream<Action>.Continuation) {
@@ -532,8 +534,9 @@ final class TerminalLoop {
     func move(_ step: Int) {
         guard shared.state.withLock({ $0.conversations.count }) > 1 else { return }
         actions.yield(.move(step, draft: editor.text))
+        // Opening the other one ends the typing said in this one.
         editor.show("")
-        if typing { actions.yield(.typing(false)) }
+        lastTyped = ""
         typing = false
     }
 
@@ -601,19 +604,18 @@ final class TerminalLoop {
             pasting = false
             editor.insert(pasted)
             pasted = ""
-            edited()
         default: break
         }
-        if [CK_KEY_LEFT, CK_KEY_RIGHT, CK_KEY_HOME, CK_KEY_END, CK_KEY_PAGE_UP, CK_KEY_PAGE_DOWN, CK_KEY_WHEEL_UP, CK_KEY_WHEEL_DOWN, CK_KEY_RESIZE,
-            CK_KEY_TAB_BACK, CK_KEY_PASTE_BEGIN, CK_KEY_PASTE_END, CK_KEY_WORD_LEFT, CK_KEY_WORD_RIGHT].map(Int32.init).contains(code) == false {
-            edited()
-        }
+        edited()
         drawn = -1
     }
 
-    /// Says "typing" while a message (not a command) is being typed, and when it stops.
+    /// Says "typing" while a message (not a command) is being typed, and when it stops: after
+    /// any key, when the line changed.
     func edited() {
         let text = editor.text
+        guard text != lastTyped else { return }
+        lastTyped = text
         let now = !text.isEmpty && (!text.hasPrefix("/") || text.hasPrefix("//"))
         // The store says it again every 3 s while it lasts; a change is said at once.
         if now || typing { actions.yield(.typing(now)) }

@@ -101,11 +101,9 @@ extension ZoneAPI {
             if let feed = saved.catchUp.database { saved.catchUp.database = try await readable(feed, identity) }
             for ((index, _), result) in zip(allowed, saved.results) { results[index] = result }
             // What was refused (not a version that lost to a newer one), for the console.
-            var decoded = [Int: Record]()
-            for (index, record) in allowed { decoded[index] = record }
             for (index, result) in results.enumerated() {
                 if case .failure(let error)? = result, error.code != .serverRecordChanged {
-                    refusals.note(identity: identity, record: decoded[index] ?? (try? body.records[index].decoded()), error: error)
+                    refusals.note(identity: identity, record: allowed.first { $0.0 == index }?.1 ?? (try? body.records[index].decoded()), error: error)
                 }
             }
             let outcomes = zip(results, body.records).map { result, sent in

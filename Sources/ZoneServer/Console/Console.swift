@@ -114,6 +114,9 @@ struct ConsoleService: HTTPService {
 
     func mayWait(method: String, path: String) -> Bool { isConsole(path) ? false : api.mayWait(method: method, path: path) }
 
+    /// The sign-in's failures are counted per client address.
+    func needsClient(path: String) -> Bool { path == Self.prefix + "/sign-in" }
+
     func respond(to request: HTTPRequest) async -> HTTPResponse {
         guard isConsole(request.path) else { return await api.respond(to: request) }
         var response = await console(request)

@@ -9,7 +9,8 @@ public struct HTTPRequest: Sendable {
     public var query: [(String, String)]
     public var headers: [String: String]
     public var body: Data
-    /// The address the request came from (IPv4 or IPv6, as text); empty when not told.
+    /// The address the request came from (IPv4 or IPv6, as text), for a service whose
+    /// ``HTTPService/needsClient(path:)`` asks for it; empty otherwise.
     public var client: String
 
     public init(method: String, path: String, query: [(String, String)] = [], headers: [String: String] = [:], body: Data = Data(), client: String = "") {

@@ -16,6 +16,9 @@ public protocol HTTPService: Sendable {
     /// Whether answering the request may wait long for something else to happen (a long poll):
     /// its handler is then cancelled as soon as its client goes away.
     func mayWait(method: String, path: String) -> Bool
+    /// Whether answering the request needs the client's address (``HTTPRequest/client``): read
+    /// only then, off every other request's path.
+    func needsClient(path: String) -> Bool
     /// Answers a complete request.
     func respond(to request: HTTPRequest) async -> HTTPResponse
 }
@@ -24,6 +27,7 @@ extension HTTPService {
     public func preflight(method: String, path: String, headers: [String: String]) -> HTTPResponse? { nil }
     public func checkBody(method: String, path: String, prefix: Data) -> HTTPResponse? { nil }
     public func mayWait(method: String, path: String) -> Bool { false }
+    public func needsClient(path: String) -> Bool { false }
 }
 
 /// Gauges of an HTTP server, shared with whoever reports them.
@@ -406,10 +410,14 @@ public final class HTTPServer: Sendable {
         if let response = exchange.response { return queue(response, on: connection) }
         guard !exchange.started else { return .YES }
         exchange.started = true
-        var address = [CChar](repeating: 0, count: 64)
-        cmhd_client_address(connection, &address, address.count)
+        var client = ""
+        if service.needsClient(path: url) {
+            var address = [CChar](repeating: 0, count: 64)
+            cmhd_client_address(connection, &address, address.count)
+            client = String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
-                                  headers: exchange.headers, body: exchange.body, client: String(decoding: address.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+                                  headers: exchange.headers, body: exchange.body, client: client)
         counters.inFlight.add(1, ordering: .relaxed)
         // Counted before the check, the stop after its flag (both in one total order): either
         // the stop waits for this handler, or this request sees the stop and is refused.
