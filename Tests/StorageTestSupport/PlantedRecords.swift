@@ -54,7 +54,7 @@ extension ZoneStorage {
     public func rewind(_ zone: ZoneName, to sequence: Int64) async throws {
         switch self {
         case let sqlite as SQLiteZoneStorage:
-            try sqlite.queue.writeNow { db in
+            try await sqlite.queue.write { db in
                 try db.execute("DELETE FROM records WHERE zone = ? AND sequence > ?", [zone.rawValue, sequence])
                 try db.execute("UPDATE zones SET sequence = ? WHERE name = ?", [sequence, zone.rawValue])
             }

@@ -76,6 +76,7 @@ func sync(_ rawArguments: [String]) async {
             case .syncActivity(.unreachable(let why)): logger.warning("backend unreachable, backing off: \(why)")
             case .syncActivity(.notAccepted(let code, let why)): logger.error("the backend does not accept this device (\(code.rawValue)): \(why)")
             case .syncActivity(.reachable): logger.info("backend reachable again")
+            case .reset: logger.warning("this log fell behind the store's events; some were not logged")
             }
         }
     }

@@ -270,6 +270,11 @@ public enum StoreEvent: Sendable, Hashable {
     case syncStateChanged(MessageID)
     /// What the continuous sync (``ConversationStore/run(pollInterval:longPolls:)``) is doing.
     case syncActivity(SyncActivity)
+    /// This subscriber fell behind: more events came than its stream holds (10,000), and the
+    /// oldest of them were dropped. Whatever it
+    /// keeps from the store may be stale: read it again (a live collection reads its window
+    /// again by itself). Comes after the last event dropped.
+    case reset
 }
 
 /// The continuous sync's activity (ConversationKit's network activity and `cloudAvailable`).

@@ -70,7 +70,7 @@ extension ConversationStore {
             if let avatar, let png { try ImageCacheIndex.keep(png, as: avatar.asset, in: files, now: now, budget: budget, db: db) }
             try self.commitProfile(local.identifier, name: current, tags: tags, avatar: avatar, as: local, in: &applier)
         }
-        guard let speaker = try speaker(fromRef: SpeakerRef(identifier: local.identifier)) else {
+        guard let speaker = try await loadSpeaker(local.identifier) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")
         }
         return speaker
@@ -83,7 +83,7 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/backend`` when it must be downloaded and the backend
     ///   cannot be reached.
     public func avatarImage(for identifier: String) async throws(ConversationError) -> AvatarImage? {
-        let (held, problem) = try read { db in
+        let (held, problem) = try await read { db in
             (try Self.avatar(of: identifier, in: db),
              try db.first("SELECT avatar_error FROM speakers WHERE identifier = ?", [identifier]) { $0.optionalText(0) } ?? nil)
         }
@@ -108,7 +108,7 @@ extension ConversationStore {
     /// recorded problem. A transient failure ends it quietly (the next sync tries again).
     /// - Returns: how many were downloaded.
     func downloadMissingAvatars(from backend: any RecordZoneBackend) async -> Int {
-        let missing = (try? read { db in
+        let missing = (try? await read { db in
             try db.rows("""
                 SELECT identifier FROM speakers
                 WHERE avatar_hash IS NOT NULL AND avatar_error IS NULL AND avatar_hash NOT IN (SELECT hash FROM image_cache)
@@ -117,7 +117,7 @@ extension ConversationStore {
         }) ?? []
         var downloaded = 0
         for identifier in missing {
-            guard let avatar = try? read({ db in try Self.avatar(of: identifier, in: db) }) else { continue }
+            guard let avatar = try? await read({ db in try Self.avatar(of: identifier, in: db) }) else { continue }
             do {
                 if try await downloadAvatar(identifier, avatar, from: backend) != nil { downloaded += 1 }
             } catch {

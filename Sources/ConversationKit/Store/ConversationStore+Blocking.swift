@@ -1,4 +1,5 @@
 import Foundation
+import SQLiteKit
 import RecordZone
 
 /// Blocking a speaker (Signal's and WhatsApp's block): their messages and reactions are not
@@ -23,7 +24,16 @@ extension ConversationStore {
 
     /// The speakers the local speaker blocks, sorted.
     public func blockedSpeakers() throws(ConversationError) -> [String] {
-        try read { db in try db.rows("SELECT identity FROM blocked_speakers ORDER BY identity") { $0.text(0) } }
+        try read(Self.blockedQuery)
+    }
+
+    /// ``blockedSpeakers()``, read without blocking the caller's thread.
+    func loadBlockedSpeakers() async throws(ConversationError) -> [String] {
+        try await read(Self.blockedQuery)
+    }
+
+    private static let blockedQuery: @Sendable (Database) throws -> [String] = { db in
+        try db.rows("SELECT identity FROM blocked_speakers ORDER BY identity") { $0.text(0) }
     }
 
     private func setBlocked(_ speaker: String, _ blocking: Bool) async throws(ConversationError) {

@@ -47,7 +47,20 @@ extension ConversationStore {
     /// may empty it later: ask again rather than keep the URL.
     /// - Throws: ``ConversationError/Code/unknownMessage``, ``ConversationError/Code/noFile``.
     public func fileURL(of id: MessageID) throws(ConversationError) -> URL? {
-        let (file, held) = try read { db in (try Self.requireFile(db, id), try Self.heldBytes(db, id)) }
+        heldFile(id, try read(Self.fileQuery(id)))
+    }
+
+    /// ``fileURL(of:)``, read without blocking the caller's thread.
+    func loadFileURL(of id: MessageID) async throws(ConversationError) -> URL? {
+        heldFile(id, try await read(Self.fileQuery(id)))
+    }
+
+    private static func fileQuery(_ id: MessageID) -> @Sendable (Database) throws -> (Attachment, Int64?) {
+        { db in (try requireFile(db, id), try heldBytes(db, id)) }
+    }
+
+    private func heldFile(_ id: MessageID, _ row: (file: Attachment, held: Int64?)) -> URL? {
+        let (file, held) = row
         guard held != nil else { return nil }
         let path = filePath(id, name: file.name)
         return FileManager.default.fileExists(atPath: path) ? URL(fileURLWithPath: path) : nil
@@ -77,12 +90,12 @@ extension ConversationStore {
     ///   ``ConversationError/Code/noFile``.
     @discardableResult
     public func downloadFile(of id: MessageID, progress: (@Sendable (_ written: Int64, _ size: Int64) -> Void)? = nil) async throws(ConversationError) -> URL {
-        if let url = try fileURL(of: id) {
+        if let url = try await loadFileURL(of: id) {
             try await touchFile(id)
             return url
         }
         try await removeDiscardedFiles()
-        let (file, key, hashes) = try read { db in
+        let (file, key, hashes) = try await read { db in
             let file = try Self.requireFile(db, id)
             let (key, hashes) = try db.first("SELECT file_key, chunks FROM attachments WHERE zone = ? AND name = ?", [id.conversation, id.name]) { ($0.blob(0), $0.blob(1)) }
                 ?? (Data(), Data())
@@ -153,7 +166,7 @@ extension ConversationStore {
     /// failure ends it quietly (the next sync tries again).
     func downloadFilesDuringSync() async -> Int {
         guard case .duringSync(let limit) = configuration.fileDownload else { return 0 }
-        let wanted = (try? read { db in
+        let wanted = (try? await read { db in
             try db.rows("""
                 SELECT m.zone, m.name FROM messages m JOIN attachments a ON a.zone = m.zone AND a.name = m.name
                 WHERE m.file_size <= ? AND a.held IS NULL AND a.discarded = 0 AND a.problem IS NULL AND m.is_deleted = 0
@@ -179,7 +192,7 @@ extension ConversationStore {
 
     /// Removes the cache directories of files whose message went or changed its file.
     func removeDiscardedFiles() async throws(ConversationError) {
-        let discarded = try read { db in
+        let discarded = try await read { db in
             try db.rows("SELECT zone, name FROM attachments WHERE discarded = 1") { MessageID(conversation: $0.text(0), name: $0.text(1)) }
         }
         guard !discarded.isEmpty else { return }
@@ -363,10 +376,10 @@ extension SyncEngine {
         var path: String
     }
 
-    private nonisolated func pendingUpload(_ record: Record) -> PendingUpload? {
+    private nonisolated func pendingUpload(_ record: Record) async -> PendingUpload? {
         guard record.recordType == ChatRecords.messageType, !record.isDeleted else { return nil }
         let zone = record.id.zone.rawValue, name = record.id.name
-        let row = try? database.read { db in
+        let row = try? await database.read { db in
             try db.first("""
                 SELECT a.file_key, a.chunks, a.uploaded, m.file_name, m.file_size FROM attachments a JOIN messages m ON m.zone = a.zone AND m.name = a.name
                 WHERE a.zone = ? AND a.name = ? AND a.uploaded < length(a.chunks) / 32
@@ -378,8 +391,12 @@ extension SyncEngine {
 
     /// The messages among `records` whose file is not wholly uploaded and no longer here whole
     /// (the cache emptied by hand): they must never go out, as nobody could download the file.
-    nonisolated func filesGone(_ records: [Record]) -> Set<RecordID> {
-        Set(records.filter { record in pendingUpload(record).map { ConversationStore.fileSize($0.path) != $0.size } ?? false }.map(\.id))
+    nonisolated func filesGone(_ records: [Record]) async -> Set<RecordID> {
+        var gone = Set<RecordID>()
+        for record in records {
+            if let pending = await pendingUpload(record), ConversationStore.fileSize(pending.path) != pending.size { gone.insert(record.id) }
+        }
+        return gone
     }
 
     /// Uploads what is left of the local speaker's files that these records' messages carry,
@@ -390,7 +407,7 @@ extension SyncEngine {
     ///   cannot be read or changed since it was sent.
     func uploadFiles(of records: [Record]) async throws(RecordZoneError) {
         for record in records {
-            guard let pending = pendingUpload(record) else { continue }
+            guard let pending = await pendingUpload(record) else { continue }
             let zone = record.id.zone.rawValue, name = record.id.name
             guard let source = FileHandle(forReadingAtPath: pending.path) else { throw RecordZoneError(.ioError, "cannot read \(pending.path)") }
             defer { try? source.close() }

@@ -32,7 +32,7 @@ extension ConversationStore {
         }
         try await change(.create, targets: Array(Set(members).subtracting([local.identifier])).sorted(), groupName: name,
                          history: history == .sinceAdded ? nil : history, in: zone.rawValue)
-        return try read { db in try Self.group(db, zone.rawValue, local: local.identifier) }
+        return try await read { db in try Self.group(db, zone.rawValue, local: local.identifier) }
     }
 
     /// Adds speakers to a group (an admin's change).
@@ -101,7 +101,7 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/backend`` when it must be downloaded and the backend
     ///   cannot be reached.
     public func avatarImage(ofGroup group: String) async throws(ConversationError) -> AvatarImage? {
-        guard let avatar = try read({ db in try Self.groupProfile(db, group).avatar }) else { return nil }
+        guard let avatar = try await read({ db in try Self.groupProfile(db, group).avatar }) else { return nil }
         let reference = AvatarReference(asset: avatar.asset, size: PixelSize(width: avatar.width, height: avatar.height))
         if let png = try? imageFiles.get(avatar.asset) { return AvatarImage(png: png, size: reference.size) }
         switch try await verifiedAvatar(reference, from: try backend()) {
@@ -122,8 +122,17 @@ extension ConversationStore {
 
     /// Everyone in a group now, with their role, creator and admins first.
     public func members(of group: String) throws(ConversationError) -> [GroupMember] {
-        try read { db in
-            try Self.requireConversation(db, group)
+        try read(Self.membersQuery(group))
+    }
+
+    /// ``members(of:)``, read without blocking the caller's thread.
+    func loadMembers(of group: String) async throws(ConversationError) -> [GroupMember] {
+        try await read(Self.membersQuery(group))
+    }
+
+    private static func membersQuery(_ group: String) -> @Sendable (Database) throws -> [GroupMember] {
+        { db in
+            try requireConversation(db, group)
             return try db.rows("SELECT speaker, role FROM group_members WHERE zone = ?", [group]) { row in
                 GroupMember(speaker: row.text(0), role: GroupMembership.Role(rawValue: row.text(1)) ?? .member)
             }.sorted { ($0.role, $1.speaker) > ($1.role, $0.speaker) }

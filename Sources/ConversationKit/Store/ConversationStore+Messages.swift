@@ -22,17 +22,17 @@ extension ConversationStore {
     ///   unrelated keys (held back until the person compares fingerprints or trusts an introduction).
     public func speakerExists(_ identifier: String) async throws(ConversationError) -> Bool {
         try ChatRecords.validate(identifier: identifier)
-        func held() throws(ConversationError) -> Bool {
-            try read { db in
+        func held() async throws(ConversationError) -> Bool {
+            try await read { db in
                 try db.first("SELECT 1 FROM ck_records WHERE type = ? AND name = ? AND is_deleted = 0", [ChatRecords.speakerType, identifier]) { _ in true }
             } ?? false
         }
-        if try held() { return true }
+        if try await held() { return true }
         // The speaker's own zone, pulled and verified as any other: a profile lands in the
         // cache, or its records are held back for a conflict.
         _ = try await engine.pull(zones: [ChatRecords.speakerZone(identifier)], backend: try backend())
-        if try held() { return true }
-        if !(try candidateFingerprints(for: identifier)).isEmpty {
+        if try await held() { return true }
+        if !(try await claimedFingerprints(for: identifier)).isEmpty {
             throw ConversationError(.keyConflict, "'\(identifier)' exists but is claimed with unrelated keys (an impostor?): "
                                     + "compare fingerprints with them, or trust an introduction from someone you trust")
         }
@@ -82,6 +82,12 @@ extension ConversationStore {
     public func conversations(includeArchived: Bool = false) throws(ConversationError) -> [Conversation] {
         let local = try requireIdentity()
         return try read { db in try Self.conversations(db, where: includeArchived ? "1" : "coalesce(s.is_archived, 0) = 0", [], local: local.identifier) }
+    }
+
+    /// The conversations not archived, read without blocking the caller's thread.
+    func loadConversations() async throws(ConversationError) -> [Conversation] {
+        let local = try requireIdentity()
+        return try await read { db in try Self.conversations(db, where: "coalesce(s.is_archived, 0) = 0", [], local: local.identifier) }
     }
 
     /// Unread messages to the local speaker in one conversation.
@@ -229,7 +235,7 @@ extension ConversationStore {
     /// Marks every unread message of a conversation as read.
     public func markAllAsRead(in conversation: String) async throws(ConversationError) {
         let local = try requireIdentity()
-        let unread = try read { db in
+        let unread = try await read { db in
             try Self.requireConversation(db, conversation)
             return try db.rows("SELECT m.name FROM messages m WHERE m.zone = ? AND \(Self.unreadToLocal)", [conversation, local.identifier, local.identifier]) {
                 MessageID(conversation: conversation, name: $0.text(0))
@@ -360,23 +366,45 @@ extension ConversationStore {
     /// - Parameter includeDeleted: with deleted messages' placeholders in their places
     ///   (``Message/isDeleted``), as a chat view shows them.
     public func messages(in conversation: String, limit: Int = 50, before cursor: MessageCursor? = nil, includeDeleted: Bool = false) throws(ConversationError) -> MessagePage {
+        try read(Self.pageQuery(conversation, limit: limit, before: cursor, includeDeleted: includeDeleted))
+    }
+
+    /// ``messages(in:limit:before:includeDeleted:)``, read without blocking the caller's thread.
+    func loadMessages(in conversation: String, limit: Int, before cursor: MessageCursor? = nil, includeDeleted: Bool) async throws(ConversationError) -> MessagePage {
+        try await read(Self.pageQuery(conversation, limit: limit, before: cursor, includeDeleted: includeDeleted))
+    }
+
+    /// A page of messages, or with `from` every message at or after it (and whether any is older).
+    static func pageQuery(_ conversation: String, limit: Int, before cursor: MessageCursor? = nil, from first: MessageCursor? = nil,
+                          includeDeleted: Bool) -> @Sendable (Database) throws -> MessagePage {
         let limit = max(1, min(limit, 1000))
-        return try read { db in
-            try Self.requireConversation(db, conversation)
-            var sql = "SELECT \(Self.messageColumns) FROM messages WHERE zone = ?\(includeDeleted ? "" : " AND is_deleted = 0")"
+        return { db in
+            try requireConversation(db, conversation)
+            var sql = "SELECT \(messageColumns) FROM messages WHERE zone = ?\(includeDeleted ? "" : " AND is_deleted = 0")"
             var values: [any DatabaseValueConvertible] = [conversation]
             if let cursor {
                 sql += " AND (spoken_at, name) < (?, ?)"
                 values += [cursor.spokenAt, cursor.name]
             }
-            sql += " ORDER BY spoken_at DESC, name DESC LIMIT ?"
-            values.append(limit + 1)
-            var rows = try db.rows(sql, values, Self.message(from:))
-            let hasOlder = rows.count > limit
+            if let first {
+                sql += " AND (spoken_at, name) >= (?, ?)"
+                values += [first.spokenAt, first.name]
+            }
+            sql += " ORDER BY spoken_at DESC, name DESC"
+            if first == nil {
+                sql += " LIMIT ?"
+                values.append(limit + 1)
+            }
+            var rows = try db.rows(sql, values, message(from:))
+            var hasOlder = rows.count > limit && first == nil
             if hasOlder { rows.removeLast() }
+            if let first {
+                hasOlder = try db.first("SELECT 1 FROM messages WHERE zone = ? AND (spoken_at, name) < (?, ?)\(includeDeleted ? "" : " AND is_deleted = 0") LIMIT 1",
+                                        [conversation, first.spokenAt, first.name]) { _ in true } ?? false
+            }
             let oldest = rows.last
             return MessagePage(messages: rows.reversed(),
-                               olderCursor: hasOlder ? oldest.map { MessageCursor(spokenAt: Self.milliseconds($0.spokenAt), name: $0.id.name) } : nil)
+                               olderCursor: hasOlder ? oldest.map { MessageCursor(spokenAt: milliseconds($0.spokenAt), name: $0.id.name) } : nil)
         }
     }
 
@@ -387,11 +415,14 @@ extension ConversationStore {
         let events = self.events()
         return AsyncStream { continuation in
             let task = Task {
-                var live = try? liveMessages(in: conversation, pageSize: limit, includeDeleted: false)
+                var live = try? await loadLiveMessages(in: conversation, pageSize: limit, includeDeleted: false)
                 if live == nil {
                     for await event in events {
-                        guard case .conversationChanged(conversation) = event else { continue }
-                        live = try? liveMessages(in: conversation, pageSize: limit, includeDeleted: false)
+                        switch event {
+                        case .conversationChanged(conversation), .reset: break
+                        default: continue
+                        }
+                        live = try? await loadLiveMessages(in: conversation, pageSize: limit, includeDeleted: false)
                         if live != nil { break }
                     }
                 }

@@ -44,7 +44,7 @@ extension ConversationStore {
         AsyncStream { continuation in
             let task = Task {
                 guard let local = try? requireIdentity(), let zone = try? ZoneName(conversation), let backend = try? backend(), backend.carriesTyping,
-                      let others = try? presenceSubjects(in: conversation, local: local.identifier), !others.isEmpty else {
+                      let others = try? await presenceSubjects(in: conversation, local: local.identifier), !others.isEmpty else {
                     continuation.yield([])
                     continuation.finish()
                     return
@@ -72,8 +72,8 @@ extension ConversationStore {
 
     /// Whose presence a conversation shows: a pair's other speaker, a group's members (at most
     /// the 256 a server answers for), but the local speaker and those it blocks.
-    private func presenceSubjects(in conversation: String, local: String) throws(ConversationError) -> [String] {
-        try read { db in
+    private func presenceSubjects(in conversation: String, local: String) async throws(ConversationError) -> [String] {
+        try await read { db in
             try db.rows("""
                 SELECT other FROM conversations WHERE zone = ? AND other != ''
                 UNION SELECT speaker FROM group_members WHERE zone = ?

@@ -39,7 +39,7 @@ extension ConversationStore {
             try applier.publishEncryptionKey()
         }
         database.identity.withLock { $0 = local }
-        guard let speaker = try speaker(fromRef: SpeakerRef(identifier: identifier)) else {
+        guard let speaker = try await loadSpeaker(identifier) else {
             throw ConversationError(.database, "the local speaker's profile was not stored")
         }
         return speaker
@@ -81,8 +81,17 @@ extension ConversationStore {
 
     /// The speaker a reference points to, if the store knows it.
     public func speaker(fromRef ref: SpeakerRef) throws(ConversationError) -> Speaker? {
+        try read(speakerQuery(ref.identifier))
+    }
+
+    /// ``speaker(fromRef:)``, read without blocking the caller's thread.
+    func loadSpeaker(_ identifier: String) async throws(ConversationError) -> Speaker? {
+        try await read(speakerQuery(identifier))
+    }
+
+    private func speakerQuery(_ identifier: String) -> @Sendable (Database) throws -> Speaker? {
         let local = localSpeakerIdentifier
-        return try read { db in try self.speakers(db, where: "s.identifier = ?", [ref.identifier], local: local).first }
+        return { db in try self.speakers(db, where: "s.identifier = ?", [identifier], local: local).first }
     }
 
     /// Everyone the local speaker has talked with or found by a query.

@@ -13,7 +13,16 @@ extension ConversationStore {
     /// The fingerprints of the keys that claim a conflicted identity, for the app to compare
     /// with the person out of band before calling ``trust(_:fingerprint:)``.
     public func candidateFingerprints(for identifier: String) throws(ConversationError) -> [String] {
-        policy.claimedIdentityKeys(of: identifier, in: try heldBack(identifier).map(\.record)).map { KeyChain.fingerprint(identity: identifier, key: $0) }.sorted()
+        fingerprints(of: identifier, claimedIn: try heldBack(identifier))
+    }
+
+    /// ``candidateFingerprints(for:)``, read without blocking the caller's thread.
+    func claimedFingerprints(for identifier: String) async throws(ConversationError) -> [String] {
+        fingerprints(of: identifier, claimedIn: try await heldBack(identifier))
+    }
+
+    private func fingerprints(of identifier: String, claimedIn held: [(id: Int64, record: Record)]) -> [String] {
+        policy.claimedIdentityKeys(of: identifier, in: held.map(\.record)).map { KeyChain.fingerprint(identity: identifier, key: $0) }.sorted()
     }
 
     /// The conversation with the speaker a ref names, started if there is none. A ref that
@@ -32,7 +41,7 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/keyConflict`` when no key seen for the identity has
     ///   this fingerprint, or another key is pinned already.
     public func trust(_ identifier: String, fingerprint: String) async throws(ConversationError) {
-        let keys = Set(try heldBack(identifier).map(\.record.authorKey) + (policy.pins.chain(for: identifier).map { [$0.current] } ?? []))
+        let keys = Set(try await heldBack(identifier).map(\.record.authorKey) + (policy.pins.chain(for: identifier).map { [$0.current] } ?? []))
         guard let key = keys.first(where: { KeyChain.fingerprint(identity: identifier, key: $0) == fingerprint }) else {
             throw ConversationError(.keyConflict, "no key seen for '\(identifier)' has the fingerprint \(fingerprint)")
         }
@@ -81,7 +90,7 @@ extension ConversationStore {
         guard policy.pins.pinVerified(key, for: identifier) else {
             throw ConversationError(.keyConflict, "the store holds another key for '\(identifier)'")
         }
-        try await admit(try heldBack(identifier))
+        try await admit(try await heldBack(identifier))
     }
 
     /// Admits again what was held back for keys that records read in another order would have
@@ -98,19 +107,19 @@ extension ConversationStore {
     func settleResolvedConflicts() async throws(ConversationError) -> Int {
         var settled = 0
         for identifier in policy.pins.conflictedIdentities.sorted() {
-            let held = try heldBack(identifier)
+            let held = try await heldBack(identifier)
             let roots = policy.claimedIdentityKeys(of: identifier, in: held.map(\.record))
             guard roots.count == 1, let key = roots.first, policy.pins.resolveConflict(identifier, key: key) else { continue }
             try await admit(held)
             settled += 1
         }
-        let pinnedToADevice = try read { db in
+        let pinnedToADevice = try await read { db in
             try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'keyConflict' AND identity IS NOT NULL AND zone LIKE 's-%' AND name LIKE ?",
                         [DeviceCertificate.namePrefix + "%"]) { $0.text(0) }
         }
         for identifier in pinnedToADevice {
             guard let chain = policy.pins.chain(for: identifier) else { continue }
-            let held = try heldBack(identifier, code: .keyConflict)
+            let held = try await heldBack(identifier, code: .keyConflict)
             let certifiesPin = held.contains { entry in
                 guard entry.record.recordType == DeviceCertificate.recordType, case .success(let parts) = DeviceCertificate.verify(entry.record, identity: identifier) else { return false }
                 return chain.isFirstUseOf(parts.device)
@@ -141,9 +150,21 @@ extension ConversationStore {
     /// Records held back for `identifier` (by default: because it was in conflict), with their
     /// quarantine row IDs.
     private func heldBack(_ identifier: String, code: RejectionReason.Code = .identityConflict) throws(ConversationError) -> [(id: Int64, record: Record)] {
-        try read { db in
+        Self.decodeHeld(try read(Self.heldBackQuery(identifier, code)))
+    }
+
+    private func heldBack(_ identifier: String, code: RejectionReason.Code = .identityConflict) async throws(ConversationError) -> [(id: Int64, record: Record)] {
+        Self.decodeHeld(try await read(Self.heldBackQuery(identifier, code)))
+    }
+
+    private static func heldBackQuery(_ identifier: String, _ code: RejectionReason.Code) -> @Sendable (Database) throws -> [(Int64, Data)] {
+        { db in
             try db.rows("SELECT id, record FROM ck_quarantine WHERE identity = ? AND code = ? AND record IS NOT NULL ORDER BY id",
                         [identifier, code.rawValue]) { row in (row.int(0), row.blob(1)) }
-        }.compactMap { id, bytes in (try? Record(canonical: bytes)).map { (id, $0) } }
+        }
+    }
+
+    private static func decodeHeld(_ rows: [(Int64, Data)]) -> [(id: Int64, record: Record)] {
+        rows.compactMap { id, bytes in (try? Record(canonical: bytes)).map { (id, $0) } }
     }
 }

@@ -15,7 +15,7 @@ extension ConversationStore {
     /// - Throws: ``ConversationError/Code/unknownConversation``.
     public func setTyping(_ typing: Bool, in conversation: String) async throws(ConversationError) {
         let local = try requireIdentity()
-        try read { db in try Self.requireConversation(db, conversation) }
+        try await read { db in try Self.requireConversation(db, conversation) }
         let now = ContinuousClock.now
         let due = typingSaid.withLock { said -> Bool in
             if typing {
@@ -48,7 +48,7 @@ extension ConversationStore {
                 while !Task.isCancelled {
                     do {
                         let state = try await backend.typing(in: zone, since: version, timeout: .seconds(25))
-                        let hidden = Set((try? blockedSpeakers()) ?? []).union([local.identifier])
+                        let hidden = Set((try? await loadBlockedSpeakers()) ?? []).union([local.identifier])
                         let others = state.identities.filter { !hidden.contains($0) }
                         if others != shown {
                             continuation.yield(others)

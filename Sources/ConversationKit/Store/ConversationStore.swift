@@ -207,8 +207,13 @@ public final class ConversationStore: Sendable {
         try await database.write(.synced, body)
     }
 
+    @available(*, noasync, message: "await the read: it answers through a continuation")
     func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
         try database.read(body)
+    }
+
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(ConversationError) -> T {
+        try await database.read(body)
     }
 
     /// The local speaker and key, or ``ConversationError/Code/noLocalSpeaker``.
@@ -246,7 +251,7 @@ public final class ConversationStore: Sendable {
         guard let chain = policy.pins.chain(for: local.identifier), chain.allowsNow(local.key.publicKey) else { return 0 }
         let unanswered = "q.identity = ? AND q.code IN ('deviceRevoked', 'keyConflict') AND q.restated = 0 AND q.record IS NOT NULL"
         // A look on the reader connection first: a sync with nothing to answer writes nothing.
-        guard try read({ db in try db.first("SELECT 1 FROM ck_quarantine q WHERE \(unanswered) LIMIT 1", [local.identifier]) { _ in true } }) != nil else {
+        guard try await read({ db in try db.first("SELECT 1 FROM ck_quarantine q WHERE \(unanswered) LIMIT 1", [local.identifier]) { _ in true } }) != nil else {
             return 0
         }
         return try await write { applier in
@@ -339,7 +344,7 @@ public final class ConversationStore: Sendable {
 
     /// A store set up before encryption publishes its device's key once, before it syncs.
     private func publishEncryptionKeyIfNeeded(_ local: LocalIdentity) async throws(ConversationError) {
-        let held = try read { db in
+        let held = try await read { db in
             try db.first("SELECT 1 FROM encryption_keys WHERE identity = ? AND device = ? AND key = ?",
                          [local.identifier, local.key.publicKey, local.boxKeys.publicKey]) { _ in true } ?? false
         }
@@ -362,6 +367,11 @@ public final class ConversationStore: Sendable {
     /// How many local changes wait in the outbox.
     public func pendingChangeCount() throws(ConversationError) -> Int {
         try read { db in try Outbox.count(in: db) }
+    }
+
+    /// ``pendingChangeCount()``, read without blocking the caller's thread.
+    func loadPendingChangeCount() async throws(ConversationError) -> Int {
+        try await read { db in try Outbox.count(in: db) }
     }
 
     /// Records refused on the way in, with their reasons: never applied, never shown.

@@ -26,9 +26,18 @@ final class StoreDatabase: Sendable {
         self.clock = clock
     }
 
-    /// A read on the reader connection (in WAL mode it never waits for a write).
+    /// A read on the reader connection (in WAL mode it never waits for a write), blocking the
+    /// caller: for the store's synchronous API only. An async caller gets the overload below
+    /// (the compiler picks it, and refuses this one, in an async context).
+    @available(*, noasync, message: "await the read: it answers through a continuation")
     func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
         do { return try queue.readNow(body) } catch { throw ConversationError.wrap(error) }
+    }
+
+    /// A read on the reader connection's queue, answered through a continuation: it never
+    /// holds a thread of Swift's cooperative pool.
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(ConversationError) -> T {
+        do { return try await queue.read(body) } catch { throw ConversationError.wrap(error) }
     }
 
     /// Runs a write transaction with a record applier on the writer's queue (off Swift's
@@ -44,8 +53,9 @@ final class StoreDatabase: Sendable {
         let policy = self.policy, clock = self.clock, local = identity.withLock { $0 }
         do {
             let (result, events, queued, pinned) = try await queue.write(durability) { db in
-                let speaker = try db.first("SELECT value FROM ck_meta WHERE key = 'local_speaker'") { $0.text(0) }
-                var applier = RecordApplier(db: db, localSpeaker: speaker, device: local, clock: clock, policy: policy)
+                // The local speaker is read once, when the store opens (or set up): ck_meta's
+                // `local_speaker` and `identity` are written together.
+                var applier = RecordApplier(db: db, localSpeaker: local?.identifier, device: local, clock: clock, policy: policy)
                 let result = try body(&applier)
                 let changed = policy.pins.changedIdentities
                 try applier.readmitKeyConflicts(of: changed, policy: policy)

@@ -68,7 +68,7 @@ extension ConversationStore {
                     // writes nothing.
                     var moved = unreachable
                     if !moved { moved = try await engine.databaseMoved(backend: backend) }
-                    let due = try engine.outboxDue()
+                    let due = try await engine.outboxDue()
                     if moved {
                         report = try await sync()
                     } else if due || causes.contains(.localChange) {
@@ -82,7 +82,7 @@ extension ConversationStore {
                     // A zone whose token moved since its poll woke (a push's catch-up took it past
                     // this store's own versions) is not fetched: its poll asks again from there.
                     let kicked = causes.compactMap { if case .zone(let zone, let from) = $0 { (zone, from) } else { nil } }
-                    let zones = try read { db in
+                    let zones = try await read { db in
                         try Set(kicked.filter { zone, from in
                             guard let from else { return true }
                             let stored = try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
@@ -128,7 +128,7 @@ extension ConversationStore {
     private func watchLocalChanges(_ kicks: SyncKicks) async {
         let signal = StoreDatabase.outboxSignal
         var seen = database.localChanges.generation(of: signal)
-        if (try? pendingChangeCount()) ?? 0 > 0 { kicks.kick(.localChange) }
+        if (try? await loadPendingChangeCount()) ?? 0 > 0 { kicks.kick(.localChange) }
         while !Task.isCancelled {
             guard await database.localChanges.wait(for: signal, after: seen, timeout: .seconds(3600)) else { continue }
             seen = database.localChanges.generation(of: signal)
@@ -139,14 +139,14 @@ extension ConversationStore {
     /// Kicks a push when another process (or connection) committed to the store and left
     /// something due in the outbox.
     private func watchOtherProcesses(_ kicks: SyncKicks) async {
-        var version = try? read { db in try db.first("PRAGMA data_version") { $0.int(0) } }
+        var version = try? await read { db in try db.first("PRAGMA data_version") { $0.int(0) } }
         while !Task.isCancelled {
             do { try await Task.sleep(for: .milliseconds(250)) } catch { return }
-            let now = try? read { db in try db.first("PRAGMA data_version") { $0.int(0) } }
+            let now = try? await read { db in try db.first("PRAGMA data_version") { $0.int(0) } }
             guard now != version else { continue }
             version = now
             let due = SyncEngine.milliseconds(configuration.now())
-            if (try? read({ db in try Outbox.hasDue(at: due, in: db) })) == true { kicks.kick(.localChange) }
+            if (try? await read({ db in try Outbox.hasDue(at: due, in: db) })) == true { kicks.kick(.localChange) }
         }
     }
 
@@ -155,7 +155,7 @@ extension ConversationStore {
     /// before asking again. The set is read again after every round.
     private func watchZones(_ backend: any RecordZoneBackend, kicks: SyncKicks, rounds: ChangeWaiters) async {
         while !Task.isCancelled {
-            let zones = (try? read { db in
+            let zones = (try? await read { db in
                 try db.rows("SELECT zone, token FROM ck_zone_state WHERE token IS NOT NULL ORDER BY zone") { ($0.text(0), $0.blob(1)) }
             }) ?? []
             let watched = Set(zones.map(\.0))
@@ -165,7 +165,7 @@ extension ConversationStore {
                     group.addTask {
                         while !Task.isCancelled {
                             let round = rounds.generation(of: Self.roundSignal)
-                            let token = (try? self.read { db in
+                            let token = (try? await self.read { db in
                                 try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [name]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
                             }) ?? nil
                             let moved: Bool
@@ -190,7 +190,7 @@ extension ConversationStore {
                     while !Task.isCancelled {
                         let round = rounds.generation(of: Self.roundSignal)
                         _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(3600))
-                        let now = (try? self.read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE token IS NOT NULL") { $0.text(0) } }) ?? []
+                        let now = (try? await self.read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE token IS NOT NULL") { $0.text(0) } }) ?? []
                         if Set(now) != watched { return }
                     }
                 }

@@ -30,7 +30,7 @@ extension SyncEngine {
         // Conversations to read again from the start (refetched), whether or not the feed names
         // them — looked for after the speakers' zones, whose revocations and rotations may have
         // just sent some back to be decided again.
-        let refetched = try read { db in try Self.refetched(localSpeaker, in: db) }
+        let refetched = try await read { db in try Self.refetched(localSpeaker, in: db) }
         let zones = Set(plan.conversations).union(refetched).sorted()
         for (index, zone) in zones.enumerated() {
             progress?(SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: report.pulled))
@@ -38,7 +38,7 @@ extension SyncEngine {
         }
         // Speakers first followed while the conversations were read (a group's members): their
         // profiles and devices in this sync, not the next.
-        let newSpeakers = try read { db in
+        let newSpeakers = try await read { db in
             try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 's-%' AND token IS NULL AND is_missing = 0 ORDER BY zone") { $0.text(0) }
         }
             .compactMap { try? ZoneName($0) }
@@ -102,15 +102,15 @@ extension SyncEngine {
     }
 
     /// The database token of the last whole pull (nil before the first).
-    nonisolated func storedDatabaseToken() throws(ConversationError) -> ChangeToken? {
-        try database.read { db in
+    nonisolated func storedDatabaseToken() async throws(ConversationError) -> ChangeToken? {
+        try await database.read { db in
             try db.first("SELECT value FROM ck_meta WHERE key = 'database_token'") { ChangeToken(data: $0.blob(0)) }
         }
     }
 
     /// The database feed since the store's token (from the start when the token expired).
     func fetchDatabaseChanges() async throws(ConversationError) -> DatabaseChanges {
-        let token = try storedDatabaseToken()
+        let token = try await storedDatabaseToken()
         do {
             return try await backend.fetchDatabaseChanges(since: token)
         } catch where error.code == .changeTokenExpired {
@@ -123,7 +123,7 @@ extension SyncEngine {
     }
 
     func pullZone(_ zone: ZoneName, report: inout SyncReport) async throws(ConversationError) {
-        var token = try read { db in
+        var token = try await read { db in
             try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
         }
         // Damaged files this pull still finds; quarantine rows for the zone's other ones are
@@ -191,7 +191,7 @@ extension SyncEngine {
             // or a late change decided its runs anew): the applier dropped the zone's token, and
             // it is read again from the start — once — for what a server did not show it before.
             if !rereading, ChatRecords.isGroupZone(zone),
-               try read({ db in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } }) == true {
+               try await read({ db in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } }) == true {
                 rereading = true
                 token = nil
                 continue

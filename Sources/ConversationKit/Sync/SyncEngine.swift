@@ -124,7 +124,7 @@ actor SyncEngine {
             try await pull(&report, localSpeaker: localSpeaker, caughtUp: caughtUp)
             // What the pull committed on its own — keys shared with a device or member it
             // learned of — goes out in the same sync: the others read it after their next pull.
-            if try outboxDue() { _ = try await push(&report, localSpeaker: localSpeaker, catchingUp: false) }
+            if try await outboxDue() { _ = try await push(&report, localSpeaker: localSpeaker, catchingUp: false) }
             try await failRevoked(localSpeaker: localSpeaker, deviceKey: deviceKey)
         } catch {
             logger.warning("sync stopped: \(error)")
@@ -139,7 +139,7 @@ actor SyncEngine {
     /// Whether the database feed names any zone as changed or deleted since the store's last
     /// pull (a look that writes nothing: an idle poll of the continuous sync costs just this).
     func databaseMoved(backend: any RecordZoneBackend) async throws(ConversationError) -> Bool {
-        let token = try storedDatabaseToken()
+        let token = try await storedDatabaseToken()
         guard let token else { return true }
         do {
             let changes = try await backend.fetchDatabaseChanges(since: token)
@@ -152,9 +152,9 @@ actor SyncEngine {
     }
 
     /// Whether an outbox entry is due for a push (a new change, or a retry whose time came).
-    nonisolated func outboxDue() throws(ConversationError) -> Bool {
+    nonisolated func outboxDue() async throws(ConversationError) -> Bool {
         let now = Self.milliseconds(configuration.now())
-        return try database.read { db in try Outbox.hasDue(at: now, in: db) }
+        return try await database.read { db in try Outbox.hasDue(at: now, in: db) }
     }
 
     /// Pushes the outbox only (a local change to send at once).
@@ -231,13 +231,13 @@ actor SyncEngine {
     /// feed since the store's token (a whole sync, whose pull then uses it).
     /// - Returns: what the last batch learned, when it told the feed.
     private func push(_ report: inout SyncReport, localSpeaker: String, catchingUp: Bool) async throws(ConversationError) -> CaughtUp? {
-        let databaseToken = catchingUp ? try storedDatabaseToken() : nil
+        let databaseToken = catchingUp ? try await storedDatabaseToken() : nil
         var attempted = Set<Int64>()
         var caughtUp: CaughtUp?
         while true {
             let now = Self.milliseconds(configuration.now())
             let batchSize = min(configuration.pushBatchSize, Record.maximumBatchSize)
-            let entries = try read { db in try Outbox.due(at: now, limit: batchSize * 4, in: db) }.filter { !attempted.contains($0.id) }.prefix(batchSize)
+            let entries = try await read { db in try Outbox.due(at: now, limit: batchSize * 4, in: db) }.filter { !attempted.contains($0.id) }.prefix(batchSize)
             guard !entries.isEmpty else { return caughtUp }
             for entry in entries { attempted.insert(entry.id) }
             caughtUp = nil
@@ -257,10 +257,10 @@ actor SyncEngine {
             // What never goes out: a message whose file left the cache before it was uploaded,
             // and whatever the other participant of a pair no longer takes (they blocked us).
             var withheld = [RecordID: SyncFailure]()
-            for id in filesGone(records) {
+            for id in await filesGone(records) {
                 withheld[id] = SyncFailure(.fileMissing, message: "its file left this device's cache before it was uploaded: nobody could download it")
             }
-            for (id, blocker) in try blockedWrites(records, localSpeaker: localSpeaker) {
+            for (id, blocker) in try await blockedWrites(records, localSpeaker: localSpeaker) {
                 withheld[id] = SyncFailure(.blocked, message: "\(blocker) blocked \(localSpeaker): nothing more of theirs goes into this conversation")
             }
             if !withheld.isEmpty {
@@ -340,13 +340,13 @@ actor SyncEngine {
     /// The local speaker's versions among `records` that the other participant of their pair
     /// conversation refuses: they block the local speaker (their `Block` record stands). Its
     /// own blocks and tombstones still go. - Returns: each version's ID, with who blocks.
-    private func blockedWrites(_ records: [Record], localSpeaker: String) throws(ConversationError) -> [RecordID: String] {
+    private func blockedWrites(_ records: [Record], localSpeaker: String) async throws(ConversationError) -> [RecordID: String] {
         let candidates = records.filter { $0.recordType != ChatRecords.blockType && !$0.isDeleted && ChatRecords.isPairZone($0.id.zone) }
         guard !candidates.isEmpty else { return [:] }
         let zones = Set(candidates.map(\.id.zone.rawValue))
         // The zone's `block-…` names: a range of its primary key, never a scan of the zone.
         let prefix = ChatRecords.blockPrefix, end = String(prefix.dropLast()) + "."
-        let blockers = try read { db in
+        let blockers = try await read { db in
             try zones.reduce(into: [String: String]()) { found, zone in
                 found[zone] = try db.first("SELECT name FROM ck_records WHERE zone = ? AND name > ? AND name < ? AND name != ? AND type = ? AND is_deleted = 0",
                                            [zone, prefix, end, prefix + localSpeaker, ChatRecords.blockType]) { String($0.text(0).dropFirst(prefix.count)) }
@@ -411,7 +411,7 @@ actor SyncEngine {
     /// Creates the zones the store has not created yet. - Returns: the server's refusal of who
     /// signs (401), for the push to handle; nil otherwise.
     private func ensureZonesExist(_ zones: Set<ZoneName>) async throws(ConversationError) -> RecordZoneError? {
-        let created = Set(try read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } })
+        let created = Set(try await read { db in try db.rows("SELECT zone FROM ck_zone_state WHERE is_created = 1") { $0.text(0) } })
         for zone in zones.sorted() where !created.contains(zone.rawValue) {
             do {
                 try await backend.createZone(zone)
@@ -431,8 +431,8 @@ actor SyncEngine {
 
     // MARK: Helpers
 
-    func read<T: Sendable>(_ body: (Database) throws -> T) throws(ConversationError) -> T {
-        try database.read(body)
+    func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(ConversationError) -> T {
+        try await database.read(body)
     }
 
     func write<T: Sendable>(_ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {

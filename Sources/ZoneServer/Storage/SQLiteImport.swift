@@ -37,14 +37,14 @@ extension PostgresZoneStorage {
         var report = ImportReport()
         do {
             // Chains first: records are checked against them, as the source server checked them.
-            let chains = try source.readNow { db in try PinTable.load(from: db) }
+            let chains = try await source.read { db in try PinTable.load(from: db) }
             let checker = RecordPolicy(rules: policy.rules, pins: KeyPins(chains))
             try await insert(chains)
             report.pins = chains.count
             progress("\(chains.count) key chains")
 
-            let zoneRows = try source.readNow { db in try db.rows("SELECT name, incarnation, sequence FROM zones ORDER BY name") { ($0.text(0), $0.text(1), $0.int(2)) } }
-            let deleted = try source.readNow { db in try db.rows("SELECT name FROM deleted_zones ORDER BY name") { $0.text(0) } }
+            let zoneRows = try await source.read { db in try db.rows("SELECT name, incarnation, sequence FROM zones ORDER BY name") { ($0.text(0), $0.text(1), $0.int(2)) } }
+            let deleted = try await source.read { db in try db.rows("SELECT name FROM deleted_zones ORDER BY name") { $0.text(0) } }
             try await run { db in
                 try db.execute("""
                     INSERT INTO ck_zones (name, incarnation, sequence, changed_xid)
@@ -60,7 +60,7 @@ extension PostgresZoneStorage {
             for (zone, _, _) in zoneRows {
                 var after: Int64 = 0
                 while true {
-                    let page = try source.readNow { db in
+                    let page = try await source.read { [after] db in
                         try db.rows("SELECT name, sequence, received_at, record FROM records WHERE zone = ? AND sequence > ? ORDER BY sequence LIMIT 1000", [zone, after]) {
                             ($0.text(0), $0.int(1), $0.int(2), $0.blob(3))
                         }
