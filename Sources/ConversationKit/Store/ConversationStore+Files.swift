@@ -295,7 +295,8 @@ extension ConversationStore {
 
     // MARK: The cache
 
-    func fileDirectory(_ id: MessageID) -> String { "\(filesRoot)/\(id.conversation)/\(id.name)" }
+    func fileDirectory(ofZone zone: String) -> String { "\(filesRoot)/\(zone)" }
+    func fileDirectory(_ id: MessageID) -> String { fileDirectory(ofZone: id.conversation) + "/" + id.name }
     func filePath(_ id: MessageID, name: String) -> String { fileDirectory(id) + "/" + name }
 
     static func requireFile(_ db: Database, _ id: MessageID) throws -> Attachment {

@@ -39,8 +39,10 @@ extension ConversationStore {
         return false
     }
 
-    /// Removes the conversation with `other` from this store only: its messages (unsent ones
-    /// too: they are not sent), receipts and members, and what is queued for it. Nothing is
+    /// Removes the conversation with `other` from this store only: every row of its zone
+    /// (``ZoneTables``: messages — unsent ones too: they are not sent —, receipts, reactions,
+    /// members, keys, files and what is queued for it) and its cached files; a block of `other`
+    /// stays. Nothing is
     /// deleted on the backend; if `other` writes again, the conversation comes back with what
     /// the backend holds.
     public func removeConversation(with other: String) async throws(ConversationError) {
@@ -51,13 +53,11 @@ extension ConversationStore {
             guard try applier.db.first("SELECT 1 FROM conversations WHERE zone = ?", [zone], { _ in true }) != nil else {
                 throw ConversationError(.unknownConversation, "no conversation with '\(other)'")
             }
-            for table in ["ck_records", "ck_zone_state", "ck_quarantine", "messages", "message_mentions", "message_versions", "held_messages", "deliveries", "receipts", "reactions", "conversation_members", "conversations", "conversation_settings",
-                          "group_members", "group_runs", "group_state"] {
-                try applier.db.execute("DELETE FROM \(table) WHERE zone = ?", [zone])
-            }
-            try Outbox.remove(zone: zone, in: applier.db)
+            try ZoneTables.remove(zone, in: applier.db)
             applier.note(.conversationChanged(zone))
         }
+        // Its cached files (a download under way writes into a folder that is gone: it fails).
+        try? FileManager.default.removeItem(atPath: fileDirectory(ofZone: zone))
     }
 
     /// The conversation with `other`, started (offline, through the outbox) if there is none.
