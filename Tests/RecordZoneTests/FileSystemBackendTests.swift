@@ -1,4 +1,5 @@
 import Foundation
+import SQLiteKit
 import Testing
 import TestSupport
 @testable import RecordZone
@@ -401,6 +402,26 @@ extension FileSystemBackendTests {
         #expect(fetched == records.map(\.id))
         try await saveAll(reopened, [try signed(z, "after", clock: clock.now())])
         #expect(try await fetchAll(FileSystemBackend(root: root, device: nil), z).records.count == 21)
+    }
+
+    /// An index another version of the program wrote (another schema) is started again from
+    /// the folder, as a damaged one is.
+    @Test func anIndexOfAnotherVersionIsRebuiltFromTheFolder() async throws {
+        let dir = try TemporaryDirectory("fsoldindex")
+        let root = dir.path + "/shared", state = dir.path + "/state"
+        let z = try zone("z")
+        var writer: FileSystemBackend? = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        try await #require(writer).createZone(z)
+        let records = try (0..<5).map { try signed(z, "m\($0)", clock: clock.now()) }
+        try await saveAll(try #require(writer), records)
+        writer = nil
+        let path = state + "/" + FolderIndex.fileName
+        try Database(path: path).execute("PRAGMA user_version = \(FolderIndex.schemaVersion + 7)")
+        let index = try FolderIndex(path: path)
+        #expect(index.ownFileStamp("anything") == nil)
+        #expect(try Database(path: path, readOnly: true).userVersion == FolderIndex.schemaVersion)
+        let reopened = try FileSystemBackend(root: root, device: "laptop", stateDirectory: state)
+        #expect(try await reopened.fetch(records.map(\.id)).map { try $0.get().id } == records.map(\.id))
     }
 
     /// A writer's own segment damaged in place while no process of it runs (the folder's time

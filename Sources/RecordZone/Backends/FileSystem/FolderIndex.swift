@@ -19,29 +19,42 @@ import SQLiteKit
 /// `Sendable`: its owner (the backend actor) serializes access.
 final class FolderIndex {
     static let fileName = "index.sqlite"
-    private static let schemaVersion = 1
+    static let schemaVersion = 1
     private let db: Database
 
     /// Opens the index at `path`, or in memory (`nil`). A file that is not a readable index of
     /// this version is removed and started again (it only ever caches the folder).
     init(path: String?) throws(RecordZoneError) {
+        let why: String
         do {
-            db = try Self.open(path ?? ":memory:")
+            if let opened = try Self.open(path ?? ":memory:") {
+                db = opened
+                return
+            }
+            why = "an index of another version"
         } catch {
-            guard let path else { throw RecordZoneError(.ioError, "local folder index: \(error)") }
-            for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
-            do { db = try Self.open(path) } catch { throw RecordZoneError(.ioError, "cannot create the local folder index \(path): \(error)") }
+            why = "\(error)"
+        }
+        guard let path else { throw RecordZoneError(.ioError, "local folder index: \(why)") }
+        for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+        do {
+            guard let opened = try Self.open(path) else { throw SQLiteError(code: ResultCode.error.rawValue, message: "another process wrote an index of another version") }
+            db = opened
+        } catch {
+            throw RecordZoneError(.ioError, "cannot create the local folder index \(path) (\(why) was there): \(error)")
         }
     }
 
-    private static func open(_ path: String) throws(SQLiteError) -> Database {
+    /// The index at `path`, created if the file is new; nil when it is an index of another
+    /// version (the caller starts it again).
+    private static func open(_ path: String) throws(SQLiteError) -> Database? {
         let db = try Database(path: path)
         // A cache: a commit need not reach the disk before the call returns (WAL keeps it
         // consistent; a power cut loses at most the last looks, read again from the folder).
         try db.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL")
         let version = try db.userVersion
         if version == schemaVersion { return db }
-        guard version == 0 else { throw SQLiteError(code: 0, message: "index schema \(version), this version writes \(schemaVersion)") }
+        guard version == 0 else { return nil }
         try db.execute("""
             BEGIN;
             CREATE TABLE position(zone TEXT NOT NULL, generation INTEGER NOT NULL, vector BLOB NOT NULL,
