@@ -137,7 +137,10 @@ public final class DatabaseQueue: Sendable {
         if readOnly {
             let current = try writer.userVersion
             if let newest = migrations.map(\.version).max(), current != newest {
-                throw SQLiteError(code: 8, message: "the database has schema version \(current), not \(newest): open it once for writing to migrate it")
+                throw SQLiteError(code: ResultCode.error.rawValue,
+                                  message: current > newest ? "the database has schema version \(current); this version knows up to \(newest)"
+                                                            : "the database has schema version \(current), not \(newest): open it once for writing to migrate it",
+                                  schema: SQLiteError.SchemaMismatch(found: current, known: newest))
             }
         } else {
             try writer.execute("PRAGMA journal_mode = WAL")
@@ -287,7 +290,8 @@ public struct Migration: Sendable {
     static func run(_ migrations: [Migration], on db: Database) throws(SQLiteError) {
         let current = try db.userVersion
         if let newest = migrations.map(\.version).max(), current > newest {
-            throw SQLiteError(code: 1, message: "the database has schema version \(current); this version of ConversationKit knows up to \(newest)")
+            throw SQLiteError(code: ResultCode.error.rawValue, message: "the database has schema version \(current); this version of ConversationKit knows up to \(newest)",
+                              schema: SQLiteError.SchemaMismatch(found: current, known: newest))
         }
         for migration in migrations.sorted(by: { $0.version < $1.version }) where migration.version > current {
             do {

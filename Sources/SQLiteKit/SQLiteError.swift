@@ -7,11 +7,24 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
     public var code: Int32
     public var message: String
     public var sql: String?
+    /// Set when the file's schema is not the one this program migrates to (``code`` is
+    /// `SQLITE_ERROR`: SQLite has no code of its own for it).
+    public var schema: SchemaMismatch?
 
-    public init(code: Int32, message: String, sql: String? = nil) {
+    public init(code: Int32, message: String, sql: String? = nil, schema: SchemaMismatch? = nil) {
         self.code = code
         self.message = message
         self.sql = sql
+        self.schema = schema
+    }
+
+    /// A database whose schema version (`PRAGMA user_version`) is not the newest this program
+    /// knows: newer (written by a later version), or older and opened read-only (nothing can
+    /// migrate it).
+    public struct SchemaMismatch: Sendable, Hashable {
+        public let found: Int
+        public let known: Int
+        public var isNewer: Bool { found > known }
     }
 
     /// The primary result code (the low byte of the extended code).

@@ -40,6 +40,10 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         /// damaged or truncated (``ConversationError/imageError`` says which).
         case invalidImage
         case storeNotWritable
+        /// The store's schema is not this version's: written by a later ConversationKit (update
+        /// it), or older and opened only to look at (open it once for writing to migrate it).
+        /// ``ConversationError/sqliteError``'s `schema` gives both versions.
+        case storeVersionMismatch
         case databaseCorrupt
         case database
         case backend
@@ -115,6 +119,9 @@ public struct ConversationError: Error, Sendable, CustomStringConvertible {
         switch error {
         case let error as ConversationError: return error
         case let error as SQLiteError:
+            if let schema = error.schema {
+                return ConversationError(.storeVersionMismatch, schema.isNewer ? "the store was written by a later version: \(error.message)" : error.message, sqliteError: error)
+            }
             if error.isCorruption { return ConversationError(.databaseCorrupt, "the store's database is damaged: \(error.message)", sqliteError: error) }
             if error.isAccessProblem { return ConversationError(.storeNotWritable, "the store's database cannot be written: \(error.message)", sqliteError: error) }
             return ConversationError(.database, error.description, sqliteError: error)

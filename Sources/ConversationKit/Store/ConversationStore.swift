@@ -69,8 +69,9 @@ public final class ConversationStore: Sendable {
     /// Opens an existing store to look at it (`convkit`'s inspection): nothing is created,
     /// migrated or written — every change fails with
     /// ``ConversationError/Code/storeNotWritable`` — and there is no backend (a sync fails).
-    /// - Throws: ``ConversationError/Code/storeNotWritable`` when there is no store there (or it
-    ///   needs a migration first).
+    /// - Throws: ``ConversationError/Code/storeNotWritable`` when there is no store there,
+    ///   ``ConversationError/Code/storeVersionMismatch`` when it needs a migration first (or was
+    ///   written by a later version).
     public static func inspecting(directory: String) throws(ConversationError) -> ConversationStore {
         guard FileManager.default.fileExists(atPath: directory + "/store.sqlite") else {
             throw ConversationError(.storeNotWritable, "no store at \(directory)")
