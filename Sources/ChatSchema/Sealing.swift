@@ -43,6 +43,12 @@ public enum Sealing {
 
     private static let contextLabel = "convkit-message-v1"
 
+    /// Whether a sender key read back from storage has the lengths sealing requires (the
+    /// sealing functions trap on others): a damaged row is skipped or replaced, never used.
+    public static func isUsable(epoch: Data, key: Data, device: Data? = nil) -> Bool {
+        epoch.count == epochLength && key.count == Sodium.aeadKeyLength && (device.map { $0.count == Sodium.publicKeyLength } ?? true)
+    }
+
     /// `0x01 ‖ epoch (16) ‖ nonce (24) ‖ XChaCha20-Poly1305(padded plaintext, context)`.
     /// - Parameter nonce: random unless given (test vectors give one).
     public static func sealMessage(_ plaintext: some ContiguousBytes, epoch: Data, key: Data, context: Data, nonce: Data? = nil) -> Data {

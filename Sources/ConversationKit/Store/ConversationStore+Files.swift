@@ -395,7 +395,10 @@ extension SyncEngine {
     nonisolated func filesGone(_ records: [Record]) async -> Set<RecordID> {
         var gone = Set<RecordID>()
         for record in records {
-            if let pending = await pendingUpload(record), ConversationStore.fileSize(pending.path) != pending.size { gone.insert(record.id) }
+            // A file key damaged in the store cannot seal the file: nobody could read it either.
+            if let pending = await pendingUpload(record), ConversationStore.fileSize(pending.path) != pending.size || pending.key.count != Sodium.aeadKeyLength {
+                gone.insert(record.id)
+            }
         }
         return gone
     }
@@ -409,6 +412,7 @@ extension SyncEngine {
     func uploadFiles(of records: [Record]) async throws(RecordZoneError) {
         for record in records {
             guard let pending = await pendingUpload(record) else { continue }
+            guard pending.key.count == Sodium.aeadKeyLength else { throw RecordZoneError(.ioError, "the file key of \(pending.path) is damaged in the store") }
             let zone = record.id.zone.rawValue, name = record.id.name
             guard let source = FileHandle(forReadingAtPath: pending.path) else { throw RecordZoneError(.ioError, "cannot read \(pending.path)") }
             defer { try? source.close() }

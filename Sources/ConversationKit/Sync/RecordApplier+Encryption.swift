@@ -188,7 +188,7 @@ extension RecordApplier {
         let held = try db.rows("SELECT zone, epoch, sender, device, key FROM sender_keys WHERE sender != ? ORDER BY zone, epoch", [local]) {
             ($0.text(0), $0.blob(1), $0.text(2), $0.blob(3), $0.blob(4))
         }
-        for (zone, epoch, sender, origin, key) in held {
+        for (zone, epoch, sender, origin, key) in held where Sealing.isUsable(epoch: epoch, key: key, device: origin) {
             if case .epochs(let epochs) = due, !epochs.contains(epoch) { continue }
             guard let zoneName = try? ZoneName(zone) else { continue }
             let id = try HistoryShare.recordID(owner: local, epoch: epoch)
@@ -218,7 +218,8 @@ extension RecordApplier {
         if let (epoch, createdAt, count) = try db.first("SELECT epoch, created_at, messages FROM own_epochs WHERE zone = ? ORDER BY rowid DESC LIMIT 1", [zone], {
                ($0.blob(0), $0.int(1), $0.int(2))
            }),
-           let key = try db.first("SELECT key FROM sender_keys WHERE zone = ? AND epoch = ?", [zone, epoch], { $0.blob(0) }) {
+           let key = try db.first("SELECT key FROM sender_keys WHERE zone = ? AND epoch = ?", [zone, epoch], { $0.blob(0) }),
+           Sealing.isUsable(epoch: epoch, key: key) {   // a damaged row: a new epoch replaces it
             let recipients = try recipients(of: epoch, in: zone)
             let lost = recipients.contains { member, held in !members.contains(member) || !held.isSubset(of: Set((devices[member] ?? [:]).keys)) }
             let joinedUnshared = try groupHistory(zone) == .sinceAdded && members.contains { recipients[$0] == nil }
@@ -257,7 +258,7 @@ extension RecordApplier {
         func withDevices(of readers: some Sequence<String>) throws {
             for reader in readers where devices[reader] == nil { devices[reader] = try self.devices(of: [reader])[reader] ?? [:] }
         }
-        for (epoch, key, first, last) in epochs {
+        for (epoch, key, first, last) in epochs where Sealing.isUsable(epoch: epoch, key: key) {
             let recipients = try recipients(of: epoch, in: zone)
             var readers = Set(recipients.keys).union(pair)
             // A reader added during the epoch (a since-added group whose sender had not learned
@@ -285,7 +286,7 @@ extension RecordApplier {
         guard !kin.isEmpty else { return }
         let members = try members(of: zone, local: local)
         try withDevices(of: members)
-        for (epoch, key, origin) in kin {
+        for (epoch, key, origin) in kin where Sealing.isUsable(epoch: epoch, key: key, device: origin) {
             var held: [String: Set<Data>] = [:]
             for member in members {
                 let name = KeyShare.name(sender: local, epoch: epoch, recipient: member)
@@ -355,7 +356,7 @@ extension RecordApplier {
         for member in members {
             guard let chain = policy.pins.chain(for: member) else { continue }
             for (device, key) in try db.rows("SELECT device, key FROM encryption_keys WHERE identity = ?", [member], { ($0.blob(0), $0.blob(1)) })
-            where chain.allowsNow(device) {
+            where chain.allowsNow(device) && key.count == Sodium.boxPublicKeyLength {
                 devices[member, default: [:]][device] = key
             }
         }
