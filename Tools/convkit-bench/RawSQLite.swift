@@ -34,6 +34,15 @@ final class RawSQLite {
         sqlite3_bind_blob(statement, index, data, Int32(data.count), csqlite_transient())
     }
 
+    /// The frames (pages) in the write-ahead log, after a passive checkpoint; `truncate` first
+    /// empties it (what a count of pages written starts from).
+    func walFrames(truncate: Bool = false) throws -> Int {
+        var frames: Int32 = 0, done: Int32 = 0
+        let mode = truncate ? SQLITE_CHECKPOINT_TRUNCATE : SQLITE_CHECKPOINT_PASSIVE
+        guard sqlite3_wal_checkpoint_v2(db, nil, mode, &frames, &done) == SQLITE_OK else { throw RawError(String(cString: sqlite3_errmsg(db))) }
+        return Int(frames)
+    }
+
     func run(_ statement: OpaquePointer) throws {
         guard sqlite3_step(statement) == SQLITE_DONE else { throw RawError(String(cString: sqlite3_errmsg(db))) }
         sqlite3_reset(statement)
