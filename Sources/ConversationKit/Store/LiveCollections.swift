@@ -58,9 +58,9 @@ public struct ConversationsSnapshot: Sendable {
 /// time a change the store applies (a sync, a local send) touches one of them — read alone, by
 /// its key, never the page again. ``rowsRead`` counts what it read.
 ///
-/// Its reads never block a thread of the caller's or of the cooperative pool. When it falls
-/// behind the store's events (``StoreEvent/reset``) or a read fails, it reads its window again:
-/// every message at or after the oldest shown.
+/// After its first page, its reads never block a thread of the caller's or of the cooperative
+/// pool. When it falls behind the store's events (``StoreEvent/reset``) or a read fails, it
+/// reads its window again: every message at or after the oldest shown.
 public final class LiveMessages: Sendable {
     /// One snapshot now, then one per change; ends when the collection is released.
     public let snapshots: AsyncStream<MessagesSnapshot>
