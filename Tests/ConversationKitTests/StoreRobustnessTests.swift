@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 import RecordZone
+import SQLiteKit
 import Testing
 import TestSupport
 
@@ -137,5 +138,48 @@ import TestSupport
         // A further sync finds nothing new.
         let again = try await alice.sync()
         #expect(again.pulled == 0)
+    }
+
+    /// Rounds of the kill soak: CONVKIT_KILL_SOAK_ROUNDS for the long form.
+    static var killSoakRounds: Int { ProcessInfo.processInfo.environment["CONVKIT_KILL_SOAK_ROUNDS"].flatMap(Int.init) ?? 5 }
+
+    /// Group commit: 20 callers send at once in a child process (their sends share commits),
+    /// which is killed with SIGKILL at a random point after some acknowledgements; every send
+    /// that returned is in the store when it opens again, round after round.
+    @Test func concurrentSendsKilledRightAfterTheirAcknowledgementLoseNothing() async throws {
+        let fixture = try await ChatFixture(.filesystem)
+        let alice = try await fixture.store("alice")
+        try await alice.sync()
+        alice.close()
+        let bob = try await fixture.store("bob")
+        #expect(try await bob.speakerExists("alice"))
+        bob.close()
+        let tool = try builtProduct("convkit-store-sync")
+        var generator = SystemRandomNumberGenerator()
+        var acknowledged = Set<String>()
+        for round in 0..<Self.killSoakRounds {
+            let child = try ChildProcess(tool, ["--store", fixture.storePath("bob"), "--folder", fixture.folder, "--device", "bob", "--identifier", "bob",
+                                                "--send-to", "alice", "--senders", "20", "--count", "1000000", "--prefix", "r\(round)"])
+            let threshold = Int.random(in: 20...200, using: &generator)
+            // (It prints "added" lines too: the store's events.)
+            let gotSome = await child.waitUntil { $0.lines.filter { $0.hasPrefix("sent ") }.count >= threshold }
+            #expect(gotSome, "round \(round): \(child.standardError)")
+            child.kill(SIGKILL)
+            _ = await child.wait()
+            #expect(child.wasKilledBySignal, "round \(round) ended on its own: \(child.standardError)")
+            let sent = child.lines.compactMap { $0.hasPrefix("sent ") ? String($0.dropFirst(5)) : nil }
+            #expect(sent.count >= threshold)
+            acknowledged.formUnion(sent)
+
+            let reopened = try ConversationStore(directory: fixture.storePath("bob"), backend: .folder(fixture.folder, device: "bob"))
+            let conversation = try #require(try reopened.conversations().first)
+            let held = Set(try history(reopened, conversation.id, pageSize: 500).map(\.id.name))
+            let lost = acknowledged.subtracting(held).count, queued = try reopened.outbox().count
+            #expect(lost == 0, "round \(round): lost \(lost) of \(acknowledged.count) acknowledged sends")
+            #expect(queued >= acknowledged.count, "round \(round): every acknowledged send waits in the outbox")
+            reopened.close()
+            let database = try Database(path: fixture.storePath("bob") + "/store.sqlite", readOnly: true)
+            #expect(try database.first("PRAGMA integrity_check") { $0.text(0) } == "ok")
+        }
     }
 }

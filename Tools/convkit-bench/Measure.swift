@@ -147,3 +147,24 @@ func chatZone(_ a: String, _ b: String) throws -> ZoneName {
     let hashes = [a, b].map(OwnershipRule.identityHash).sorted()
     return try ZoneName("c-\(hashes[0])-\(hashes[1])")
 }
+
+/// Operations per second of `tasks` concurrent tasks each running `body` over and over for
+/// about `seconds` (concurrent callers of one store).
+func concurrentRate(seconds: Double, tasks: Int, _ body: @escaping @Sendable () async throws -> Void) async throws -> Double {
+    try await body()  // warm up
+    let start = ContinuousClock.now
+    let total = try await withThrowingTaskGroup(of: Int.self) { group in
+        for _ in 0..<tasks {
+            group.addTask {
+                var operations = 0
+                repeat {
+                    try await body()
+                    operations += 1
+                } while ContinuousClock.now - start < .seconds(seconds)
+                return operations
+            }
+        }
+        return try await group.reduce(0, +)
+    }
+    return Double(total) / secondsIn(ContinuousClock.now - start)
+}

@@ -10,7 +10,7 @@ import ToolSupport
 
 let command = Command(
     "convkit-store-sync", "Sync one ConversationKit store with a folder backend, once.",
-    synopsis: "--store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>] [--send-to <id> --count <n> --prefix <p>] [--check] [--avatar-of <id> [--reads <n>]]",
+    synopsis: "--store <dir> --folder <dir> --device <name> --identifier <id> [--page-size <n>] [--send-to <id> --count <n> --prefix <p> [--senders <n>]] [--check] [--avatar-of <id> [--reads <n>]]",
     options: [
         .valued("store", "dir", "The store directory."),
         .valued("folder", "dir", "The shared zone folder."),
@@ -20,6 +20,7 @@ let command = Command(
         .valued("kill-self-after", "n", "Send itself SIGKILL once n messages were applied (crash tests)."),
         .valued("send-to", "id", "Send --count messages to this speaker, syncing after each, and print \"acked <message>\" for each once it is synced."),
         .valued("count", "n", "How many messages to send."),
+        .valued("senders", "n", "Send --count messages from n concurrent callers instead, without syncing, and print \"sent <message>\" for each as its send returns (durable). (default: 0)"),
         .valued("prefix", "p", "The messages' text prefix."),
         .flag("check", "After the sync, print \"message <id> <text>\" per message of every conversation and \"integrity <result>\" from SQLite's integrity check."),
         .valued("avatar-of", "id", "Instead of syncing, read this speaker's avatar --reads times and print \"avatar <width>x<height> <sha256 hex>\" or \"error <code>\" for each."),
@@ -84,7 +85,21 @@ do {
             if let killAfter, added >= killAfter { kill(getpid(), SIGKILL) }
         }
     }
-    if let listener = options.value("send-to") {
+    if let listener = options.value("send-to"), let senders = options.value("senders").flatMap(Int.init), senders > 0 {
+        // Concurrent sends into one store (group commit), each printed once its send returned.
+        let count = options.value("count").flatMap(Int.init) ?? 1, prefix = options.value("prefix") ?? "m"
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for sender in 0..<senders {
+                group.addTask {
+                    for n in stride(from: sender, to: count, by: senders) {
+                        let message = try await store.send("\(prefix)-\(n)", to: listener)
+                        FileHandle.standardOutput.write(Data("sent \(message.id.name)\n".utf8))
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+    } else if let listener = options.value("send-to") {
         let count = options.value("count").flatMap(Int.init) ?? 1
         for n in 0..<count {
             let message = try await store.send("\(options.value("prefix") ?? "m")-\(n)", to: listener)

@@ -42,7 +42,13 @@ final class StoreDatabase: Sendable {
 
     /// Runs a write transaction with a record applier on the writer's queue (off Swift's
     /// cooperative pool: a slow disk or another process's lock holds no task thread); publishes
-    /// its events after the commit.
+    /// its events after the commit, in commit order.
+    ///
+    /// A `synced` write shares its transaction — and so its commit and fsync — with the other
+    /// synced writes that arrived while the writer was busy (group commit: 20 callers sending
+    /// at once pay for a few syncs, not 20), each in a savepoint of its own, so one that throws
+    /// is undone alone; each caller resumes only once the commit that holds its write is on
+    /// disk. A write that pinned keys commits alone (the next sees them stored).
     ///
     /// A `deferred` write (what the backend holds and can give again: pushed versions settled,
     /// pulled pages with their tokens) commits without a sync of its own; one that pinned keys
@@ -51,28 +57,47 @@ final class StoreDatabase: Sendable {
     func write<T: Sendable>(_ durability: DatabaseQueue.Durability = .synced,
                             _ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
         let policy = self.policy, clock = self.clock, local = identity.withLock { $0 }
+        let transaction: @Sendable (Database) throws -> Written<T> = { db in
+            // The local speaker is read once, when the store opens (or set up): ck_meta's
+            // `local_speaker` and `identity` are written together.
+            var applier = RecordApplier(db: db, localSpeaker: local?.identifier, device: local, clock: clock, policy: policy)
+            let result = try body(&applier)
+            let changed = policy.pins.changedIdentities
+            try applier.readmitKeyConflicts(of: changed, policy: policy)
+            try applier.invalidateAccepted(of: changed, policy: policy)
+            try applier.finish()
+            let pinned = try PinTable.saveChanges(of: policy.pins, in: db)
+            return Written(result: result, events: applier.events, queued: applier.queuedLocalChange, pinned: pinned)
+        }
         do {
-            let (result, events, queued, pinned) = try await queue.write(durability) { db in
-                // The local speaker is read once, when the store opens (or set up): ck_meta's
-                // `local_speaker` and `identity` are written together.
-                var applier = RecordApplier(db: db, localSpeaker: local?.identifier, device: local, clock: clock, policy: policy)
-                let result = try body(&applier)
-                let changed = policy.pins.changedIdentities
-                try applier.readmitKeyConflicts(of: changed, policy: policy)
-                try applier.invalidateAccepted(of: changed, policy: policy)
-                try applier.finish()
-                let pinned = try PinTable.saveChanges(of: policy.pins, in: db)
-                return (result, applier.events, applier.queuedLocalChange, pinned)
+            switch durability {
+            case .synced:
+                return try await queue.writeGrouped(transaction, afterCommit: { self.committed($0) }, commitsAlone: \.pinned).result
+            case .deferred:
+                let written = try await queue.write(.deferred, transaction)
+                if written.pinned {
+                    try await queue.write { db in try db.execute("INSERT INTO ck_meta (key, value) VALUES ('pins_synced_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                                                                 [Int64(Date().timeIntervalSince1970 * 1000)]) }
+                }
+                committed(written)
+                return written.result
             }
-            if pinned, durability == .deferred {
-                try await queue.write { db in try db.execute("INSERT INTO ck_meta (key, value) VALUES ('pins_synced_at', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                                                             [Int64(Date().timeIntervalSince1970 * 1000)]) }
-            }
-            if queued { localChanges.wake(Self.outboxSignal) }
-            hub.publish(events)
-            return result
         } catch {
             throw ConversationError.wrap(error)
         }
+    }
+
+    /// What one write transaction did, for after its commit.
+    private struct Written<T: Sendable>: Sendable {
+        let result: T
+        let events: [StoreEvent]
+        let queued: Bool
+        let pinned: Bool
+    }
+
+    /// After a write's commit: wakes the pusher if it queued a local change, and publishes its events.
+    private func committed<T>(_ written: Written<T>) {
+        if written.queued { localChanges.wake(Self.outboxSignal) }
+        hub.publish(written.events)
     }
 }
