@@ -219,6 +219,9 @@ enum StoreSchema {
         // Version 23: whom the local speaker blocks (their messages are not shown), as its own
         // `Block` records in the pair zones (`zone`) say — written here or by its other devices.
         Migration(version: 23, sql: "CREATE TABLE blocked_speakers (identity TEXT PRIMARY KEY, zone TEXT NOT NULL, blocked_at INTEGER NOT NULL) STRICT;"),
+        // Version 24: the search index fed in batches above a mark, not by a trigger per row
+        // (``SearchIndex``).
+        Migration(version: 24, sql: SearchIndex.schema),
     ]
 }
 

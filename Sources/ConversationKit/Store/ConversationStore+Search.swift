@@ -3,8 +3,8 @@ import SQLiteKit
 
 /// Full-text search over this store's messages as it shows them (opened, not deleted), through
 /// SQLite's FTS5 (`unicode61` words, diacritics folded: "cafe" finds "café"; no word splitting
-/// for scripts written without spaces). The index follows every change of a message, by
-/// triggers (docs/STORE.md).
+/// for scripts written without spaces). The index is fed in batches and a search matches the
+/// messages not indexed yet on its own (``SearchIndex``, docs/STORE.md).
 extension ConversationStore {
     /// The messages holding every word of `query`, best first (FTS5's bm25), each with a snippet
     /// around the words, marked `[…]`. The words are matched as words, never as FTS5 syntax.
@@ -16,14 +16,7 @@ extension ConversationStore {
         let words = query.split(whereSeparator: { $0.isWhitespace }).map { "\"" + $0.replacingOccurrences(of: "\"", with: "\"\"") + "\"" }
         guard !words.isEmpty else { throw ConversationError(.emptyContent, "a search needs a word") }
         return try read { db in
-            let hits = try db.rows("""
-                SELECT message_search.rowid, snippet(message_search, 0, '[', ']', '…', 12) FROM message_search
-                    JOIN messages m ON m.rowid = message_search.rowid
-                WHERE message_search MATCH ? AND m.is_deleted = 0 AND (? IS NULL OR m.zone = ?) AND (? IS NULL OR m.speaker = ?)
-                ORDER BY bm25(message_search), m.spoken_at DESC LIMIT ?
-                """,
-                [words.joined(separator: " "), conversation, conversation, speaker, speaker, max(1, min(limit, 1000))]) { ($0.int(0), $0.text(1)) }
-            return try hits.compactMap { rowid, snippet in
+            try SearchIndex.search(words.joined(separator: " "), zone: conversation, speaker: speaker, limit: limit, in: db).compactMap { rowid, snippet in
                 try db.first("SELECT \(Self.messageColumns) FROM messages WHERE rowid = ?", [rowid], Self.message(from:)).map { SearchHit(message: $0, snippet: snippet) }
             }
         }

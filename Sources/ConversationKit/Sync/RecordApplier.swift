@@ -599,6 +599,7 @@ struct RecordApplier {
         }
         newestMessage.removeAll()
         try finishDeliveries()
+        try SearchIndex.catchUp(in: db)
     }
 
     // MARK: Groups
