@@ -35,6 +35,42 @@ import TestSupport
         #expect(try reopened.conversations().count == 1)
     }
 
+    /// Migration 25: an outbox that held a copy of each queued version references the stored
+    /// one instead, its attempts kept; a copy the records no longer hold (a pulled version took
+    /// its place) is left with nothing to push, and leaves the queue at the next sync.
+    @Test func anOutboxOfCopiesBecomesAnOutboxOfReferences() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let path = fixture.storePath("alice"), file = path + "/store.sqlite"
+        let bob = try await fixture.store("bob")
+        try await bob.sync()
+        var store: ConversationStore? = try await fixture.store("alice")
+        #expect(try await store?.speakerExists("bob") == true)
+        let sent = try #require(try await store?.send("queued before the upgrade", to: "bob"))
+        let queued = try #require(try store?.outbox().count)
+        store?.close()
+        store = nil
+        // The outbox as version 24 kept it: the bytes of each queued version.
+        try Database(path: file).execute("""
+            CREATE TABLE old_outbox (id INTEGER PRIMARY KEY, zone TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL,
+                attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL DEFAULT 0, last_error TEXT, last_error_code TEXT, UNIQUE (zone, name)) STRICT;
+            INSERT INTO old_outbox (id, zone, name, record, attempts) SELECT o.id, o.zone, o.name, r.record, 2 FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name;
+            INSERT INTO old_outbox (zone, name, record) VALUES ('c-gone', 'no longer held', x'0102');
+            DROP TABLE ck_outbox;
+            ALTER TABLE old_outbox RENAME TO ck_outbox;
+            PRAGMA user_version = 24;
+            """)
+        let alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))
+        let entries = try alice.outbox()
+        #expect(entries.count == queued + 1)
+        #expect(entries.filter { $0.attempts == 2 }.count == queued, "attempts kept")
+        #expect(entries.contains { $0.name == sent.id.name && $0.recordType == "Message" })
+        let report = try await alice.sync()
+        #expect(report.pushed == queued, "the copy the records no longer held is not pushed")
+        #expect(try alice.outbox().isEmpty)
+        try await bob.sync()
+        #expect(try bob.messages(in: sent.id.conversation).messages.map(\.content) == ["queued before the upgrade"])
+    }
+
     static func error(_ body: () throws -> Void) -> ConversationError? {
         do { try body() } catch let error as ConversationError { return error } catch { return nil }
         return nil

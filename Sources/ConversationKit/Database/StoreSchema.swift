@@ -222,6 +222,9 @@ enum StoreSchema {
         // Version 24: the search index fed in batches above a mark, not by a trigger per row
         // (``SearchIndex``).
         Migration(version: 24, sql: SearchIndex.schema),
+        // Version 25: the outbox references the stored version (zone, name, clock) instead of
+        // holding a second copy of its bytes (``Outbox``).
+        Migration(version: 25, sql: Outbox.schema),
     ]
 }
 

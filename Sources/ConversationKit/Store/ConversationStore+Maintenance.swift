@@ -38,11 +38,11 @@ extension ConversationStore {
         try await write { applier in
             let db = applier.db
             let failed = try db.rows("""
-                SELECT m.zone, m.name, r.record FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
+                SELECT m.zone, m.name, r.clock FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
                 WHERE m.sync_state = ?
-                """, [SyncStateColumn.failed.rawValue]) { ($0.text(0), $0.text(1), $0.blob(2)) }
-            for (zone, name, record) in failed {
-                try Outbox.enqueue(record, zone: zone, name: name, in: db)
+                """, [SyncStateColumn.failed.rawValue]) { ($0.text(0), $0.text(1), UInt64(bitPattern: $0.int(2))) }
+            for (zone, name, clock) in failed {
+                try Outbox.enqueue(zone: zone, name: name, clock: clock, in: db)
                 try db.execute("UPDATE messages SET sync_state = ?, sync_error = NULL, sync_error_code = NULL WHERE zone = ? AND name = ?", [SyncStateColumn.pending.rawValue, zone, name])
                 applier.note(.syncStateChanged(MessageID(conversation: zone, name: name)))
             }

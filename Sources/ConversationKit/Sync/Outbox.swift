@@ -18,33 +18,57 @@ public struct OutboxEntry: Sendable, Hashable {
     /// Why the last attempt failed, and its code.
     public let lastError: String?
     public let lastErrorCode: RecordZoneError.Code?
-    /// The signed version to push, as queued.
-    let record: Data
+    /// The queued version's clock: with `zone` and `name`, the key of the stored version
+    /// (``ck_records``) the entry stands for.
+    let clock: UInt64
+    /// That version's signed bytes, read from the records; nil when the store no longer holds
+    /// it (a newer version, pulled, took its place: nothing of this entry is left to push).
+    let record: Data?
 }
 
-/// The store's outbox (`ck_outbox`, sqlite-data's `PendingRecordZoneChange` in spirit): the signed
+/// The store's outbox (`ck_outbox`, sqlite-data's `PendingRecordZoneChange` in spirit): the
 /// local versions waiting to be pushed, one per record — a newer local version of a record
 /// replaces the queued one and starts its attempts over — oldest first, each with its attempts,
-/// when it is next due and why the last attempt failed. Every statement over the table is here;
-/// callers run them inside their own transactions.
+/// when it is next due and why the last attempt failed. An entry references the version the
+/// store holds (zone, name and clock in `ck_records`) instead of keeping a second copy of its
+/// bytes, and settles by comparing that key. Every statement over the table is here; callers
+/// run them inside their own transactions.
 enum Outbox {
-    /// Queues `record`'s version (replacing one queued for the same record), due at once.
-    static func enqueue(_ record: Data, zone: String, name: String, in db: Database) throws {
+    /// The table, as migration 25 makes it.
+    static let schema = """
+        CREATE TABLE ck_outbox_by_reference (
+            id INTEGER PRIMARY KEY, zone TEXT NOT NULL, name TEXT NOT NULL, clock INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL DEFAULT 0, last_error TEXT, last_error_code TEXT,
+            UNIQUE (zone, name)) STRICT;
+        -- A version queued that the records no longer hold (a pulled one replaced it) gets clock
+        -- 0, which no stored version has: nothing is left to push.
+        INSERT INTO ck_outbox_by_reference (id, zone, name, clock, attempts, next_attempt_at, last_error, last_error_code)
+            SELECT o.id, o.zone, o.name, CASE WHEN r.record = o.record THEN r.clock ELSE 0 END, o.attempts, o.next_attempt_at, o.last_error, o.last_error_code
+            FROM ck_outbox o LEFT JOIN ck_records r ON r.zone = o.zone AND r.name = o.name;
+        DROP TABLE ck_outbox;
+        ALTER TABLE ck_outbox_by_reference RENAME TO ck_outbox;
+        """
+
+    /// Queues the stored version of a record, by its clock (replacing one queued for the same
+    /// record), due at once.
+    static func enqueue(zone: String, name: String, clock: UInt64, in db: Database) throws {
         try db.execute("""
-            INSERT INTO ck_outbox (zone, name, record) VALUES (?, ?, ?)
-            ON CONFLICT (zone, name) DO UPDATE SET record = excluded.record, attempts = 0, next_attempt_at = 0, last_error = NULL, last_error_code = NULL
-            """, [zone, name, record])
+            INSERT INTO ck_outbox (zone, name, clock) VALUES (?, ?, ?)
+            ON CONFLICT (zone, name) DO UPDATE SET clock = excluded.clock, attempts = 0, next_attempt_at = 0, last_error = NULL, last_error_code = NULL
+            """, [zone, name, clock])
     }
 
     private static let columns = """
-        o.id, o.zone, o.name, coalesce(r.type, ''), o.attempts, o.next_attempt_at, o.last_error, o.last_error_code, o.record
+        o.id, o.zone, o.name, coalesce(r.type, ''), o.attempts, o.next_attempt_at, o.last_error, o.last_error_code, o.clock,
+            CASE WHEN r.clock = o.clock THEN r.record END
         FROM ck_outbox o LEFT JOIN ck_records r ON r.zone = o.zone AND r.name = o.name
         """
 
     private static func entry(_ row: Row) -> OutboxEntry {
         OutboxEntry(id: row.int(0), zone: row.text(1), name: row.text(2), recordType: row.text(3), attempts: Int(row.int(4)),
                     nextAttemptAt: Date(timeIntervalSince1970: Double(row.int(5)) / 1000), lastError: row.optionalText(6),
-                    lastErrorCode: row.optionalText(7).flatMap(RecordZoneError.Code.init(rawValue:)), record: row.blob(8))
+                    lastErrorCode: row.optionalText(7).flatMap(RecordZoneError.Code.init(rawValue:)),
+                    clock: UInt64(bitPattern: row.int(8)), record: row.optionalBlob(9))
     }
 
     /// Every entry, oldest first.
@@ -67,11 +91,11 @@ enum Outbox {
         try db.first("SELECT 1 FROM ck_outbox WHERE next_attempt_at <= ? LIMIT 1", [now]) { _ in true } ?? false
     }
 
-    /// Takes `entry` out of the queue if the version queued is still the one it holds (not
-    /// replaced by a newer local change meanwhile). - Returns: whether it was.
+    /// Takes `entry` out of the queue if the version queued is still the one it references
+    /// (not replaced by a newer local change meanwhile). - Returns: whether it was.
     @discardableResult
     static func remove(_ entry: OutboxEntry, in db: Database) throws -> Bool {
-        try db.execute("DELETE FROM ck_outbox WHERE id = ? AND record = ?", [entry.id, entry.record])
+        try db.execute("DELETE FROM ck_outbox WHERE id = ? AND clock = ?", [entry.id, entry.clock])
         return db.changes > 0
     }
 
@@ -85,7 +109,7 @@ enum Outbox {
     static func removeSigned(by key: Data, after clock: Int64, in db: Database) throws {
         try db.execute("""
             DELETE FROM ck_outbox WHERE id IN
-                (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name WHERE r.author = ? AND r.clock > ?)
+                (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name AND r.clock = o.clock WHERE r.author = ? AND r.clock > ?)
             """, [key, clock])
     }
 

@@ -123,7 +123,7 @@ struct RecordApplier {
         guard try apply(record, origin: .local) else {
             throw ConversationError(.database, "a local change to \(record.id) lost the merge or was refused")
         }
-        try Outbox.enqueue(try record.encoded(), zone: record.id.zone.rawValue, name: record.id.name, in: db)
+        try Outbox.enqueue(zone: record.id.zone.rawValue, name: record.id.name, clock: record.clock.rawValue, in: db)
         queuedLocalChange = true
     }
 

@@ -244,13 +244,18 @@ actor SyncEngine {
 
             var records = [Record](), sent = [OutboxEntry]()
             for entry in entries {
-                if let record = try? Record(canonical: entry.record) {
+                guard let data = entry.record else {
+                    // A pulled version took the queued one's place: it is what the backend holds.
+                    try await write { applier in _ = try Outbox.remove(entry, in: applier.db) }
+                    continue
+                }
+                if let record = try? Record(canonical: data) {
                     records.append(record)
                     sent.append(entry)
                 } else {
                     try await write { applier in
                         try Outbox.remove(entry, in: applier.db)
-                        try applier.quarantine(RejectedRecord(recordID: nil, reason: .malformed("unreadable outbox entry"), source: "outbox", data: entry.record))
+                        try applier.quarantine(RejectedRecord(recordID: nil, reason: .malformed("unreadable outbox entry"), source: "outbox", data: data))
                     }
                 }
             }
