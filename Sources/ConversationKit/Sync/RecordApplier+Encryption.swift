@@ -73,7 +73,9 @@ extension RecordApplier {
             WHERE zone = ? AND epoch = ?
             """, [at, at, at, at, zone, epoch])
         let fields = (ChatRecords.sealing(record.recordType)?.fields ?? ["content"]).filter { record[$0] != nil }
-        return try Sealing.seal(fields, of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
+        let sealed = try Sealing.seal(fields, of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
+        if let bytes = sealed[Sealing.sealedField]?.bytesValue { sealedHere[record.id] = (bytes, record) }
+        return sealed
     }
 
     /// Publishes this device's encryption key once (its record held with this key: nothing to do).

@@ -45,6 +45,10 @@ struct RecordApplier {
     private var rereadGroups = Set<String>()
     /// Whom the local speaker blocks, once read in this transaction (``blocked()``).
     private var blockedSpeakers: Set<String>?
+    /// What ``seal(_:at:)`` sealed in this transaction, by record: the sealed bytes and the
+    /// plaintext record they came from. A local change is projected from its plaintext instead
+    /// of being opened again.
+    var sealedHere: [RecordID: (sealed: Data, plain: Record)] = [:]
 
     init(db: Database, localSpeaker: String?, device: ConversationStore.LocalIdentity?, clock: HybridLogicalClock, policy: RecordPolicy) {
         self.db = db
@@ -380,7 +384,9 @@ struct RecordApplier {
         let isGroup = ChatRecords.isGroupZone(record.id.zone)
         // Sealed content is opened here: the key held, it shows; not yet, it waits for its key.
         var opened = record, waiting: Data?
-        if record[Sealing.sealedField] != nil {
+        if let sealed = record[Sealing.sealedField]?.bytesValue, let here = sealedHere[record.id], here.sealed == sealed {
+            opened = here.plain  // sealed in this transaction: the plaintext is at hand
+        } else if record[Sealing.sealedField] != nil {
             switch try unseal(record) {
             case .opened(let plain): opened = plain
             case .waiting(let epoch): waiting = epoch
