@@ -11,6 +11,7 @@ struct Options {
     var sections: Set<String> = ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console"]
     var identities = [1_000, 100_000]
     var messages = 1_000_000
+    var history = 100_000
     /// A PostgreSQL cluster for the `postgres` section (scripts/bench.sh starts a private one).
     var postgres: String?
     var largeZone = 1_000_000
@@ -21,7 +22,7 @@ let command = Command(
     "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
-        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, console, postgres or capacity (run only when asked for)."),
+        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, console, postgres, or capacity or firstsync (these two run only when asked for)."),
         .valued("clients", "n", "capacity: clients online, each holding a long poll. (default: 10000)"),
         .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
         .valued("senders", "n", "capacity: senders, each sending one message at a time. (default: 10)"),
@@ -30,6 +31,7 @@ let command = Command(
         .valued("postgres", "conninfo", "A PostgreSQL cluster whose role may create databases: adds the postgres section (scripts/bench.sh starts one)."),
         .valued("large-zone", "n", "Records in the large zone of the postgres section. (default: 1000000)"),
         .valued("messages", "n", "Messages in the store for the newest-50 query. (default: 1000000)"),
+        .valued("history", "n", "firstsync: messages in the history a new device syncs. (default: 100000)"),
         .valued("identities", "n,n", "Identities the server holds before registration and a tag query are measured. (default: 1000,100000)"),
         .flag("json", "Print the results as JSON."),
         .valued("probe-first-sync", "spec", "Used by the bench itself: time a new process's first save and sync on a folder."),
@@ -48,8 +50,8 @@ func parseOptions() -> Options {
         if options.postgres != nil { options.sections.insert("postgres") }
         options.largeZone = try parsed.int("large-zone", default: options.largeZone, range: 10_000...100_000_000)
         if let section = parsed.value("only") {
-            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console", "postgres", "capacity"].contains(section) else {
-                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, console, postgres or capacity")
+            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console", "postgres", "capacity", "firstsync"].contains(section) else {
+                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, console, postgres, capacity or firstsync")
             }
             guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
@@ -66,6 +68,7 @@ func parseOptions() -> Options {
             options.capacity.window = value
         }
         options.messages = try parsed.int("messages", default: options.messages, range: 1000...Int.max)
+        options.history = try parsed.int("history", default: options.history, range: 55...10_000_000)
         if let text = parsed.value("identities") {
             let values = text.split(separator: ",").compactMap { Int($0) }
             guard !values.isEmpty, values.allSatisfy({ $0 >= 0 }) else { throw UsageError("--identities takes counts separated by commas, e.g. 1000,100000") }
@@ -101,6 +104,7 @@ do {
     }
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
     if options.sections.contains("capacity") { try await capacityBench(reporter, options.capacity) }
+    if options.sections.contains("firstsync") { try await firstSyncBench(reporter, seconds: options.seconds, history: options.history) }
     if options.sections.contains("groups") { try await groupBench(reporter, seconds: options.seconds) }
     if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
     if options.sections.contains("console") { try await consoleBench(reporter, seconds: options.seconds) }
