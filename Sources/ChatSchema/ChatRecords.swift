@@ -97,7 +97,7 @@ package enum ChatRecords {
     }
 
     /// Whether a zone is a group's (`g-<h(creator)>-<16 hex random>`).
-    package static func isGroupZone(_ zone: ZoneName) -> Bool { GroupMembership.creatorHash(of: zone) != nil }
+    package static func isGroupZone(_ zone: ZoneName) -> Bool { GroupMembership.isGroupZone(zone) }
 
     /// The chat's policy: the rules above, and every record must have an owner.
     package static func policy(pinnedKeys: [String: KeyChain] = [:]) -> RecordPolicy {
@@ -169,9 +169,11 @@ package enum ChatRecords {
 
     /// Whether `identifier` takes part in the conversation zone `zone`.
     package static func isParticipant(_ identifier: String, in zone: ZoneName) -> Bool {
-        let parts = zone.rawValue.split(separator: "-")
-        guard parts.count == 3, parts[0] == "c" else { return false }
-        let hash = identityHash(identifier)
-        return parts[1] == hash || parts[2] == hash
+        // `c-<16>-<16>`, compared in place: every applied record of a pair asks.
+        let text = zone.rawValue.utf8
+        guard text.count == 35, text.first == UInt8(ascii: "c"), text.dropFirst().first == UInt8(ascii: "-"),
+              text.dropFirst(18).first == UInt8(ascii: "-") else { return false }
+        let hash = identityHash(identifier).utf8
+        return text.dropFirst(2).prefix(16).elementsEqual(hash) || text.dropFirst(19).elementsEqual(hash)
     }
 }

@@ -301,10 +301,24 @@ public struct GroupMembership: Sendable, Equatable {
 
     /// The hash of the creator a group zone names, or nil when `zone` is not a group's.
     public static func creatorHash(of zone: ZoneName) -> String? {
-        let parts = zone.rawValue.split(separator: "-", omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0] == "g", parts[1].utf8.count == 16, parts[2].utf8.count == 16,
-              GroupChange.isHex(parts[1]), GroupChange.isHex(parts[2]) else { return nil }
-        return String(parts[1])
+        guard isGroupZone(zone) else { return nil }
+        let text = zone.rawValue.utf8
+        return String(decoding: text.dropFirst(2).prefix(16), as: UTF8.self)
+    }
+
+    /// Whether `zone` is named as a group's, `g-<16 hex>-<16 hex>` (read byte by byte: every
+    /// applied record asks).
+    public static func isGroupZone(_ zone: ZoneName) -> Bool {
+        let text = zone.rawValue.utf8
+        guard text.count == 35 else { return false }
+        for (index, byte) in text.enumerated() {
+            switch index {
+            case 0: guard byte == UInt8(ascii: "g") else { return false }
+            case 1, 18: guard byte == UInt8(ascii: "-") else { return false }
+            default: guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(byte) else { return false }
+            }
+        }
+        return true
     }
 
     /// The membership the changes in `changes` decide, for the group zone `zone` (nil when the
