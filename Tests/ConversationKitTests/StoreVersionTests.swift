@@ -49,7 +49,8 @@ import TestSupport
         let queued = try #require(try store?.outbox().count)
         store?.close()
         store = nil
-        // The outbox as version 24 kept it: the bytes of each queued version.
+        // The schema as version 24 left it: the outbox holding the bytes of each queued version
+        // (and the conversations' newest-message column migration 26 drops).
         try Database(path: file).execute("""
             CREATE TABLE old_outbox (id INTEGER PRIMARY KEY, zone TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL,
                 attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL DEFAULT 0, last_error TEXT, last_error_code TEXT, UNIQUE (zone, name)) STRICT;
@@ -57,6 +58,7 @@ import TestSupport
             INSERT INTO old_outbox (zone, name, record) VALUES ('c-gone', 'no longer held', x'0102');
             DROP TABLE ck_outbox;
             ALTER TABLE old_outbox RENAME TO ck_outbox;
+            ALTER TABLE conversations ADD COLUMN last_message_at INTEGER;
             PRAGMA user_version = 24;
             """)
         let alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))

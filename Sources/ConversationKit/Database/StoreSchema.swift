@@ -225,6 +225,9 @@ enum StoreSchema {
         // Version 25: the outbox references the stored version (zone, name, clock) instead of
         // holding a second copy of its bytes (``Outbox``).
         Migration(version: 25, sql: Outbox.schema),
+        // Version 26: a conversation's newest message is read from its messages (the time index
+        // answers it) instead of being written with every message.
+        Migration(version: 26, sql: "ALTER TABLE conversations DROP COLUMN last_message_at;"),
     ]
 }
 

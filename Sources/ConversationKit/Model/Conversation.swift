@@ -14,6 +14,7 @@ public struct Conversation: Sendable, Hashable, Identifiable {
     /// The other participant, once they have joined (sent or answered).
     public let joinedBy: String?
     public let unreadCount: Int
+    /// When the newest message shown (not deleted) was said; nil without one.
     public let lastMessageAt: Date?
     /// A group's name (nil for a pair).
     public var groupName: String? = nil

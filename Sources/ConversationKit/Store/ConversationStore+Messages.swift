@@ -529,13 +529,14 @@ extension ConversationStore {
 
     static func conversations(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String) throws -> [Conversation] {
         try db.rows("""
-            SELECT c.zone, c.other, c.started_by, c.joined_by, c.last_message_at,
+            SELECT c.zone, c.other, c.started_by, c.joined_by,
+                (SELECT max(m.spoken_at) FROM messages m WHERE m.zone = c.zone AND m.is_deleted = 0) AS newest,
                 (SELECT count(*) FROM messages m WHERE m.zone = c.zone AND \(unreadToLocal)),
                 c.group_name, g.description, g.avatar_width, g.avatar_height,
                 coalesce(s.is_archived, 0), s.muted_until, s.pinned_at, coalesce(s.is_marked_unread, 0), s.draft,
                 EXISTS (SELECT 1 FROM blocked_speakers b WHERE b.identity = c.other)
             FROM conversations c LEFT JOIN group_state g ON g.zone = c.zone LEFT JOIN conversation_settings s ON s.zone = c.zone
-            WHERE \(condition) ORDER BY s.pinned_at IS NULL, s.pinned_at, coalesce(c.last_message_at, 0) DESC, c.zone
+            WHERE \(condition) ORDER BY s.pinned_at IS NULL, s.pinned_at, coalesce(newest, 0) DESC, c.zone
             """, [local, local] + values) { row in
             Conversation(id: row.text(0), nonLocalSpeaker: row.text(1), startedBy: row.optionalText(2), joinedBy: row.optionalText(3),
                          unreadCount: Int(row.int(5)), lastMessageAt: row.optionalInt(4).map(date), groupName: row.optionalText(6),

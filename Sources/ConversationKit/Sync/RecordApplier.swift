@@ -33,9 +33,8 @@ struct RecordApplier {
     var heldPending: [HeldSender: (count: Int64, newest: String)] = [:]
     /// The local speaker's message-name prefix, `m.<h(speaker)>.` (``finishDeliveries()``).
     var ownPrefix: (speaker: String, prefix: String)?
-    /// Conversations already ensured in this transaction, and their newest message time.
+    /// Conversations already ensured in this transaction.
     private var ensured = Set<String>()
-    private var newestMessage: [String: Int64] = [:]
     /// Groups whose changes moved in this transaction: their membership, and their messages,
     /// are decided again in ``finish()``.
     private var changedGroups = Set<String>()
@@ -429,7 +428,6 @@ struct RecordApplier {
                            [zone, name, mention.utf8Range.lowerBound, mention.utf8Range.count, mention.speaker])
         }
         if !isGroup { try ensureConversation(zone: zone, other: speaker == localSpeaker ? listener : speaker) }
-        newestMessage[zone] = max(newestMessage[zone] ?? 0, spokenAt)
         events.append(exists ? .messageChanged(MessageID(conversation: zone, name: name)) : .messageAdded(MessageID(conversation: zone, name: name)))
     }
 
@@ -600,10 +598,6 @@ struct RecordApplier {
         zonesToShare.removeAll()
         for zone in sharing.sorted() { try shareEpochs(in: zone) }
         try shareHistory()
-        for (zone, newest) in newestMessage {
-            try db.execute("UPDATE conversations SET last_message_at = max(coalesce(last_message_at, 0), ?) WHERE zone = ?", [newest, zone])
-        }
-        newestMessage.removeAll()
         try finishDeliveries()
         try SearchIndex.catchUp(in: db)
     }
