@@ -55,9 +55,12 @@ enum SearchIndex {
     /// so a search is a read, finds a message the moment it is stored, and works on a store
     /// opened read-only.
     static func search(_ match: String, zone: String?, speaker: String?, limit: Int, in db: Database) throws -> [(rowid: Int64, snippet: String)] {
-        try db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.waiting_search USING fts5(content, tokenize = 'unicode61 remove_diacritics 2')")
-        try db.execute("DELETE FROM temp.waiting_search")
-        try db.execute("INSERT INTO temp.waiting_search (rowid, content) SELECT rowid, content FROM messages WHERE rowid > coalesce(\(mark), 0) AND is_deleted = 0")
+        let waiting = try db.first("SELECT coalesce((SELECT max(rowid) FROM messages), 0) > coalesce(\(mark), 0)") { $0.int(0) != 0 } ?? false
+        if waiting {
+            try db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.waiting_search USING fts5(content, tokenize = 'unicode61 remove_diacritics 2')")
+            try db.execute("DELETE FROM temp.waiting_search")
+            try db.execute("INSERT INTO temp.waiting_search (rowid, content) SELECT rowid, content FROM messages WHERE rowid > coalesce(\(mark), 0) AND is_deleted = 0")
+        }
         func arm(_ table: String) -> String {
             """
             SELECT \(table).rowid AS found, snippet(\(table), 0, '[', ']', '…', 12) AS snippet, bm25(\(table)) AS rank, m.spoken_at AS spoken_at FROM \(table)
@@ -65,8 +68,9 @@ enum SearchIndex {
             WHERE \(table) MATCH ? AND m.is_deleted = 0 AND (? IS NULL OR m.zone = ?) AND (? IS NULL OR m.speaker = ?)
             """
         }
-        let filters: [any DatabaseValueConvertible] = [match, zone, zone, speaker, speaker]
-        return try db.rows("\(arm("message_search")) UNION ALL \(arm("waiting_search")) ORDER BY rank, spoken_at DESC LIMIT ?",
-                           filters + filters + [max(1, min(limit, 1000))]) { (rowid: $0.int(0), snippet: $0.text(1)) }
+        let filters: [any DatabaseValueConvertible] = [match, zone, zone, speaker, speaker], limit = max(1, min(limit, 1000))
+        // Nothing waiting (the usual case once a store is quiet): the index alone.
+        let query = waiting ? "\(arm("message_search")) UNION ALL \(arm("waiting_search"))" : arm("message_search")
+        return try db.rows("\(query) ORDER BY rank, spoken_at DESC LIMIT ?", (waiting ? filters + filters : filters) + [limit]) { (rowid: $0.int(0), snippet: $0.text(1)) }
     }
 }
