@@ -46,22 +46,7 @@ private struct FirstSync {
         let open = rate(seconds: seconds) { _ = Sodium.aeadDecrypt(sealed, additionalData: Data(repeating: 1, count: 120), nonce: nonce, key: aeadKey) }
         let path = FileManager.default.temporaryDirectory.path + "/convkit-first-sync-raw-\(UUID().uuidString.prefix(8)).sqlite"
         defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) } }
-        let database = try RawSQLite(path: path)
-        try database.exec("CREATE TABLE pulled (zone TEXT NOT NULL, name TEXT NOT NULL, record BLOB NOT NULL, PRIMARY KEY (zone, name)) STRICT")
-        let insert = try database.prepare("INSERT INTO pulled (zone, name, record) VALUES (?, ?, ?)")
-        defer { sqlite3_finalize(insert) }
-        let start = ContinuousClock.now
-        for pageStart in stride(from: 0, to: records.count, by: 200) {
-            try database.exec("BEGIN IMMEDIATE")
-            for index in pageStart..<min(records.count, pageStart + 200) {
-                database.bind(insert, 1, "zone")
-                database.bind(insert, 2, "r\(index)")
-                database.bind(insert, 3, records[index])
-                try database.run(insert)
-            }
-            try database.exec("COMMIT")
-        }
-        let inserts = Double(records.count) / secondsIn(ContinuousClock.now - start)
+        let inserts = try RawSQLite(path: path).insertRate(records, table: "pulled")
         return Row(name: name + ", \(records.count) records", perSecond: Double(records.count) / elapsed,
                    rawName: "verify (all cores) + aead + insert 200/txn", rawPerSecond: 1 / (1 / verify + 1 / open + 1 / inserts))
     }
