@@ -278,11 +278,14 @@ import TestSupport
     func clearingTheCacheKeepsUnsentMessagesAndSyncBringsTheRestBack(_ kind: ChatBackend) async throws {
         let fixture = try await ChatFixture(kind)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
-        try await bob.send("one", to: "alice")
+        let one = try await bob.send("one", to: "alice")
         try await bob.send("two", to: "alice")
+        try await syncAll([bob, alice])
+        try await bob.react(to: one.id, with: "👍")
         try await syncAll([bob, alice])
         let zone = try #require(try alice.conversations().first?.id)
         let unsent = try await alice.send("not sent yet", to: "bob")
+        try await alice.react(to: one.id, with: "🎉")  // unsent too
         try await alice.clearAllCachedData()
         #expect(try history(alice, zone).map(\.content) == ["not sent yet"])
         #expect(try alice.message(unsent.id)?.syncState == .pending)
@@ -290,6 +293,8 @@ import TestSupport
         let restored = try history(alice, zone).map(\.content)
         #expect(restored.count == 3 && Set(restored) == ["one", "two", "not sent yet"])
         #expect(restored.firstIndex(of: "one")! < restored.firstIndex(of: "two")!, "one sender's messages keep their order")
+        // Bob's reaction came back with its record; alice's own, unsent then, was kept and pushed.
+        #expect(Set(try alice.reactions(to: one.id).map { "\($0.reactor) \($0.emoji)" }) == ["bob 👍", "alice 🎉"])
         #expect(try alice.pendingChangeCount() == 0)
     }
 }

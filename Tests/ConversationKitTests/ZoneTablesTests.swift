@@ -53,6 +53,8 @@ import TestSupport
         #expect(Set(withZone).subtracting(listed).isEmpty, "tables with a zone column not in ZoneTables")
         #expect(listed.subtracting(withZone).isEmpty, "ZoneTables names tables without a zone column")
         #expect(Set(ZoneTables.removed).isDisjoint(with: ZoneTables.kept.keys))
+        // A cache reset says what it does with each of them, once.
+        #expect(Set(ZoneTables.reset.map(\.table)) == listed && ZoneTables.reset.count == listed.count)
     }
 
     /// Per table of the schema (virtual tables and their shadows too): rows with a column equal

@@ -400,38 +400,39 @@ public final class ConversationStore: Sendable {
     }
 }
 
-/// Drops cached data that can be fetched again, for one zone or for all.
+/// Drops cached data that can be fetched again, for one zone or for all, table by table as
+/// ``ZoneTables/reset`` says.
 enum CacheReset {
     /// Keeps every unsent change (outbox rows and their records), the local speaker's profile
     /// and its member records; forgets the zone's token so the next pull starts from scratch.
     static func drop(zone: String?, keeping local: String, in db: Database) throws {
         let filter = zone == nil ? "1" : "zone = ?"
         let values: [any DatabaseValueConvertible] = zone.map { [$0] } ?? []
-        try db.execute("""
-            DELETE FROM ck_records WHERE \(filter)
-                AND NOT \(Outbox.isQueued("ck_records"))
-                AND NOT (zone = ? AND name = ?) AND zone != ?
-            """, values + [ChatRecords.speakersZone.rawValue, local, ChatRecords.speakerZone(local).rawValue])
-        try db.execute("DELETE FROM messages WHERE \(filter) AND sync_state = ?", values + [SyncStateColumn.synced.rawValue])
-        for table in ["message_mentions", "message_versions"] {
-            try db.execute("DELETE FROM \(table) WHERE \(filter) AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.zone = \(table).zone AND m.name = \(table).name)", values)
+        for (table, rule) in ZoneTables.reset {
+            switch rule {
+            case .kept: continue
+            case .deleted(let keeping):
+                let locals: [any DatabaseValueConvertible] = Array(repeating: local, count: keeping?.filter { $0 == "?" }.count ?? 0)
+                try db.execute("DELETE FROM \(table) WHERE \(filter)" + (keeping.map { " AND NOT (\($0))" } ?? ""), values + locals)
+            case .own:
+                switch table {
+                case "ck_records":
+                    try db.execute("""
+                        DELETE FROM ck_records WHERE \(filter)
+                            AND NOT \(Outbox.isQueued("ck_records"))
+                            AND NOT (zone = ? AND name = ?) AND zone != ?
+                        """, values + [ChatRecords.speakersZone.rawValue, local, ChatRecords.speakerZone(local).rawValue])
+                case "ck_zone_state": try db.execute("UPDATE ck_zone_state SET token = NULL WHERE \(filter)", values)
+                case "ck_quarantine": if zone == nil { try db.execute("DELETE FROM ck_quarantine") }
+                case "held_messages": try RecordApplier.recountHeld(where: filter, values, in: db)
+                default: throw ConversationError(.database, "no cache reset rule of its own for \(table)")
+                }
+            }
         }
-        try RecordApplier.recountHeld(where: filter, values, in: db)
-        try db.execute("DELETE FROM deliveries WHERE \(filter)", values)
-        try db.execute("DELETE FROM receipts WHERE \(filter)", values)
-        try db.execute("DELETE FROM conversation_members WHERE \(filter) AND speaker != ?", values + [local])
-        try db.execute("""
-            DELETE FROM conversations WHERE \(filter)
-                AND zone NOT IN (SELECT zone FROM messages) AND zone NOT IN (SELECT zone FROM conversation_members)
-            """, values)
-        try db.execute("UPDATE ck_zone_state SET token = NULL WHERE \(filter)", values)
-        // A group's next change decides it again whole, from the changes then held.
-        try db.execute("DELETE FROM group_state WHERE \(filter)", values)
         if zone == nil {
             try db.execute("DELETE FROM speaker_tags WHERE identifier != ?", [local])
             try db.execute("DELETE FROM speakers WHERE identifier != ?", [local])
             try db.execute("DELETE FROM ck_meta WHERE key = 'database_token'")
-            try db.execute("DELETE FROM ck_quarantine")
         }
     }
 }
