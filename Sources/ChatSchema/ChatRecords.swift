@@ -120,7 +120,7 @@ package enum ChatRecords {
     /// no capitals, no look-alike letters from other scripts (`Ａlice`, Cyrillic `аlice`), no
     /// spaces or invisible characters. Names shown to people stay free-form.
     package static func isValidIdentifier(_ identifier: String) -> Bool {
-        let bytes = Array(identifier.utf8)
+        let bytes = identifier.utf8
         guard let first = bytes.first, bytes.count <= maximumIdentifierBytes else { return false }
         let isLetterOrDigit = { (byte: UInt8) in (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) }
         guard isLetterOrDigit(first), bytes.allSatisfy({ isLetterOrDigit($0) || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") }) else {
@@ -151,6 +151,16 @@ package enum ChatRecords {
     package static func conversationZone(_ a: String, _ b: String) -> ZoneName {
         let hashes = [identityHash(a), identityHash(b)].sorted()
         return constantZone("c-\(hashes[0])-\(hashes[1])")
+    }
+
+    /// Whether `zone` is the conversation of `a` and `b` (``conversationZone(_:_:)``), compared in
+    /// place: every applied message asks.
+    package static func isConversationZone(_ zone: ZoneName, of a: String, _ b: String) -> Bool {
+        let (x, y) = (identityHash(a), identityHash(b))
+        let (low, high) = x < y ? (x, y) : (y, x)
+        let text = zone.rawValue.utf8
+        return text.count == 35 && text.starts(with: "c-".utf8) && text.dropFirst(2).prefix(16).elementsEqual(low.utf8)
+            && text.dropFirst(18).first == UInt8(ascii: "-") && text.dropFirst(19).elementsEqual(high.utf8)
     }
 
     /// Whether a zone is a pair conversation's (`c-<h(a)>-<h(b)>`).

@@ -85,10 +85,13 @@ extension ChatRecords {
     /// `m.<h(sender)>.`: the part of a message's name that names its sender (what a Delivery
     /// record counts by).
     static func senderPrefix(ofMessage name: String) -> Substring? {
-        let prefixLength = messagePrefix.count + 17
-        guard name.count > prefixLength, name.hasPrefix(messagePrefix) else { return nil }
-        let prefix = name.prefix(prefixLength)
-        return prefix.last == "." ? prefix : nil
+        // Counted in bytes: the prefix is ASCII (`m.`, 16 hex digits, a dot), and a name's
+        // length in characters costs a walk over it.
+        let bytes = name.utf8, prefixLength = messagePrefix.utf8.count + 17
+        guard bytes.count > prefixLength, name.hasPrefix(messagePrefix) else { return nil }
+        let end = bytes.index(bytes.startIndex, offsetBy: prefixLength)
+        guard bytes[bytes.index(before: end)] == UInt8(ascii: "."), bytes[..<end].allSatisfy({ $0 < 0x80 }) else { return nil }
+        return name[..<end]
     }
 
     /// The clock in a message's name (`m.<h(speaker)>.<16 hex clock>-<random>`): the time a

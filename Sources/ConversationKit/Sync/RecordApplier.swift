@@ -270,7 +270,7 @@ struct RecordApplier {
             guard let listener = record.string("listener"), Self.hasContent(record),
                 record.milliseconds("spokenAt") != nil
             else { return "message without listener, content or spokenAt" }
-            guard ChatRecords.conversationZone(speaker, listener) == zone, speaker != listener else {
+            guard ChatRecords.isConversationZone(zone, of: speaker, listener), speaker != listener else {
                 return "message whose speaker and listener do not match its conversation"
             }
             guard (record.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return "message content over 64 KiB" }
