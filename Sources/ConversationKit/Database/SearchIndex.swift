@@ -6,7 +6,7 @@ import SQLiteKit
 /// ``batch`` or more waiting indexes them all with one statement, in its own transaction (a
 /// pulled page, every 64th send). Nothing is kept apart from the messages themselves, so a
 /// crash loses nothing: what waits is whatever lies above the mark. A search reads the index
-/// and matches the few messages still waiting on its own (``search(_:)``).
+/// and matches the few messages still waiting on its own (``search(_:zone:speaker:limit:in:)``).
 ///
 /// The triggers keep what is indexed in step: an edit, a removal or a deletion of a message at
 /// or below the mark changes the index at once; one above it changes nothing (it is indexed as
@@ -37,16 +37,13 @@ enum SearchIndex {
         END;
         """
 
-    /// Indexes every waiting message when `batch` or more wait (`force`: when any does), in
-    /// the caller's write transaction, with one statement. - Returns: how many rowids it passed.
-    @discardableResult
-    static func catchUp(in db: Database, force: Bool = false) throws -> Int64 {
-        let indexed = try db.first("SELECT coalesce(\(mark), 0), coalesce((SELECT max(rowid) FROM messages), 0)") { ($0.int(0), $0.int(1)) } ?? (0, 0)
-        let waiting = indexed.1 - indexed.0
-        guard waiting >= (force ? 1 : batch) else { return 0 }
-        try db.execute("INSERT INTO message_search (rowid, content) SELECT rowid, content FROM messages WHERE rowid > ? AND is_deleted = 0 ORDER BY rowid", [indexed.0])
-        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('search_indexed', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [indexed.1])
-        return waiting
+    /// Indexes every waiting message when `batch` or more wait, in the caller's write
+    /// transaction, with one statement (the mark moves in the same transaction).
+    static func catchUp(in db: Database) throws {
+        let (indexed, newest) = try db.first("SELECT coalesce(\(mark), 0), coalesce((SELECT max(rowid) FROM messages), 0)") { ($0.int(0), $0.int(1)) } ?? (0, 0)
+        guard newest - indexed >= batch else { return }
+        try db.execute("INSERT INTO message_search (rowid, content) SELECT rowid, content FROM messages WHERE rowid > ? AND is_deleted = 0 ORDER BY rowid", [indexed])
+        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('search_indexed', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value", [newest])
     }
 
     /// The best `limit` messages matching `match` (FTS5 syntax), optionally in one zone and from
