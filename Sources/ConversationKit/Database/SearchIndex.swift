@@ -3,8 +3,8 @@ import SQLiteKit
 /// The full-text index of the messages (`message_search`, FTS5 over the messages table's own
 /// text by rowid), fed in batches instead of by a trigger per row: every message whose rowid is
 /// above the stored mark (`ck_meta`'s `search_indexed`) waits, and the write that leaves
-/// ``batch`` or more waiting indexes them all with one statement, in its own transaction (a
-/// pulled page, every 64th send). Nothing is kept apart from the messages themselves, so a
+/// ``batch`` or more waiting indexes them all with one statement, in that write's transaction
+/// (a pulled page, every 64th send). Nothing is kept apart from the messages themselves, so a
 /// crash loses nothing: what waits is whatever lies above the mark. A search reads the index
 /// and matches the few messages still waiting on its own (``search(_:zone:speaker:limit:in:)``).
 ///
