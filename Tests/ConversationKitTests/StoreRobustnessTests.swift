@@ -141,7 +141,7 @@ import TestSupport
     }
 
     /// Rounds of the kill soak: CONVKIT_KILL_SOAK_ROUNDS for the long form.
-    static var killSoakRounds: Int { ProcessInfo.processInfo.environment["CONVKIT_KILL_SOAK_ROUNDS"].flatMap(Int.init) ?? 5 }
+    static var killSoakRounds: Int { ProcessInfo.processInfo.environment["CONVKIT_KILL_SOAK_ROUNDS"].flatMap(Int.init) ?? 3 }
 
     /// Group commit: 20 callers send at once in a child process (their sends share commits),
     /// which is killed with SIGKILL at a random point after some acknowledgements; every send
@@ -160,7 +160,7 @@ import TestSupport
         for round in 0..<Self.killSoakRounds {
             let child = try ChildProcess(tool, ["--store", fixture.storePath("bob"), "--folder", fixture.folder, "--device", "bob", "--identifier", "bob",
                                                 "--send-to", "alice", "--senders", "20", "--count", "1000000", "--prefix", "r\(round)"])
-            let threshold = Int.random(in: 20...200, using: &generator)
+            let threshold = Int.random(in: 20...120, using: &generator)
             // (It prints "added" lines too: the store's events.)
             let gotSome = await child.waitUntil { $0.lines.filter { $0.hasPrefix("sent ") }.count >= threshold }
             #expect(gotSome, "round \(round): \(child.standardError)")
