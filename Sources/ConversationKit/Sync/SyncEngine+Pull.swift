@@ -145,8 +145,7 @@ extension SyncEngine {
             do {
                 let fetching = next ?? fetch(after: token)
                 next = nil
-                // A cancelled sync stops waiting, and the fetch, at once (the task is not a child).
-                page = try await withTaskCancellationHandler { await fetching.value } onCancel: { fetching.cancel() }.get()
+                page = try await fetching.value.get()
             } catch where error.code == .changeTokenExpired {
                 // The zone was deleted and recreated: drop what came from the old incarnation
                 // (unsent changes stay) and fetch the zone whole again.
