@@ -130,22 +130,10 @@ extension SyncEngine {
         // resolved at its end (the file was repaired, or read whole since).
         var damaged = Set<String>()
         var rereading = false
-        // The next page, fetched (and verified) while this one is applied: a long zone's pull
-        // keeps both cores busy instead of fetching and applying in turns.
-        var next: Task<Result<ZoneChanges, RecordZoneError>, Never>?
-        defer { next?.cancel() }
-        let backend = self.backend, limit = configuration.pageSize
-        func fetch(after token: ChangeToken?) -> Task<Result<ZoneChanges, RecordZoneError>, Never> {
-            Task {
-                do throws(RecordZoneError) { return .success(try await backend.fetchChanges(in: zone, since: token, limit: limit)) } catch { return .failure(error) }
-            }
-        }
         while true {
             let page: ZoneChanges
             do {
-                let fetching = next ?? fetch(after: token)
-                next = nil
-                page = try await fetching.value.get()
+                page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
             } catch where error.code == .changeTokenExpired {
                 // The zone was deleted and recreated: drop what came from the old incarnation
                 // (unsent changes stay) and fetch the zone whole again.
@@ -165,7 +153,6 @@ extension SyncEngine {
                 throw ConversationError.backend(error, "cannot fetch changes of \(zone)")
             }
             let finished = !page.moreComing
-            if !finished { next = fetch(after: page.token) }
             let pageDamage = page.rejected.filter { $0.reason.code == .corruptSegment }.map(\.source)
             damaged.formUnion(pageDamage)
             let stillDamaged = damaged
@@ -206,8 +193,6 @@ extension SyncEngine {
             if !rereading, ChatRecords.isGroupZone(zone),
                try await read({ db in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } }) == true {
                 rereading = true
-                next?.cancel()
-                next = nil
                 token = nil
                 continue
             }
