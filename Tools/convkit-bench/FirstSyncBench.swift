@@ -97,17 +97,7 @@ private struct FirstSync {
     bob.close()
 
     // The records the backend holds, as a first sync reads them.
-    var records = [[UInt8]]()
-    let holding = try holding()
-    for zone in try await holding.zones() {
-        var token: ChangeToken? = nil
-        repeat {
-            let page = try await holding.fetchChanges(in: zone, since: token, limit: 1000)
-            records += try page.records.map { Array(try $0.encoded()) }
-            token = page.token
-            if !page.moreComing { break }
-        } while true
-    }
+    let records = try await encodedRecords(of: try holding())
 
     // Bob's new device: his key, nothing else.
     let newDevice = root + "/bob-new"

@@ -168,3 +168,18 @@ func concurrentRate(seconds: Double, tasks: Int, _ body: @escaping @Sendable () 
     }
     return Double(total) / secondsIn(ContinuousClock.now - start)
 }
+
+/// Every record `backend` holds, encoded, zone by zone, as a first sync reads them.
+func encodedRecords(of backend: any RecordZoneBackend) async throws -> [[UInt8]] {
+    var records = [[UInt8]]()
+    for zone in try await backend.zones() {
+        var token: ChangeToken? = nil
+        repeat {
+            let page = try await backend.fetchChanges(in: zone, since: token, limit: 1000)
+            records += try page.records.map { Array(try $0.encoded()) }
+            token = page.token
+            if !page.moreComing { break }
+        } while true
+    }
+    return records
+}

@@ -71,17 +71,7 @@ import ZoneServer
     let pullStart = ContinuousClock.now
     let report = try await alice.sync()
     let pullRate = Double(report.pulled) / secondsIn(ContinuousClock.now - pullStart)
-    var encoded = [[UInt8]]()
-    var token: ChangeToken? = nil
-    for zone in await server.zones() {
-        token = nil
-        repeat {
-            let page = try await server.fetchChanges(in: zone, since: token, limit: 1000)
-            encoded += try page.records.map { Array(try $0.encoded()) }
-            token = page.token
-            if !page.moreComing { break }
-        } while true
-    }
+    let encoded = try await encodedRecords(of: server)
     let publicKey = Array(key.publicKey), message = Array(sample), signature = Array(key.sign(sample))
     let verifyAll = parallelRate(seconds: seconds) {
         precondition(crypto_sign_verify_detached(signature, message, UInt64(message.count), publicKey) == 0)
