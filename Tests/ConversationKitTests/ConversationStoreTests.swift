@@ -212,6 +212,51 @@ import TestSupport
         #expect(try history(bob, conversation.id).map(\.content) == ["survives the network"])
     }
 
+    /// The outbox references the stored version: when a newer version of the same record comes
+    /// from the person's other store before the queued one went out, nothing of the older one is
+    /// pushed, and the message shows the newer text, synced, on both sides.
+    @Test func aQueuedVersionThatAPulledOneReplacedIsNotPushed() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let flaky = FlakyBackend(fixture.server)
+        var configuration = StoreConfiguration()
+        configuration.retryBaseDelay = 0  // a deferred change is due again at once
+        let laptop = try ConversationStore(directory: fixture.storePath("alice"), backend: .custom { context in
+            flaky.connect(context.policy)
+        }, configuration: configuration)
+        try await laptop.setupLocalSpeaker(identifier: "alice", name: "Alice")
+        let bob = try await fixture.store("bob")
+        try await bob.sync()
+        #expect(try await laptop.speakerExists("bob"))
+        let sent = try await laptop.send("first", to: "bob")
+        try await laptop.sync()
+        // The same person's other store: her key, rebuilt from the backend.
+        let other = fixture.directory.path + "/alice-other"
+        try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: fixture.storePath("alice") + "/speaker.key", toPath: other + "/speaker.key")
+        let phone = try await ConversationStore.rebuild(directory: other, identifier: "alice", backend: fixture.factory(device: "phone"))
+
+        // The laptop's edit waits (the server defers message saves); the phone's, later, goes out.
+        flaky.mode = .deferMessages
+        _ = try await laptop.edit(sent.id, content: "from the laptop")
+        _ = try await phone.edit(sent.id, content: "from the phone")
+        try await phone.sync()
+        let deferred = try await laptop.sync()
+        #expect(deferred.deferred == 1)
+        #expect(try laptop.message(sent.id)?.content == "from the phone", "the pull brought the newer version")
+        // The queued version now names a clock the records no longer hold: it leaves the queue.
+        let waiting = try laptop.outbox().map { "\($0.recordType) \($0.name)" }
+        #expect(!waiting.contains { $0.hasPrefix("Message ") }, "\(waiting)")
+
+        flaky.mode = .healthy
+        let settled = try await laptop.sync()
+        #expect(settled.pushed == 0)
+        #expect(try laptop.outbox().isEmpty)
+        #expect(try laptop.message(sent.id)?.syncState == .synced)
+        try await bob.sync()
+        #expect(try bob.message(sent.id)?.content == "from the phone")
+        #expect(try history(laptop, sent.id.conversation).map(\.content) == ["from the phone"])
+    }
+
     @Test func aPermanentRejectionMarksTheMessageFailedWithTheReason() async throws {
         let fixture = try await ChatFixture(.memory)
         let flaky = FlakyBackend(fixture.server)
@@ -307,7 +352,7 @@ final class Seen: @unchecked Sendable {
 /// A backend in front of a real in-memory backend that can lose answers or refuse messages:
 /// the one stand-in in these tests, since a network cannot be made to fail on cue here.
 final class FlakyBackend: @unchecked Sendable {
-    enum Mode { case healthy, loseAnswer, refuseMessages }
+    enum Mode { case healthy, loseAnswer, refuseMessages, deferMessages }
     private let lock = NSLock()
     private var current = Mode.healthy
     let server: InMemoryBackend
@@ -333,12 +378,13 @@ final class FlakyBackend: @unchecked Sendable {
             case .loseAnswer:
                 _ = try await inner.save(records, policy: policy)
                 throw RecordZoneError(.networkUnavailable, "connection reset before the answer")
-            case .refuseMessages:
+            case .refuseMessages, .deferMessages:
                 let results = try await inner.save(records.filter { $0.recordType != "Message" }, policy: policy)
                 var iterator = results.makeIterator()
+                let failure = owner.mode == .refuseMessages ? RecordZoneError.Code.notAuthorized : .serviceUnavailable
                 return records.map { record in
                     record.recordType == "Message"
-                        ? .failure(RecordZoneError(.notAuthorized, "refused by the server", recordID: record.id))
+                        ? .failure(RecordZoneError(failure, "refused by the server", recordID: record.id))
                         : iterator.next() ?? .failure(RecordZoneError(.internalError, "missing result"))
                 }
             }
