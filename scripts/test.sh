@@ -15,7 +15,11 @@ pg_dir=$(mktemp -d /tmp/convkit-pg.XXXXXX)
 trap './scripts/pg-cluster.sh stop "$pg_dir"' EXIT
 CONVKIT_TEST_POSTGRES=$(./scripts/pg-cluster.sh start "$pg_dir")
 export CONVKIT_TEST_POSTGRES
-swift test --skip-build
+# At most 8 tests at a time: every test shares the process's cooperative pool (two threads on two
+# cores), and all 370 started at once left each in-process server, timer and pool waiting for tens
+# of seconds (a 1 s long poll past its client's 16 s, a pool borrower past its 5 s); the run takes
+# as long (CPU-bound either way: 518 s at once, 538 s by eight).
+swift test --skip-build --experimental-maximum-parallelization-width 8
 # Tests that measure latency run alone, on an otherwise idle machine; then the one that measures
 # memory while it moves 200 MiB, alone too.
 CONVKIT_TIMING_TESTS=1 swift test --skip-build --filter "hostileBodiesCostTheServerNeitherMemoryNorLatency|aMessageFromAnotherStoreShowsWithinTwoSeconds|typingShowsWithin200MillisecondsAndGoesWithinFiveSeconds"

@@ -58,7 +58,8 @@ import TestSupport
         let running = Task { try await alice.run() }
         defer { running.cancel() }
         _ = try await alice.send("on a slow clock", to: "bob")
-        let activity = await firstElement(of: events, seconds: 15) { if case .syncActivity(.notAccepted) = $0 { true } else { false } }
+        // A bound on waiting, not on speed: with nothing else running the activity comes within a second.
+        let activity = await firstElement(of: events, seconds: 60) { if case .syncActivity(.notAccepted) = $0 { true } else { false } }
         guard case .syncActivity(.notAccepted(let code, let reason))? = activity else {
             Issue.record("no notAccepted activity: \(String(describing: activity))")
             return
