@@ -166,17 +166,6 @@ package enum ChatRecords {
     /// Whether a zone is a pair conversation's (`c-<h(a)>-<h(b)>`).
     package static func isPairZone(_ zone: ZoneName) -> Bool { speakerZones(of: zone).count == 2 }
 
-    /// What is wrong with a `Block` record, or nil: it is in a pair's zone, its `blocker` is one
-    /// participant and (but in a tombstone) its `blocked` the other.
-    package static func blockProblem(_ record: Record) -> String? {
-        guard let blocker = record.string("blocker"), isParticipant(blocker, in: record.id.zone) else { return "a block from outside the conversation" }
-        if record.isDeleted { return nil }
-        guard let blocked = record.string("blocked"), blocked != blocker, conversationZone(blocker, blocked) == record.id.zone else {
-            return "a block whose blocked speaker is not the conversation's other participant"
-        }
-        return nil
-    }
-
     /// Whether `identifier` takes part in the conversation zone `zone`.
     package static func isParticipant(_ identifier: String, in zone: ZoneName) -> Bool {
         // `c-<16>-<16>`, compared in place: every applied record of a pair asks.

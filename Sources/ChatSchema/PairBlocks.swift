@@ -11,7 +11,7 @@ struct PairBlocks: GovernedZone {
     private var newest: [String: Record] = [:]
 
     init(governing: [Record]) {
-        for record in governing where ChatRecords.blockProblem(record) == nil { takeIn(record) }
+        for record in governing where ChatRecords.blockViolation(record) == nil { takeIn(record) }
     }
 
     private mutating func takeIn(_ record: Record) {
@@ -27,7 +27,7 @@ struct PairBlocks: GovernedZone {
 
     mutating func admit(_ record: Record, owner: String?, as identity: String) -> String? {
         if record.recordType == ChatRecords.blockType {
-            if let problem = ChatRecords.blockProblem(record) { return problem }
+            if let violation = ChatRecords.blockViolation(record) { return violation.detail }
             takeIn(record)
             return nil
         }

@@ -33,7 +33,7 @@ public struct MessageID: Sendable, Hashable, Codable, CustomStringConvertible {
 
 /// One message, as a value snapshot.
 public struct Message: Sendable, Hashable, Identifiable {
-    public static let maximumContentBytes = 64 * 1024
+    public static let maximumContentBytes = ChatRecords.maximumContentBytes
     /// How many times a message may be edited: each version carries the texts before it
     /// (``ConversationStore/editHistory(of:)``), so a message stays within a record's size
     /// (as Signal bounds edits).
@@ -296,7 +296,7 @@ public enum SyncActivity: Sendable, Hashable {
 /// One speaker's reaction to a message (``ConversationStore/reactions(to:)``).
 public struct MessageReaction: Sendable, Hashable {
     /// The longest reaction, in UTF-8 bytes: an emoji sequence (a family, a flag) fits many times.
-    public static let maximumEmojiBytes = 64
+    public static let maximumEmojiBytes = ChatRecords.maximumEmojiBytes
 
     public let reactor: String
     /// Empty while ``isWaitingForKey``.

@@ -82,18 +82,6 @@ extension ChatRecords {
         return payload.isValid ? payload : nil
     }
 
-    /// `m.<h(sender)>.`: the part of a message's name that names its sender (what a Delivery
-    /// record counts by).
-    static func senderPrefix(ofMessage name: String) -> Substring? {
-        // Counted in bytes: the prefix is ASCII (`m.`, 16 hex digits, a dot), and a name's
-        // length in characters costs a walk over it.
-        let bytes = name.utf8, prefixLength = messagePrefix.utf8.count + 17
-        guard bytes.count > prefixLength, name.hasPrefix(messagePrefix) else { return nil }
-        let end = bytes.index(bytes.startIndex, offsetBy: prefixLength)
-        guard bytes[bytes.index(before: end)] == UInt8(ascii: "."), bytes[..<end].allSatisfy({ $0 < 0x80 }) else { return nil }
-        return name[..<end]
-    }
-
     /// The clock in a message's name (`m.<h(speaker)>.<16 hex clock>-<random>`): the time a
     /// deleted message's placeholder stands at, the same for every reader.
     static func messageClock(ofName name: String) -> RecordClock? {
@@ -110,16 +98,6 @@ extension ChatRecords {
     }
 
     static func reactionName(for message: String, reactor: String) -> String { reactionPrefix + identityHash(reactor) + "." + message }
-
-    /// The message a reaction's name is for (`x.<h(reactor)>.<message name>`): what a tombstone,
-    /// which keeps only its owner's field, still says.
-    static func reactionMessage(ofName name: String) -> String? {
-        guard name.hasPrefix(reactionPrefix) else { return nil }
-        let rest = name.dropFirst(reactionPrefix.count)
-        guard let dot = rest.firstIndex(of: "."), rest.distance(from: rest.startIndex, to: dot) == 16 else { return nil }
-        let message = rest[rest.index(after: dot)...]
-        return message.isEmpty ? nil : String(message)
-    }
 
     static func reaction(zone: ZoneName, message: String, reactor: String, emoji: String, reactedAt: Int64) throws(RecordZoneError) -> Record {
         Record(id: try RecordID(zone: zone, name: reactionName(for: message, reactor: reactor)), type: reactionType, fields: [
@@ -153,11 +131,5 @@ struct AvatarReference: Sendable, Hashable {
     init(asset: AssetReference, size: PixelSize) {
         self.asset = asset
         self.size = size
-    }
-}
-
-extension Record {
-    func milliseconds(_ field: String) -> Int64? {
-        self[field]?.dateValue.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }
     }
 }

@@ -7,16 +7,6 @@ import SQLiteKit
 /// up to that name is the same knows the device holds every one of them — no record per message,
 /// and no tick for a message the device lacks (a later one arriving first does not count).
 extension RecordApplier {
-    /// The most senders a Delivery record lists (a group's active speakers).
-    static let maximumDeliverySenders = 1000
-
-    /// A held list's entry, `"<count>:<message name>"`, when well formed.
-    static func heldEntry(_ entry: String) -> (count: Int64, newest: String)? {
-        guard let colon = entry.firstIndex(of: ":"), let count = Int64(entry[..<colon]), count > 0 else { return nil }
-        let newest = String(entry[entry.index(after: colon)...])
-        return ChatRecords.senderPrefix(ofMessage: newest) == nil ? nil : (count, newest)
-    }
-
     /// The local speaker's messages' prefix, and the first string after all of them (hashed
     /// once per transaction and speaker, not once per message applied).
     private mutating func ownRange() -> (prefix: String, end: String)? {
@@ -68,7 +58,7 @@ extension RecordApplier {
             return
         }
         guard let member = record.string("member"), member != localSpeaker, let own = ownRange(),
-              let held = (record["held"]?.listValue ?? []).lazy.compactMap({ $0.stringValue.flatMap(Self.heldEntry) }).first(where: { $0.newest.hasPrefix(own.prefix) })
+              let held = (record["held"]?.listValue ?? []).lazy.compactMap({ $0.stringValue.flatMap(ChatRecords.heldEntry) }).first(where: { $0.newest.hasPrefix(own.prefix) })
         else { return }
         // Every one of the local speaker's messages up to `newest` that a backend took, counted
         // here: what the device must hold for its count to match.
@@ -108,7 +98,7 @@ extension RecordApplier {
             // Not in a group any more: nothing to say there (a server would refuse it).
             if ChatRecords.isGroupZone(zoneName), !(try isGroupMember(local, zone: zone, at: clock.now())) { continue }
             let held = try db.rows("SELECT count, newest FROM held_messages WHERE zone = ? AND sender != ? ORDER BY sender LIMIT ?",
-                                   [zone, own.prefix, Self.maximumDeliverySenders]) { FieldValue.string("\($0.int(0)):\($0.text(1))") }
+                                   [zone, own.prefix, ChatRecords.maximumDeliverySenders]) { FieldValue.string("\($0.int(0)):\($0.text(1))") }
             guard !held.isEmpty else { continue }
             let id = try RecordID(zone: zoneName, name: ChatRecords.deliveryPrefix + ChatRecords.identityHash(local) + "." + device.key.publicKey.prefix(8).hexString)
             let current = try db.first("SELECT record FROM ck_records WHERE zone = ? AND name = ?", [zone, id.name]) { try? Record(canonical: $0.blob(0)) } ?? nil

@@ -71,8 +71,8 @@ struct RecordApplier {
             current.signature = held.2
             guard MergeRule.wins(record, over: current) else { return false }
         }
-        if let problem = chatProblem(record) {
-            try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation(problem), source: origin == .local ? "local" : "pull",
+        if let violation = ChatRecords.violation(of: record, reader: localSpeaker) {
+            try quarantine(RejectedRecord(recordID: record.id, reason: .schemaViolation(violation.detail), source: origin == .local ? "local" : "pull",
                                           data: try? record.encoded()))
             return false
         }
@@ -197,111 +197,6 @@ struct RecordApplier {
                 try apply(record, origin: .remote)
             }
         }
-    }
-
-    /// The chat model's checks, beyond signature and ownership (which the backend's reader
-    /// applied with the store's policy).
-    private func chatProblem(_ record: Record) -> String? {
-        let zone = record.id.zone
-        // Every identity a record names follows the identifier rule: no look-alike of anyone.
-        let named = [record.recordType == ChatRecords.speakerType ? record.id.name : nil, record.string("speaker"), record.string("listener"), record.string("reader")]
-        if let bad = named.compactMap({ $0 }).first(where: { !ChatRecords.isValidIdentifier($0) }) {
-            return "the identifier '\(bad)' breaks the identifier rule (a–z 0–9 . - _)"
-        }
-        switch record.recordType {
-        case ChatRecords.speakerType:
-            let home = zone == ChatRecords.speakersZone || zone == ChatRecords.speakerZone(record.id.name)
-            return home ? nil : "a Speaker record outside the directory and its speaker's zone"
-        case ChatRecords.memberType:
-            guard let speaker = record.string("speaker") else { return "member record without a speaker" }
-            let participants = record["participants"]?.listValue?.compactMap(\.stringValue) ?? []
-            guard participants.count == 2, participants[0] < participants[1],
-                ChatRecords.conversationZone(participants[0], participants[1]) == zone
-            else { return "member record whose participants do not match its zone" }
-            guard participants.contains(speaker) else { return "member is not a participant" }
-            if let local = localSpeaker, !participants.contains(local) { return "a conversation the local speaker is not in" }
-            return nil
-        case GroupChange.recordType:
-            guard ChatRecords.isGroupZone(zone) else { return "a group change outside a group's zone" }
-            do { _ = try GroupChange(record: record) } catch { return error.description }
-            return nil
-        case EncryptionKey.recordType:
-            do { _ = try EncryptionKey.parts(record) } catch { return error.description }
-            return nil
-        case HistoryShare.recordType:
-            do { _ = try HistoryShare.parts(record) } catch { return error.description }
-            return nil
-        case KeyShare.recordType:
-            let parts: KeyShare.Parts
-            do { parts = try KeyShare.parts(record) } catch { return error.description }
-            if !ChatRecords.isGroupZone(zone), !ChatRecords.isParticipant(parts.sender, in: zone) || !ChatRecords.isParticipant(parts.recipient, in: zone) {
-                return "a key share between speakers outside the conversation"
-            }
-            return nil
-        case ChatRecords.messageType where ChatRecords.isGroupZone(zone):
-            // Whether its speaker was in the group at its clock is decided when it is shown.
-            guard record.string("speaker") != nil else { return "message without a speaker" }
-            if record.isDeleted { return nil }
-            guard Self.hasContent(record), record.milliseconds("spokenAt") != nil else { return "message without content or spokenAt" }
-            guard (record.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return "message content over 64 KiB" }
-            return nil
-        case ChatRecords.receiptType where ChatRecords.isGroupZone(zone):
-            guard record.string("reader") != nil else { return "receipt without a reader" }
-            if !record.isDeleted, record.string("message") == nil || record.milliseconds("readAt") == nil {
-                return "receipt without message or readAt"
-            }
-            return nil
-        case ChatRecords.reactionType:
-            guard let reactor = record.string("reactor"), ChatRecords.isGroupZone(zone) || ChatRecords.isParticipant(reactor, in: zone) else {
-                return "reaction from outside the conversation"
-            }
-            guard let message = ChatRecords.reactionMessage(ofName: record.id.name) else { return "a reaction's name that names no message" }
-            if record.isDeleted { return nil }
-            guard record.string("message") == message, record.milliseconds("reactedAt") != nil,
-                  record[Sealing.sealedField]?.bytesValue != nil || !(record.string("emoji") ?? "").isEmpty
-            else { return "reaction without its message, emoji or reactedAt" }
-            guard (record.string("emoji")?.utf8.count ?? 0) <= MessageReaction.maximumEmojiBytes else { return "a reaction over \(MessageReaction.maximumEmojiBytes) bytes" }
-            return nil
-        case ChatRecords.messageType:
-            guard let speaker = record.string("speaker") else { return "message without a speaker" }
-            if record.isDeleted {
-                return ChatRecords.isParticipant(speaker, in: zone) ? nil : "message tombstone from outside the conversation"
-            }
-            guard let listener = record.string("listener"), Self.hasContent(record),
-                record.milliseconds("spokenAt") != nil
-            else { return "message without listener, content or spokenAt" }
-            guard ChatRecords.isConversationZone(zone, of: speaker, listener), speaker != listener else {
-                return "message whose speaker and listener do not match its conversation"
-            }
-            guard (record.string("content")?.utf8.count ?? 0) <= Message.maximumContentBytes else { return "message content over 64 KiB" }
-            return nil
-        case ChatRecords.deliveryType:
-            guard let member = record.string("member"), ChatRecords.isValidIdentifier(member),
-                  ChatRecords.isGroupZone(zone) || ChatRecords.isParticipant(member, in: zone) else { return "delivery from outside the conversation" }
-            if record.isDeleted { return nil }
-            guard let held = record["held"]?.listValue, held.count <= Self.maximumDeliverySenders,
-                  held.allSatisfy({ $0.stringValue.flatMap(Self.heldEntry) != nil }) else {
-                return "a delivery whose held list is not up to \(Self.maximumDeliverySenders) \"<count>:<message name>\" entries"
-            }
-            return nil
-        case ChatRecords.blockType:
-            return ChatRecords.blockProblem(record)
-        case ChatRecords.receiptType:
-            guard let reader = record.string("reader"), ChatRecords.isParticipant(reader, in: zone) else {
-                return "receipt from outside the conversation"
-            }
-            if !record.isDeleted, record.string("message") == nil || record.milliseconds("readAt") == nil {
-                return "receipt without message or readAt"
-            }
-            return nil
-        default:
-            return nil
-        }
-    }
-
-    /// Whether a message carries its content: in the clear (`content`) or sealed (`sealed`).
-    static func hasContent(_ record: Record) -> Bool {
-        record.string("content") != nil || record[Sealing.sealedField]?.bytesValue != nil
     }
 
     /// Projects a profile (from the speaker's zone or its directory copy): the newest wins.
