@@ -74,7 +74,7 @@ extension RecordApplier {
             """, [at, at, at, at, zone, epoch])
         let fields = (ChatRecords.sealing(record.recordType)?.fields ?? ["content"]).filter { record[$0] != nil }
         let sealed = try Sealing.seal(fields, of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
-        if let bytes = sealed[Sealing.sealedField]?.bytesValue { sealedHere[record.id] = (bytes, record) }
+        if let bytes = sealed[Sealing.sealedField]?.bytesValue { keys.sealedHere[record.id] = (bytes, record) }
         return sealed
     }
 
@@ -98,7 +98,7 @@ extension RecordApplier {
             """, [parts.identity, parts.device, parts.key])
         guard db.changes > 0, let local = localSpeaker else { return }
         // A device of this person's: every other sender's epoch this one holds goes to it too.
-        if parts.identity == local, parts.device != device?.key.publicKey { historyToShare = .all }
+        if parts.identity == local, parts.device != device?.key.publicKey { keys.historyToShare = .all }
         // The conversations where this device holds epochs of this person's (its own, or its
         // other devices' to pass on) that the key's owner may read.
         let zones = parts.identity == local
@@ -106,7 +106,7 @@ extension RecordApplier {
             : try db.rows("""
                 SELECT DISTINCT zone FROM sender_keys WHERE sender = ? AND (zone = ? OR zone IN (SELECT zone FROM group_runs WHERE speaker = ?))
                 """, [local, ChatRecords.conversationZone(local, parts.identity).rawValue, parts.identity]) { $0.text(0) }
-        zonesToShare.formUnion(zones)
+        keys.zonesToShare.formUnion(zones)
     }
 
     /// A share: when it holds a box for this device, the sender key is opened and kept, and the
@@ -150,10 +150,10 @@ extension RecordApplier {
         try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)", [zone.rawValue, epoch, sender, origin, key])
         // Another device of this person's epoch: this one passes it on where it is missing;
         // another sender's: to this person's other devices that lack it.
-        if sender == local, origin != device.key.publicKey { zonesToShare.insert(zone.rawValue) }
-        if sender != local, case .epochs(var epochs) = historyToShare {
+        if sender == local, origin != device.key.publicKey { keys.zonesToShare.insert(zone.rawValue) }
+        if sender != local, case .epochs(var epochs) = keys.historyToShare {
             epochs.insert(epoch)
-            historyToShare = .epochs(epochs)
+            keys.historyToShare = .epochs(epochs)
         }
         let waiting = try db.rows("""
             SELECT r.record FROM messages m JOIN ck_records r ON r.zone = m.zone AND r.name = m.name
@@ -182,8 +182,8 @@ extension RecordApplier {
     /// box again — so a new device reads the past even from a sender who never comes back (one
     /// removed from a group cannot write there any more).
     mutating func shareHistory() throws {
-        let due = historyToShare
-        historyToShare = .epochs([])
+        let due = keys.historyToShare
+        keys.historyToShare = .epochs([])
         guard due != .epochs([]), let device, let local = localSpeaker else { return }
         let others = (try devices(of: [local])[local] ?? [:]).filter { $0.key != device.key.publicKey }
         guard !others.isEmpty else { return }
@@ -379,4 +379,17 @@ extension RecordApplier {
     private func groupHistory(_ zone: String) throws -> GroupMembership.History? {
         try db.first("SELECT history FROM group_state WHERE zone = ?", [zone]) { GroupMembership.History(rawValue: $0.text(0)) } ?? nil
     }
+}
+
+/// What the key projection gathers over a transaction (``RecordApplier/finish()`` writes it).
+struct KeyWork {
+    /// Conversations whose sender keys this device shares again: a member or a device appeared
+    /// that an epoch was not shared with.
+    var zonesToShare = Set<String>()
+    /// Other senders' epochs to pass on to this person's other devices.
+    var historyToShare = RecordApplier.HistoryToShare.epochs([])
+    /// What ``RecordApplier/seal(_:at:)`` sealed in this transaction, by record: the sealed bytes
+    /// and the plaintext record they came from. A local change is projected from its plaintext
+    /// instead of being opened again.
+    var sealedHere: [RecordID: (sealed: Data, plain: Record)] = [:]
 }

@@ -11,8 +11,8 @@ extension RecordApplier {
     /// once per transaction and speaker, not once per message applied).
     private mutating func ownRange() -> (prefix: String, end: String)? {
         guard let local = localSpeaker else { return nil }
-        if ownPrefix?.speaker != local { ownPrefix = (local, ChatRecords.messagePrefix + ChatRecords.identityHash(local) + ".") }
-        guard let prefix = ownPrefix?.prefix else { return nil }
+        if deliveries.ownPrefix?.speaker != local { deliveries.ownPrefix = (local, ChatRecords.messagePrefix + ChatRecords.identityHash(local) + ".") }
+        guard let prefix = deliveries.ownPrefix?.prefix else { return nil }
         return (prefix, prefix.dropLast() + "/")
     }
 
@@ -31,22 +31,22 @@ extension RecordApplier {
         let zone = record.id.zone.rawValue
         guard let sender = ChatRecords.senderPrefix(ofMessage: record.id.name) else { return }
         let key = HeldSender(zone: zone, sender: String(sender))
-        let pending = heldPending[key]
-        heldPending[key] = ((pending?.count ?? 0) + 1, max(pending?.newest ?? "", record.id.name))
+        let pending = deliveries.held[key]
+        deliveries.held[key] = ((pending?.count ?? 0) + 1, max(pending?.newest ?? "", record.id.name))
         guard origin == .remote else { return }
-        if String(sender) == ownRange()?.prefix { reweighedZones.insert(zone) } else { deliveryZones.insert(zone) }
+        if String(sender) == ownRange()?.prefix { deliveries.reweighed.insert(zone) } else { deliveries.zones.insert(zone) }
     }
 
     /// Writes the counts of this transaction's new Message records (once per transaction, not
     /// once per message).
     mutating func flushHeld() throws {
-        for (key, held) in heldPending {
+        for (key, held) in deliveries.held {
             try db.execute("""
                 INSERT INTO held_messages (zone, sender, count, newest) VALUES (?, ?, ?, ?)
                 ON CONFLICT (zone, sender) DO UPDATE SET count = count + excluded.count, newest = max(newest, excluded.newest)
                 """, [key.zone, key.sender, held.count, held.newest])
         }
-        heldPending.removeAll()
+        deliveries.held.removeAll()
     }
 
     /// Another member's device's Delivery record: how far it holds the local speaker's messages.
@@ -83,15 +83,15 @@ extension RecordApplier {
     /// did not match for want of them may match now).
     mutating func finishDeliveries() throws {
         try flushHeld()
-        for zone in reweighedZones.sorted() {
+        for zone in deliveries.reweighed.sorted() {
             let records = try db.rows("SELECT record FROM ck_records WHERE zone = ? AND type = ? AND is_deleted = 0", [zone, ChatRecords.deliveryType]) {
                 try? Record(canonical: $0.blob(0))
             }
             for case let record? in records { try projectDelivery(record) }
         }
-        reweighedZones.removeAll()
-        let zones = deliveryZones
-        deliveryZones.removeAll()
+        deliveries.reweighed.removeAll()
+        let zones = deliveries.zones
+        deliveries.zones.removeAll()
         guard let device, let local = localSpeaker, let own = ownRange() else { return }
         for zone in zones.sorted() {
             guard let zoneName = try? ZoneName(zone) else { continue }
@@ -112,4 +112,17 @@ extension RecordApplier {
 struct HeldSender: Hashable {
     var zone: String
     var sender: String
+}
+
+/// What the delivery projection gathers over a transaction (``RecordApplier/finishDeliveries()``).
+struct DeliveryWork {
+    /// Zones where messages of others arrived: this device's Delivery record is written again.
+    var zones = Set<String>()
+    /// Zones where the local speaker's own arrived from another of its devices: the Delivery
+    /// records held there are weighed again.
+    var reweighed = Set<String>()
+    /// Message records new in this transaction, by zone and sender, not yet in `held_messages`.
+    var held: [HeldSender: (count: Int64, newest: String)] = [:]
+    /// The local speaker's message-name prefix, `m.<h(speaker)>.`.
+    var ownPrefix: (speaker: String, prefix: String)?
 }
