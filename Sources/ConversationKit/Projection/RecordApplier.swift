@@ -116,8 +116,6 @@ struct RecordApplier {
         queuedLocalChange = true
     }
 
-
-
     /// Quarantines a refused record with its reason (as a code and for people), keeping its
     /// bytes and the identity it concerns when the refusal is about one; it is never applied
     /// or shown.

@@ -36,7 +36,6 @@ extension RecordApplier {
         note(.speakerUpdated(identifier))
     }
 
-
     /// Marks a speaker known (a conversation with them exists), creating its row if need be.
     func markKnown(_ identifier: String) throws {
         try db.execute("""
