@@ -224,10 +224,13 @@ enum StoreSchema {
         Migration(version: 24, sql: SearchIndex.schema),
         // Version 25: the outbox references the stored version (zone, name, clock) instead of
         // holding a second copy of its bytes (``Outbox``).
-        Migration(version: 25, sql: Outbox.schema),
+        Migration(version: 25, sql: Outbox.referencing),
         // Version 26: a conversation's newest message is read from its messages (the time index
         // answers it) instead of being written with every message.
         Migration(version: 26, sql: "ALTER TABLE conversations DROP COLUMN last_message_at;"),
+        // Version 27: the outbox keyed by its record alone, ordered by the versions' clocks
+        // (one tree written per version queued, not two).
+        Migration(version: 27, sql: Outbox.schema),
     ]
 }
 

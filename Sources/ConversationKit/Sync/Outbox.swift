@@ -5,8 +5,6 @@ import SQLiteKit
 /// A local change waiting to be pushed: one row of the outbox, as ``ConversationStore/outbox()``
 /// lists it and as the sync pushes it.
 public struct OutboxEntry: Sendable, Hashable {
-    /// The row's place in the queue (oldest first).
-    public let id: Int64
     public let zone: String
     public let name: String
     /// The record's type ("" when the store no longer holds the record it queued).
@@ -19,23 +17,31 @@ public struct OutboxEntry: Sendable, Hashable {
     public let lastError: String?
     public let lastErrorCode: RecordZoneError.Code?
     /// The queued version's clock: with `zone` and `name`, the key of the stored version
-    /// (``ck_records``) the entry stands for.
+    /// (``ck_records``) the entry stands for, and the entry's place in the queue.
     let clock: UInt64
     /// That version's signed bytes, read from the records; nil when the store no longer holds
     /// it (a newer version, pulled, took its place: nothing of this entry is left to push).
     let record: Data?
+
+    /// The version queued: another version of the same record queued later is another entry.
+    var version: Version { Version(zone: zone, name: name, clock: clock) }
+
+    struct Version: Hashable {
+        var zone: String, name: String, clock: UInt64
+    }
 }
 
 /// The store's outbox (`ck_outbox`, sqlite-data's `PendingRecordZoneChange` in spirit): the
 /// local versions waiting to be pushed, one per record — a newer local version of a record
-/// replaces the queued one and starts its attempts over — oldest first, each with its attempts,
+/// replaces the queued one and starts its attempts over — oldest first (by the version's clock,
+/// which orders a device's own versions as it wrote them), each with its attempts,
 /// when it is next due and why the last attempt failed. An entry references the version the
 /// store holds (zone, name and clock in `ck_records`) instead of keeping a second copy of its
 /// bytes, and settles by comparing that key. Every statement over the table is here; callers
 /// run them inside their own transactions.
 enum Outbox {
-    /// The table, as migration 25 makes it.
-    static let schema = """
+    /// The table as migration 25 made it (a row id and an index on zone and name).
+    static let referencing = """
         CREATE TABLE ck_outbox_by_reference (
             id INTEGER PRIMARY KEY, zone TEXT NOT NULL, name TEXT NOT NULL, clock INTEGER NOT NULL,
             attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL DEFAULT 0, last_error TEXT, last_error_code TEXT,
@@ -49,6 +55,20 @@ enum Outbox {
         ALTER TABLE ck_outbox_by_reference RENAME TO ck_outbox;
         """
 
+    /// The table, as migration 27 makes it: one tree keyed by the record, so queueing a version
+    /// writes one page where a row id and an index on zone and name wrote two (docs/PERFORMANCE.md);
+    /// the queue's order is the versions' clocks.
+    static let schema = """
+        CREATE TABLE ck_outbox_keyed (
+            zone TEXT NOT NULL, name TEXT NOT NULL, clock INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL DEFAULT 0, last_error TEXT, last_error_code TEXT,
+            PRIMARY KEY (zone, name)) STRICT, WITHOUT ROWID;
+        INSERT INTO ck_outbox_keyed (zone, name, clock, attempts, next_attempt_at, last_error, last_error_code)
+            SELECT zone, name, clock, attempts, next_attempt_at, last_error, last_error_code FROM ck_outbox;
+        DROP TABLE ck_outbox;
+        ALTER TABLE ck_outbox_keyed RENAME TO ck_outbox;
+        """
+
     /// Queues the stored version of a record, by its clock (replacing one queued for the same
     /// record), due at once.
     static func enqueue(zone: String, name: String, clock: UInt64, in db: Database) throws {
@@ -59,26 +79,26 @@ enum Outbox {
     }
 
     private static let columns = """
-        o.id, o.zone, o.name, coalesce(r.type, ''), o.attempts, o.next_attempt_at, o.last_error, o.last_error_code, o.clock,
+        o.zone, o.name, coalesce(r.type, ''), o.attempts, o.next_attempt_at, o.last_error, o.last_error_code, o.clock,
             CASE WHEN r.clock = o.clock THEN r.record END
         FROM ck_outbox o LEFT JOIN ck_records r ON r.zone = o.zone AND r.name = o.name
         """
 
     private static func entry(_ row: Row) -> OutboxEntry {
-        OutboxEntry(id: row.int(0), zone: row.text(1), name: row.text(2), recordType: row.text(3), attempts: Int(row.int(4)),
-                    nextAttemptAt: Date(timeIntervalSince1970: Double(row.int(5)) / 1000), lastError: row.optionalText(6),
-                    lastErrorCode: row.optionalText(7).flatMap(RecordZoneError.Code.init(rawValue:)),
-                    clock: UInt64(bitPattern: row.int(8)), record: row.optionalBlob(9))
+        OutboxEntry(zone: row.text(0), name: row.text(1), recordType: row.text(2), attempts: Int(row.int(3)),
+                    nextAttemptAt: Date(timeIntervalSince1970: Double(row.int(4)) / 1000), lastError: row.optionalText(5),
+                    lastErrorCode: row.optionalText(6).flatMap(RecordZoneError.Code.init(rawValue:)),
+                    clock: UInt64(bitPattern: row.int(7)), record: row.optionalBlob(8))
     }
 
     /// Every entry, oldest first.
     static func entries(in db: Database) throws -> [OutboxEntry] {
-        try db.rows("SELECT \(columns) ORDER BY o.id", [], entry)
+        try db.rows("SELECT \(columns) ORDER BY o.clock, o.zone, o.name", [], entry)
     }
 
     /// Up to `limit` entries due at `now` (unix ms), oldest first.
     static func due(at now: Int64, limit: Int, in db: Database) throws -> [OutboxEntry] {
-        try db.rows("SELECT \(columns) WHERE o.next_attempt_at <= ? ORDER BY o.id LIMIT ?", [now, limit], entry)
+        try db.rows("SELECT \(columns) WHERE o.next_attempt_at <= ? ORDER BY o.clock, o.zone, o.name LIMIT ?", [now, limit], entry)
     }
 
     /// How many entries there are.
@@ -95,7 +115,7 @@ enum Outbox {
     /// (not replaced by a newer local change meanwhile). - Returns: whether it was.
     @discardableResult
     static func remove(_ entry: OutboxEntry, in db: Database) throws -> Bool {
-        try db.execute("DELETE FROM ck_outbox WHERE id = ? AND clock = ?", [entry.id, entry.clock])
+        try db.execute("DELETE FROM ck_outbox WHERE zone = ? AND name = ? AND clock = ?", [entry.zone, entry.name, entry.clock])
         return db.changes > 0
     }
 
@@ -108,15 +128,15 @@ enum Outbox {
     /// accepts them.
     static func removeSigned(by key: Data, after clock: Int64, in db: Database) throws {
         try db.execute("""
-            DELETE FROM ck_outbox WHERE id IN
-                (SELECT o.id FROM ck_outbox o JOIN ck_records r ON r.zone = o.zone AND r.name = o.name AND r.clock = o.clock WHERE r.author = ? AND r.clock > ?)
+            DELETE FROM ck_outbox AS o WHERE
+                EXISTS (SELECT 1 FROM ck_records r WHERE r.zone = o.zone AND r.name = o.name AND r.clock = o.clock AND r.author = ? AND r.clock > ?)
             """, [key, clock])
     }
 
     /// Records a failed attempt: the entry is due again at `next` (unix ms), with why.
     static func reschedule(_ entry: OutboxEntry, next: Int64, error: RecordZoneError, in db: Database) throws {
-        try db.execute("UPDATE ck_outbox SET attempts = ?, next_attempt_at = ?, last_error = ?, last_error_code = ? WHERE id = ?",
-                       [entry.attempts + 1, next, error.description, error.code.rawValue, entry.id])
+        try db.execute("UPDATE ck_outbox SET attempts = ?, next_attempt_at = ?, last_error = ?, last_error_code = ? WHERE zone = ? AND name = ? AND clock = ?",
+                       [entry.attempts + 1, next, error.description, error.code.rawValue, entry.zone, entry.name, entry.clock])
     }
 
     /// An SQL condition: the row of `table` (with `zone` and `name` columns) has a version

@@ -232,14 +232,14 @@ actor SyncEngine {
     /// - Returns: what the last batch learned, when it told the feed.
     private func push(_ report: inout SyncReport, localSpeaker: String, catchingUp: Bool) async throws(ConversationError) -> CaughtUp? {
         let databaseToken = catchingUp ? try await storedDatabaseToken() : nil
-        var attempted = Set<Int64>()
+        var attempted = Set<OutboxEntry.Version>()
         var caughtUp: CaughtUp?
         while true {
             let now = Self.milliseconds(configuration.now())
             let batchSize = min(configuration.pushBatchSize, Record.maximumBatchSize)
-            let entries = try await read { db in try Outbox.due(at: now, limit: batchSize * 4, in: db) }.filter { !attempted.contains($0.id) }.prefix(batchSize)
+            let entries = try await read { db in try Outbox.due(at: now, limit: batchSize * 4, in: db) }.filter { !attempted.contains($0.version) }.prefix(batchSize)
             guard !entries.isEmpty else { return caughtUp }
-            for entry in entries { attempted.insert(entry.id) }
+            for entry in entries { attempted.insert(entry.version) }
             caughtUp = nil
 
             var records = [Record](), sent = [OutboxEntry]()
