@@ -25,7 +25,7 @@ import TestSupport
         // Another program damages the file: every read of a message fails from now on (the
         // push's write does not touch that table, so the message is still sent and marked).
         let damage = try Database(path: fixture.storePath("alice") + "/store.sqlite")
-        try damage.execute("ALTER TABLE message_mentions RENAME TO message_mentions_away")
+        try damage.execute("ALTER TABLE deliveries RENAME TO deliveries_away")
         try await alice.sync()
         var snapshot = try await snapshots.next()
         #expect(snapshot.error != nil, "the failed read reaches the subscriber")
@@ -33,7 +33,7 @@ import TestSupport
         #expect(snapshot.changes.isEmpty)
 
         // Repaired: the next change reads the window again, and the error is gone.
-        try damage.execute("ALTER TABLE message_mentions_away RENAME TO message_mentions")
+        try damage.execute("ALTER TABLE deliveries_away RENAME TO deliveries")
         let again = try await bob.send("again", to: "alice")
         try await syncAll([alice, bob, alice])
         snapshot = try await snapshots.next()

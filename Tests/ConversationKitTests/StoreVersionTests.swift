@@ -60,6 +60,7 @@ import TestSupport
             DROP TABLE ck_outbox;
             ALTER TABLE old_outbox RENAME TO ck_outbox;
             ALTER TABLE conversations ADD COLUMN last_message_at INTEGER;
+            ALTER TABLE messages DROP COLUMN mentions;
             PRAGMA user_version = 24;
             """)
         let alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))
@@ -75,6 +76,27 @@ import TestSupport
         #expect(try alice.outbox().isEmpty)
         try await bob.sync()
         #expect(try bob.messages(in: sent.id.conversation).messages.map(\.content) == ["queued before the upgrade", "and after it"])
+    }
+
+    @Test func mentionsMoveIntoTheirMessagesRows() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let path = fixture.storePath("bob"), file = path + "/store.sqlite"
+        let alice = try await fixture.store("alice")
+        var store: ConversationStore? = try await fixture.store("bob")
+        let text = "@bob and @bob again", plain = "nobody named"
+        let sent = try await alice.send(text, to: "bob", mentions: Mention.written(["bob"], in: text))
+        let other = try await alice.send(plain, to: "bob")
+        try await syncAll([alice, try #require(store)])
+        store?.close()
+        store = nil
+        // The schema as version 27 left it: the mentions only in their own table.
+        try Database(path: file).execute("ALTER TABLE messages DROP COLUMN mentions; PRAGMA user_version = 27;")
+        let bob = try ConversationStore(directory: path, backend: fixture.factory(device: "bob"))
+        let page = try bob.messages(in: sent.id.conversation).messages
+        #expect(page.map(\.mentions) == [sent.mentions, []])
+        #expect(page.map(\.id) == [sent.id, other.id])
+        #expect(sent.mentions.count == 2)
+        #expect(try bob.messagesMentioningMe().map(\.id) == [sent.id])
     }
 
     static func error(_ body: () throws -> Void) -> ConversationError? {

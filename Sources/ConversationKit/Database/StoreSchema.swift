@@ -231,6 +231,15 @@ enum StoreSchema {
         // Version 27: the outbox keyed by its record alone, ordered by the versions' clocks
         // (one tree written per version queued, not two).
         Migration(version: 27, sql: Outbox.schema),
+        // Version 28: a message's mentions kept in its row (`start:length:speaker`, space-separated;
+        // NULL for none), so a page of messages reads no other table for them; `message_mentions`
+        // stays the index of who is mentioned where.
+        Migration(version: 28, sql: """
+            ALTER TABLE messages ADD COLUMN mentions TEXT;
+            UPDATE messages SET mentions = (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ')
+                                            FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name)
+                WHERE EXISTS (SELECT 1 FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name);
+            """),
     ]
 }
 

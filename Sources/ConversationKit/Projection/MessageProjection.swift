@@ -54,16 +54,23 @@ extension RecordApplier {
         let replyTo = opened.string("replyTo").flatMap { $0.hasPrefix(ChatRecords.messagePrefix) && $0 != name ? $0 : nil }
         let custom = ChatRecords.custom(of: opened)
         let file = waiting == nil ? AttachmentManifest(record: opened) : nil
+        // The mentions a reader can place in the text, one per start (the first), in the order
+        // written: kept in the message's row for every read of it, and one row each in
+        // `message_mentions` for "mentions of me".
+        var starts = Set<Int>()
+        let mentions = (opened["mentions"]?.listValue ?? []).compactMap { $0.stringValue.flatMap { Mention(field: $0, content: content) } }
+            .filter { starts.insert($0.utf8Range.lowerBound).inserted }
         try db.execute("""
             INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch, reply_to,
-                custom_type, custom_data, file_name, file_type, file_size)
-            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?, ?, ?, ?)
+                custom_type, custom_data, file_name, file_type, file_size, mentions)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
                 spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL,
                 waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to, custom_type = excluded.custom_type, custom_data = excluded.custom_data,
-                file_name = excluded.file_name, file_type = excluded.file_type, file_size = excluded.file_size
+                file_name = excluded.file_name, file_type = excluded.file_type, file_size = excluded.file_size, mentions = excluded.mentions
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
-                  state.rawValue, waiting, replyTo, custom?.type, custom?.data, file?.name, file?.mediaType, file?.size])
+                  state.rawValue, waiting, replyTo, custom?.type, custom?.data, file?.name, file?.mediaType, file?.size,
+                  mentions.isEmpty ? nil : mentions.map(\.field).joined(separator: " ")])
         if file != nil || exists { try projectFile(file, zone: zone, name: name, ownUpload: origin == .local && speaker == localSpeaker) }
         // A new row has no versions or mentions yet (every removal of a row takes its own).
         if exists {
@@ -74,8 +81,7 @@ extension RecordApplier {
             try db.execute("INSERT INTO message_versions (zone, name, version, content, at) VALUES (?, ?, ?, ?, ?)",
                            [zone, name, version, earlier.content, Int64((earlier.at.timeIntervalSince1970 * 1000).rounded())])
         }
-        for case let field? in opened["mentions"]?.listValue?.map(\.stringValue) ?? [] {
-            guard let mention = Mention(field: field, content: content) else { continue }
+        for mention in mentions {
             try db.execute("INSERT OR IGNORE INTO message_mentions (zone, name, start, length, speaker) VALUES (?, ?, ?, ?, ?)",
                            [zone, name, mention.utf8Range.lowerBound, mention.utf8Range.count, mention.speaker])
         }
@@ -101,7 +107,7 @@ extension RecordApplier {
         try db.execute("""
             INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, is_deleted, sync_state) VALUES (?, ?, ?, ?, '', ?, 1, ?)
             ON CONFLICT (zone, name) DO UPDATE SET is_deleted = 1, content = '', spoken_at = excluded.spoken_at, edited_at = NULL, reply_to = NULL,
-                custom_type = NULL, custom_data = NULL, file_name = NULL, file_type = NULL, file_size = NULL, waiting_epoch = NULL, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
+                custom_type = NULL, custom_data = NULL, mentions = NULL, file_name = NULL, file_type = NULL, file_size = NULL, waiting_epoch = NULL, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
             """, [zone, name, speaker, listener, spokenAt, state.rawValue])
         try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])

@@ -493,7 +493,7 @@ extension ConversationStore {
 
     static let messageColumns = """
         zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
-        (SELECT group_concat(x.start || ':' || x.length || ':' || x.speaker, ' ') FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name),
+        mentions,
         custom_type, custom_data, is_deleted,
         read_at IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries d WHERE d.zone = messages.zone AND d.member = messages.listener AND d.through >= messages.name),
         file_name, file_type, file_size
