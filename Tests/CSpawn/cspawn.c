@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <unistd.h>
 
@@ -18,7 +19,21 @@ int cspawn(const char *path, char *const argv[], pid_t *pid, int *out_fd, int *e
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_adddup2(&actions, err[1], 2);
     posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-    int result = posix_spawn(pid, path, &actions, NULL, argv, environ);
+    // The child starts as a shell would start it: no signal blocked (the spawning thread may be
+    // one of Dispatch's, which block them all, and a blocked mask outlives exec) and none
+    // ignored. Without this a tmux server started here never ends on kill-server or SIGTERM.
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t none, reset;
+    sigemptyset(&none);
+    sigemptyset(&reset);
+    int signals[] = {SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU};
+    for (size_t index = 0; index < sizeof signals / sizeof signals[0]; index++) sigaddset(&reset, signals[index]);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setsigdefault(&attributes, &reset);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    int result = posix_spawn(pid, path, &actions, &attributes, argv, environ);
+    posix_spawnattr_destroy(&attributes);
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]);
     close(err[1]);

@@ -66,7 +66,7 @@ import TestSupport
         #expect(top.contains("scrolled back"), "the status line says so: \(top)")
         #expect(pressed >= 30, "500 messages are more than 30 pages of 15 lines: \(pressed)")
         // The wheel (an X10 mouse report: button 5, down): three lines newer.
-        _ = try await ConvkitChatTests.tmux(["send-keys", "-t", view.name, "-H", "1b", "5b", "4d", "61", "30", "30"])
+        _ = try await ConvkitChatTests.tmux(["send-keys", "-t", view.name, "-H", "1b", "5b", "4d", "61", "30", "30"], server: view.name)
         let wheeled = try await view.eventually(5) { screen in
             let rows = screen.split(separator: "\n")
             return rows.count > 1 && rows[1].contains("Alice (alice): m 003") && !screen.contains("m 001") && !screen.contains("m 002")
@@ -111,8 +111,8 @@ import TestSupport
         let block = (1...5).map { "pasted line \($0)" }.joined(separator: "\n")
         try block.write(toFile: dir.path + "/block", atomically: true, encoding: .utf8)
         let buffer = "convkit-paste-\(UUID().uuidString.prefix(8))"
-        _ = try await ConvkitChatTests.tmux(["load-buffer", "-b", buffer, dir.path + "/block"])
-        _ = try await ConvkitChatTests.tmux(["paste-buffer", "-p", "-d", "-b", buffer, "-t", view.name])
+        _ = try await ConvkitChatTests.tmux(["load-buffer", "-b", buffer, dir.path + "/block"], server: view.name)
+        _ = try await ConvkitChatTests.tmux(["paste-buffer", "-p", "-d", "-b", buffer, "-t", view.name], server: view.name)
         let waiting = try await view.eventually(5) { $0.contains("> pasted line 1↵pasted line 2↵") }
         let typed = try await view.screen()
         #expect(waiting, "the block waits for Enter: \(typed)")
@@ -125,8 +125,8 @@ import TestSupport
         // 32 KiB in 640 lines: one message too, in one go.
         let large = (1...640).map { String(format: "%03d ", $0) + String(repeating: "x", count: 46) }.joined(separator: "\n")
         try large.write(toFile: dir.path + "/large", atomically: true, encoding: .utf8)
-        _ = try await ConvkitChatTests.tmux(["load-buffer", "-b", buffer, dir.path + "/large"])
-        _ = try await ConvkitChatTests.tmux(["paste-buffer", "-p", "-d", "-b", buffer, "-t", view.name])
+        _ = try await ConvkitChatTests.tmux(["load-buffer", "-b", buffer, dir.path + "/large"], server: view.name)
+        _ = try await ConvkitChatTests.tmux(["paste-buffer", "-p", "-d", "-b", buffer, "-t", view.name], server: view.name)
         #expect(try await view.eventually(10) { $0.contains("640 xxxx") })
         try await view.type("Enter")
         #expect(try await view.eventually(10) { $0.contains("  640 xxxx") && !$0.contains("↵") })
@@ -148,7 +148,7 @@ import TestSupport
         func rows(_ screen: String) -> [String] { screen.split(separator: "\n").map(String.init).filter { $0.contains("word") || $0.contains("end.") || $0.contains("中文") } }
         let wide = try await view.screen()
         #expect(wide.contains("▸ Alice (alice)") && wide.contains("│"), "the list beside: \(wide)")
-        _ = try await ConvkitChatTests.tmux(["resize-window", "-t", view.name, "-x", "60", "-y", "20"])
+        _ = try await ConvkitChatTests.tmux(["resize-window", "-t", view.name, "-x", "60", "-y", "20"], server: view.name)
         let narrowed = try await view.eventually(5) { !$0.contains("│") && $0.contains("end.") }
         let narrow = try await view.screen()
         #expect(narrowed, "\(narrow)")

@@ -412,10 +412,26 @@ import TestSupport
 /// a typed line is sent, Ctrl-C leaves with exit 0. One session at a time: each runs a chat
 /// process with its own continuous sync.
 @Suite(.serialized) struct ConvkitChatTests {
-    static func tmux(_ arguments: [String]) async throws -> String {
-        let child = try ChildProcess("/usr/bin/env", ["tmux"] + arguments)
-        _ = await child.wait()
+    /// `tmux arguments` on the tmux server `server` (a socket of its own: a test's sessions
+    /// never share a server with another's, which exits when its last session is killed and
+    /// takes a session being made on it along); what it printed, or an error saying why not.
+    static func tmux(_ arguments: [String], server: String) async throws -> String {
+        let child = try ChildProcess("/usr/bin/env", ["tmux", "-L", server, "-f", "/dev/null"] + arguments)
+        let status = await child.wait()
+        guard status == 0 else { throw TmuxFailure(arguments: arguments, status: status, output: child.standardError) }
         return child.standardOutput
+    }
+
+    /// Ends the tmux server `server` (made by `tmux(_:server:)`) and takes its socket away, in
+    /// a process of its own: done even when the test process ends first.
+    static func endTmux(_ server: String) {
+        let script = #"tmux -L "$1" kill-server; rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$1""#
+        _ = try? ChildProcess("/bin/sh", ["-c", script, "sh", server])
+    }
+
+    struct TmuxFailure: Error, CustomStringConvertible {
+        let arguments: [String], status: Int32, output: String
+        var description: String { "tmux \(arguments.joined(separator: " ")) exited \(status): \(output)" }
     }
 
     /// Whether `command` on the store `store` (`--store` and its path) shows `text` after a sync,
@@ -439,10 +455,10 @@ import TestSupport
             exitFile = directory + "/exit"
             let command = "\(before)\(try builtProduct("convkit")) chat \(arguments); status=$?; \(after)echo $status > \(exitFile); sleep 60"
             // A clean environment: what the test runs under (its TERM, locale, NO_COLOR) stays out.
-            _ = try await tmux(["new-session", "-d", "-s", name, "-x", "\(width)", "-y", "\(height)", "env -i PATH=/usr/bin:/bin HOME=\(directory) TERM=screen bash -c '\(command)'"])
+            _ = try await tmux(["new-session", "-d", "-s", name, "-x", "\(width)", "-y", "\(height)", "env -i PATH=/usr/bin:/bin HOME=\(directory) TERM=screen bash -c '\(command)'"], server: name)
         }
 
-        func screen() async throws -> String { try await tmux(["capture-pane", "-p", "-t", name]) }
+        func screen() async throws -> String { try await tmux(["capture-pane", "-p", "-t", name], server: name) }
 
         /// Whether the screen meets `condition` within `seconds`.
         func eventually(_ seconds: Double, _ condition: (String) -> Bool) async throws -> Bool {
@@ -454,7 +470,7 @@ import TestSupport
             return false
         }
 
-        func type(_ keys: String...) async throws { _ = try await tmux(["send-keys", "-t", name] + keys) }
+        func type(_ keys: String...) async throws { _ = try await tmux(["send-keys", "-t", name] + keys, server: name) }
 
         /// Ctrl-C, then the exit status (nil if it did not end within 5 s).
         func leave() async throws -> String? {
@@ -462,7 +478,7 @@ import TestSupport
             return try await status()
         }
 
-        func kill() { let name = name; Task { _ = try? await tmux(["kill-session", "-t", name]) } }
+        func kill() { endTmux(name) }
 
         /// The exit status once the view ended (nil if not within 5 s).
         func status() async throws -> String? {
@@ -474,7 +490,7 @@ import TestSupport
 
         /// Sends `signal` to the chat process (the child of the pane's shell).
         func signal(_ signal: String) async throws {
-            let shell = try await tmux(["display", "-p", "-t", name, "#{pane_pid}"]).trimmingCharacters(in: .whitespacesAndNewlines)
+            let shell = try await tmux(["display", "-p", "-t", name, "#{pane_pid}"], server: name).trimmingCharacters(in: .whitespacesAndNewlines)
             let child = try ChildProcess("/usr/bin/pkill", ["-\(signal)", "-P", shell, "-x", "convkit"])
             _ = await child.wait()
         }

@@ -89,12 +89,12 @@ import TestSupport
         #expect(try await ConvkitTests.convkit(["sync"] + bob).status == 0)
         let session = "convkit-esc-\(UUID().uuidString.prefix(8))"
         let command = "\(try builtProduct("convkit")) chat alice --store \(dir.path)/bob; sleep 30"
-        _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "20", command])
-        defer { Task { _ = try? await ConvkitChatTests.tmux(["kill-session", "-t", session]) } }
+        _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "20", command], server: session)
+        defer { ConvkitChatTests.endTmux(session) }
         var screen = ""
         let deadline = Date().addingTimeInterval(10)
         while Date() < deadline {
-            screen = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session])
+            screen = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session], server: session)
             if screen.contains("500 EUR") { break }
             try await Task.sleep(for: .milliseconds(100))
         }
@@ -102,10 +102,10 @@ import TestSupport
         #expect(screen.contains("Alice<U+202E> (alice): hi<U+000D><U+001B>[2KBob: I owe Alice 500 EUR<U+001B>[2J"), "\(screen)")
         #expect(!screen.split(separator: "\n").contains { $0.hasPrefix("Bob: I owe") })
         #expect(screen.contains("<U+001B>]2;pwned<U+0007><U+001B>[31mred"), "\(screen)")
-        let title = try await ConvkitChatTests.tmux(["display", "-p", "-t", session, "#{pane_title}"])
+        let title = try await ConvkitChatTests.tmux(["display", "-p", "-t", session, "#{pane_title}"], server: session)
         #expect(!title.contains("pwned"), "\(title)")
-        let attributes = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-e", "-t", session])
+        let attributes = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-e", "-t", session], server: session)
         #expect(!attributes.contains("\u{1B}[31m"), "no red: \(attributes.debugDescription)")
-        _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session, "C-c"])
+        _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session, "C-c"], server: session)
     }
 }

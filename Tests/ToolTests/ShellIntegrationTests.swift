@@ -21,14 +21,14 @@ import TestSupport
         try Data().write(to: URL(fileURLWithPath: dir.path + "/notes.txt"))
         let session = "convkit-bash-\(UUID().uuidString.prefix(8))"
         _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "20", "-c", dir.path,
-                                             "env -i HOME=\(dir.path) TERM=xterm PATH=\(try Self.toolDirectory):/usr/bin:/bin bash --norc --noprofile -i"])
-        defer { Task { _ = try? await ConvkitChatTests.tmux(["kill-session", "-t", session]) } }
-        func type(_ keys: String...) async throws { _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session] + keys) }
+                                             "env -i HOME=\(dir.path) TERM=xterm PATH=\(try Self.toolDirectory):/usr/bin:/bin bash --norc --noprofile -i"], server: session)
+        defer { ConvkitChatTests.endTmux(session) }
+        func type(_ keys: String...) async throws { _ = try await ConvkitChatTests.tmux(["send-keys", "-t", session] + keys, server: session) }
         /// Whether a line of the screen is `line` (tmux drops the space a completion leaves).
         func screen(shows line: String) async throws -> Bool {
             let wanted = line.trimmingCharacters(in: .whitespaces)
             for _ in 0..<50 {
-                let lines = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session]).split(separator: "\n")
+                let lines = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session], server: session).split(separator: "\n")
                 if lines.contains(where: { $0.trimmingCharacters(in: .whitespaces) == wanted }) { return true }
                 try await Task.sleep(for: .milliseconds(100))
             }
@@ -41,7 +41,7 @@ import TestSupport
                                    ("convkitd se", "convkitd serve "), ("convkitd sync --poll", "convkitd sync --poll-interval ")] {
             try await type(typed, "Tab")
             let shown = try await screen(shows: "$ " + completed)
-            let pane = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session])
+            let pane = try await ConvkitChatTests.tmux(["capture-pane", "-p", "-t", session], server: session)
             #expect(shown, "\(typed)<Tab>: \(pane)")
             try await type("C-u")
         }
@@ -67,11 +67,11 @@ import TestSupport
         // bold by default; not with NO_COLOR or never.
         for (prefix, suffix, bold) in [("", "", true), ("NO_COLOR=1 ", "", false), ("", " --color never", false), ("NO_COLOR=1 ", " --color always", true)] {
             let session = "convkit-color-\(UUID().uuidString.prefix(8))"
-            _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "10", "env -i HOME=\(dir.path) TERM=xterm-256color \(prefix)\(list)\(suffix); sleep 30"])
-            defer { Task { _ = try? await ConvkitChatTests.tmux(["kill-session", "-t", session]) } }
+            _ = try await ConvkitChatTests.tmux(["new-session", "-d", "-s", session, "-x", "120", "-y", "10", "env -i HOME=\(dir.path) TERM=xterm-256color \(prefix)\(list)\(suffix); sleep 30"], server: session)
+            defer { ConvkitChatTests.endTmux(session) }
             var screen = ""
             for _ in 0..<50 {
-                screen = try await ConvkitChatTests.tmux(["capture-pane", "-e", "-p", "-t", session])
+                screen = try await ConvkitChatTests.tmux(["capture-pane", "-e", "-p", "-t", session], server: session)
                 if screen.contains("hello") { break }
                 try await Task.sleep(for: .milliseconds(100))
             }
