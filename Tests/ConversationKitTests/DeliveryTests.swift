@@ -113,4 +113,36 @@ import TestSupport
         #expect(quarantined.contains { $0.name == forged.id.name && $0.code == .schemaViolation }, "\(quarantined)")
         #expect(try alice.message(sent.id)?.isDelivered == false && alice.deliveredTo(sent.id) == [])
     }
+
+    /// A page, a thread, a search across conversations, the live view and a single read show
+    /// every message with the same tick: the marks read once for many messages tick exactly
+    /// the ones a read of each alone ticks.
+    @Test func everyReadShowsTheSameTicks() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
+        try await syncAll([alice, bob, carol])
+        let held = try await alice.send("zebra one, bob has it", to: "bob")
+        let reply = try await alice.send("zebra two, bob has it too", to: "bob", replyingTo: held.id)
+        let toCarol = try await alice.send("zebra three, carol is away", to: "carol")
+        try await syncAll([alice, bob, alice])
+        let later = try await alice.send("zebra four, sent after bob's sync", to: "bob", replyingTo: held.id)
+        try await alice.sync()
+        let expected = [held.id: true, reply.id: true, later.id: false, toCarol.id: false]
+        for (id, delivered) in expected { #expect(try alice.message(id)?.isDelivered == delivered, "\(id)") }
+        let page = try alice.messages(in: held.id.conversation, limit: 10).messages
+        #expect(page.map(\.id) == [held.id, reply.id, later.id] && page.map(\.isDelivered) == [true, true, false])
+        #expect(try alice.replies(to: held.id).map(\.isDelivered) == [true, false])
+        let hits = try alice.search("zebra", limit: 10)
+        #expect(hits.count == 4)
+        for hit in hits { #expect(hit.message.isDelivered == expected[hit.message.id], "\(hit.message.id)") }
+        let live = try alice.liveMessages(in: held.id.conversation)
+        let snapshots = LiveCollectionTests.Taken(live.snapshots)
+        #expect(try await snapshots.next().messages.map(\.isDelivered) == [true, true, false])
+        // Bob gets the later one: the live view re-reads that row alone, and ticks it.
+        try await syncAll([bob, alice])
+        var shown = try await snapshots.next()
+        while shown.messages.last?.isDelivered != true { shown = try await snapshots.next() }
+        #expect(shown.messages.map(\.isDelivered) == [true, true, true])
+        #expect(try alice.message(toCarol.id)?.isDelivered == false)
+    }
 }

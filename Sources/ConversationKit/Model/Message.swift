@@ -71,7 +71,7 @@ public struct Message: Sendable, Hashable, Identifiable {
     /// their devices said so, or they read it) — beyond ``SyncState/synced``, which only says
     /// the backend has it. False for a message someone else said, and in a group (see
     /// ``ConversationStore/deliveredTo(_:)``).
-    public let isDelivered: Bool
+    public internal(set) var isDelivered: Bool
     /// The file it carries (``ConversationStore/downloadFile(of:progress:)``), if any.
     public let attachment: Attachment?
 }

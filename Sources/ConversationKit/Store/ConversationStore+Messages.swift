@@ -311,8 +311,7 @@ extension ConversationStore {
     public func replies(to id: MessageID) throws(ConversationError) -> [Message] {
         try read { db in
             try Self.requireConversation(db, id.conversation)
-            return try db.rows("SELECT \(Self.messageColumns) FROM messages WHERE zone = ? AND reply_to = ? AND is_deleted = 0 ORDER BY spoken_at, name",
-                               [id.conversation, id.name], Self.message(from:))
+            return try Self.messages(db, "WHERE zone = ? AND reply_to = ? AND is_deleted = 0 ORDER BY spoken_at, name", [id.conversation, id.name])
         }
     }
 
@@ -380,7 +379,7 @@ extension ConversationStore {
         let limit = max(1, min(limit, 1000))
         return { db in
             try requireConversation(db, conversation)
-            var sql = "SELECT \(messageColumns) FROM messages WHERE zone = ?\(includeDeleted ? "" : " AND is_deleted = 0")"
+            var sql = "WHERE zone = ?\(includeDeleted ? "" : " AND is_deleted = 0")"
             var values: [any DatabaseValueConvertible] = [conversation]
             if let cursor {
                 sql += " AND (spoken_at, name) < (?, ?)"
@@ -395,7 +394,7 @@ extension ConversationStore {
                 sql += " LIMIT ?"
                 values.append(limit + 1)
             }
-            var rows = try db.rows(sql, values, message(from:))
+            var rows = try messages(db, sql, values)
             var hasOlder = rows.count > limit && first == nil
             if hasOlder { rows.removeLast() }
             if let first {
@@ -483,41 +482,76 @@ extension ConversationStore {
     public func messagesMentioningMe(limit: Int = 50) throws(ConversationError) -> [Message] {
         let local = try requireIdentity()
         return try read { db in
-            try db.rows("""
-                SELECT \(Self.messageColumns) FROM messages WHERE is_deleted = 0
-                    AND EXISTS (SELECT 1 FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name AND x.speaker = ?)
+            try Self.messages(db, """
+                WHERE is_deleted = 0 AND EXISTS (SELECT 1 FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name AND x.speaker = ?)
                 ORDER BY spoken_at DESC, name DESC LIMIT ?
-                """, [local.identifier, max(1, min(limit, 1000))], Self.message(from:))
+                """, [local.identifier, max(1, min(limit, 1000))])
         }
     }
 
-    static let messageColumns = """
+    /// Messages as the store shows them: the rows `clause` picks (it follows `SELECT … FROM
+    /// messages`), in its order, each with its delivered tick.
+    static func messages(_ db: Database, _ clause: String, _ values: [any DatabaseValueConvertible]) throws -> [Message] {
+        var messages = try db.rows("SELECT \(messageColumns) FROM messages " + clause, values, message(from:))
+        try markDelivered(&messages, db)
+        return messages
+    }
+
+    private static let messageColumns = """
         zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
-        mentions,
-        custom_type, custom_data, is_deleted,
-        read_at IS NOT NULL OR EXISTS (SELECT 1 FROM deliveries d WHERE d.zone = messages.zone AND d.member = messages.listener AND d.through >= messages.name),
-        file_name, file_type, file_size
+        mentions, custom_type, custom_data, is_deleted, file_name, file_type, file_size
         """
 
-    static func message(from row: Row) -> Message {
+    /// One message row; delivered only once read (``markDelivered(_:_:)`` adds the rest).
+    private static func message(from row: Row) -> Message {
         let state: SyncState
         switch SyncStateColumn(rawValue: row.int(8)) {
         case .pending: state = .pending
         case .failed: state = .failed(SyncFailure(storedCode: row.optionalText(10), message: row.optionalText(9)))
         default: state = .synced
         }
+        let readAt = row.optionalInt(7).map(date)
         return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),
-                       spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: row.optionalInt(7).map(date), syncState: state,
+                       spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: readAt, syncState: state,
                        isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) },
                        mentions: (row.optionalText(13) ?? "").split(separator: " ").compactMap { Mention(field: String($0), content: row.text(4)) }
                            .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound },
                        custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0,
-                       isDelivered: row.int(17) != 0,
-                       attachment: row.optionalText(18).map { Attachment(name: $0, mediaType: row.optionalText(19) ?? "", size: row.optionalInt(20) ?? 0) })
+                       isDelivered: readAt != nil,
+                       attachment: row.optionalText(17).map { Attachment(name: $0, mediaType: row.optionalText(18) ?? "", size: row.optionalInt(19) ?? 0) })
+    }
+
+    /// A message is delivered once read, or once its listener's store says it holds every
+    /// message of the conversation up to one named at or past it (a Delivery record). The
+    /// listeners' marks are read in one statement for all the messages, not one a message: a
+    /// page of 50 reads one short range of an index instead of 50.
+    static func markDelivered(_ messages: inout [Message], _ db: Database) throws {
+        let open = messages.indices.filter { !messages[$0].isDelivered && !messages[$0].listener.isEmpty }
+        let zones = Set(open.map { messages[$0].id.conversation })
+        guard let only = zones.first else { return }
+        let (clause, value) = zones.count == 1 ? ("zone = ?", only) : ("zone IN (SELECT value FROM json_each(?))", try jsonArray(zones.sorted()))
+        var marks: [String: [String: String]] = [:]  // conversation → listener → through
+        for (zone, member, through) in try db.rows("SELECT zone, member, max(through) FROM deliveries WHERE \(clause) GROUP BY zone, member", [value], {
+            ($0.text(0), $0.text(1), $0.text(2))
+        }) {
+            marks[zone, default: [:]][member] = through
+        }
+        // Names compare as SQLite compares them: byte by byte.
+        for index in open {
+            if let through = marks[messages[index].id.conversation]?[messages[index].listener], !through.utf8.lexicographicallyPrecedes(messages[index].id.name.utf8) {
+                messages[index].isDelivered = true
+            }
+        }
+    }
+
+    /// `values` as a JSON array, for `IN (SELECT value FROM json_each(?))`: one statement for
+    /// any number of values.
+    static func jsonArray<Value: Encodable>(_ values: [Value]) throws -> String {
+        String(decoding: try JSONEncoder().encode(values), as: UTF8.self)
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {
-        guard let message = try db.first("SELECT \(messageColumns) FROM messages WHERE zone = ? AND name = ? AND is_deleted = 0", [id.conversation, id.name], message(from:)) else {
+        guard let message = try messages(db, "WHERE zone = ? AND name = ? AND is_deleted = 0", [id.conversation, id.name]).first else {
             throw ConversationError(.unknownMessage, "no message \(id)")
         }
         return message

@@ -16,9 +16,11 @@ extension ConversationStore {
         let words = query.split(whereSeparator: { $0.isWhitespace }).map { "\"" + $0.replacingOccurrences(of: "\"", with: "\"\"") + "\"" }
         guard !words.isEmpty else { throw ConversationError(.emptyContent, "a search needs a word") }
         return try read { db in
-            try SearchIndex.search(words.joined(separator: " "), zone: conversation, speaker: speaker, limit: limit, in: db).compactMap { rowid, snippet in
-                try db.first("SELECT \(Self.messageColumns) FROM messages WHERE rowid = ?", [rowid], Self.message(from:)).map { SearchHit(message: $0, snippet: snippet) }
-            }
+            let hits = try SearchIndex.search(words.joined(separator: " "), zone: conversation, speaker: speaker, limit: limit, in: db)
+            // The hits' messages in one read, then in the hits' order.
+            let found = try Self.messages(db, "WHERE rowid IN (SELECT value FROM json_each(?))", [try Self.jsonArray(hits.map(\.rowid))])
+            let byID = Dictionary(found.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+            return hits.compactMap { hit in byID[hit.id].map { SearchHit(message: $0, snippet: hit.snippet) } }
         }
     }
 }

@@ -338,7 +338,7 @@ extension ConversationStore {
 
     /// One message row, deleted or not; nil when the store does not show it.
     func messageRow(_ id: MessageID) async throws(ConversationError) -> Message? {
-        try await read { db in try db.first("SELECT \(Self.messageColumns) FROM messages WHERE zone = ? AND name = ?", [id.conversation, id.name], Self.message(from:)) }
+        try await read { db in try Self.messages(db, "WHERE zone = ? AND name = ?", [id.conversation, id.name]).first }
     }
 
     /// One conversation, as ``conversations()`` lists it; nil when there is none.
