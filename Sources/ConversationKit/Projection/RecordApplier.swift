@@ -40,18 +40,31 @@ struct RecordApplier {
         self.policy = policy
     }
 
-    /// Applies one version. Returns false when it lost the merge or was quarantined.
-    @discardableResult
-    mutating func apply(_ record: Record, origin: Origin) throws -> Bool {
-        let zone = record.id.zone.rawValue, name = record.id.name
-        let held = try db.first("SELECT clock, author, signature FROM ck_records WHERE zone = ? AND name = ?", [zone, name]) { row in
-            (UInt64(bitPattern: row.int(0)), row.blob(1), row.blob(2))
+    /// What the merge rule weighs a new version of a record against: the version held.
+    struct HeldVersion {
+        let clock: RecordClock
+        let author: Data
+        let signature: Data
+    }
+
+    /// The version held of `id`, if any.
+    func held(_ id: RecordID) throws -> HeldVersion? {
+        try db.first("SELECT clock, author, signature FROM ck_records WHERE zone = ? AND name = ?", [id.zone.rawValue, id.name]) { row in
+            HeldVersion(clock: RecordClock(rawValue: UInt64(bitPattern: row.int(0))), author: row.blob(1), signature: row.blob(2))
         }
+    }
+
+    /// Applies one version. Returns false when it lost the merge or was quarantined.
+    /// - Parameter known: the version held, when the caller has just read it (nil: read here).
+    @discardableResult
+    mutating func apply(_ record: Record, origin: Origin, held known: HeldVersion?? = nil) throws -> Bool {
+        let zone = record.id.zone.rawValue, name = record.id.name
+        let held = try known ?? self.held(record.id)
         if let held {
             var current = Record(id: record.id, type: record.recordType)
-            current.clock = RecordClock(rawValue: held.0)
-            current.authorKey = held.1
-            current.signature = held.2
+            current.clock = held.clock
+            current.authorKey = held.author
+            current.signature = held.signature
             guard MergeRule.wins(record, over: current) else { return false }
         }
         if let violation = ChatRecords.violation(of: record, reader: localSpeaker) {
@@ -93,23 +106,23 @@ struct RecordApplier {
     /// over the one it replaces, even one from a clock hours ahead.
     mutating func commitLocal(_ records: [Record], signedWith key: SigningKey, after: RecordClock? = nil) throws {
         var signingClock = clock.now()
-        var past = after
-        for record in records {
-            let held = try db.first("SELECT clock FROM ck_records WHERE zone = ? AND name = ?", [record.id.zone.rawValue, record.id.name]) {
-                RecordClock(rawValue: UInt64(bitPattern: $0.int(0)))
-            }
-            past = [past, held].compactMap { $0 }.max()
+        let held = try records.map { try self.held($0.id) }
+        if let past = ([after] + held.map { $0?.clock }).compactMap({ $0 }).max(), past >= signingClock, past.rawValue < UInt64.max {
+            signingClock = RecordClock(rawValue: past.rawValue + 1)
         }
-        if let past, past >= signingClock, past.rawValue < UInt64.max { signingClock = RecordClock(rawValue: past.rawValue + 1) }
-        for var record in records {
+        var applied = Set<RecordID>()
+        for (var record, held) in zip(records, held) {
             try record.sign(with: key, clock: signingClock)
-            try applyLocal(record)
+            // A second version of one record in the batch weighs against the first: read again.
+            let known: HeldVersion?? = applied.insert(record.id).inserted ? .some(held) : .none
+            try applyLocal(record, held: known)
         }
     }
 
     /// Applies an already signed local version and queues it in the outbox.
-    mutating func applyLocal(_ record: Record) throws {
-        guard try apply(record, origin: .local) else {
+    /// - Parameter known: the version held, when the caller has just read it (nil: read here).
+    mutating func applyLocal(_ record: Record, held known: HeldVersion?? = nil) throws {
+        guard try apply(record, origin: .local, held: known) else {
             throw ConversationError(.database, "a local change to \(record.id) lost the merge or was refused")
         }
         try Outbox.enqueue(zone: record.id.zone.rawValue, name: record.id.name, clock: record.clock.rawValue, in: db)
