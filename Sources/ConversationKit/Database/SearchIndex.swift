@@ -47,11 +47,11 @@ enum SearchIndex {
     }
 
     /// The best `limit` messages matching `match` (FTS5 syntax), optionally in one zone and from
-    /// one speaker: rowid, message and snippet, best first (bm25, then newest). The messages still
+    /// one speaker: rowid and snippet, best first (bm25, then newest). The messages still
     /// waiting are matched in a temporary index of the reading connection (the same words),
     /// so a search is a read, finds a message the moment it is stored, and works on a store
     /// opened read-only.
-    static func search(_ match: String, zone: String?, speaker: String?, limit: Int, in db: Database) throws -> [(rowid: Int64, id: MessageID, snippet: String)] {
+    static func search(_ match: String, zone: String?, speaker: String?, limit: Int, in db: Database) throws -> [(rowid: Int64, snippet: String)] {
         let waiting = try db.first("SELECT coalesce((SELECT max(rowid) FROM messages), 0) > coalesce(\(mark), 0)") { $0.int(0) != 0 } ?? false
         if waiting {
             try db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.waiting_search USING fts5(content, tokenize = 'unicode61 remove_diacritics 2')")
@@ -60,7 +60,7 @@ enum SearchIndex {
         }
         func arm(_ table: String) -> String {
             """
-            SELECT \(table).rowid AS found, m.zone, m.name, snippet(\(table), 0, '[', ']', '…', 12) AS snippet, bm25(\(table)) AS rank, m.spoken_at AS spoken_at FROM \(table)
+            SELECT \(table).rowid AS found, snippet(\(table), 0, '[', ']', '…', 12) AS snippet, bm25(\(table)) AS rank, m.spoken_at AS spoken_at FROM \(table)
                 JOIN messages m ON m.rowid = \(table).rowid
             WHERE \(table) MATCH ? AND m.is_deleted = 0 AND (? IS NULL OR m.zone = ?) AND (? IS NULL OR m.speaker = ?)
             """
@@ -68,8 +68,6 @@ enum SearchIndex {
         let filters: [any DatabaseValueConvertible] = [match, zone, zone, speaker, speaker], limit = max(1, min(limit, 1000))
         // Nothing waiting (the usual case once a store is quiet): the index alone.
         let query = waiting ? "\(arm("message_search")) UNION ALL \(arm("waiting_search"))" : arm("message_search")
-        return try db.rows("\(query) ORDER BY rank, spoken_at DESC LIMIT ?", (waiting ? filters + filters : filters) + [limit]) {
-            (rowid: $0.int(0), id: MessageID(conversation: $0.text(1), name: $0.text(2)), snippet: $0.text(3))
-        }
+        return try db.rows("\(query) ORDER BY rank, spoken_at DESC LIMIT ?", (waiting ? filters + filters : filters) + [limit]) { (rowid: $0.int(0), snippet: $0.text(1)) }
     }
 }

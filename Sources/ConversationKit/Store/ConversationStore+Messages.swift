@@ -492,9 +492,15 @@ extension ConversationStore {
     /// Messages as the store shows them: the rows `clause` picks (it follows `SELECT … FROM
     /// messages`), in its order, each with its delivered tick.
     static func messages(_ db: Database, _ clause: String, _ values: [any DatabaseValueConvertible]) throws -> [Message] {
-        var messages = try db.rows("SELECT \(messageColumns) FROM messages " + clause, values, message(from:))
+        var messages = try unmarkedMessages(db, clause, values)
         try markDelivered(&messages, db)
         return messages
+    }
+
+    /// ``messages(_:_:_:)`` without the delivered ticks but those of read messages (for a
+    /// caller that gathers several reads, then marks them at once).
+    static func unmarkedMessages(_ db: Database, _ clause: String, _ values: [any DatabaseValueConvertible]) throws -> [Message] {
+        try db.rows("SELECT \(messageColumns) FROM messages " + clause, values, message(from:))
     }
 
     private static let messageColumns = """
@@ -529,7 +535,7 @@ extension ConversationStore {
         let open = messages.indices.filter { !messages[$0].isDelivered && !messages[$0].listener.isEmpty }
         let zones = Set(open.map { messages[$0].id.conversation })
         guard let only = zones.first else { return }
-        let (clause, value) = zones.count == 1 ? ("zone = ?", only) : ("zone IN (SELECT value FROM json_each(?))", try jsonArray(zones.sorted()))
+        let (clause, value) = zones.count == 1 ? ("zone = ?", only) : ("zone IN (SELECT value FROM json_each(?))", jsonArray(zones.sorted()))
         var marks: [String: [String: String]] = [:]  // conversation → listener → through
         for (zone, member, through) in try db.rows("SELECT zone, member, max(through) FROM deliveries WHERE \(clause) GROUP BY zone, member", [value], {
             ($0.text(0), $0.text(1), $0.text(2))
@@ -545,9 +551,25 @@ extension ConversationStore {
     }
 
     /// `values` as a JSON array, for `IN (SELECT value FROM json_each(?))`: one statement for
-    /// any number of values.
-    static func jsonArray<Value: Encodable>(_ values: [Value]) throws -> String {
-        String(decoding: try JSONEncoder().encode(values), as: UTF8.self)
+    /// any number of values. Written byte by byte: a JSONEncoder, or a String grown a character
+    /// at a time, costs more than the read it serves.
+    static func jsonArray(_ values: [String]) -> String {
+        var json: [UInt8] = [UInt8(ascii: "[")]
+        json.reserveCapacity(values.reduce(2) { $0 + $1.utf8.count + 3 })
+        for (index, value) in values.enumerated() {
+            if index > 0 { json.append(UInt8(ascii: ",")) }
+            json.append(UInt8(ascii: "\""))
+            for byte in value.utf8 {
+                switch byte {
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"): json += [UInt8(ascii: "\\"), byte]
+                case 0..<0x20: json += Array(String(format: "\\u%04x", byte).utf8)
+                default: json.append(byte)
+                }
+            }
+            json.append(UInt8(ascii: "\""))
+        }
+        json.append(UInt8(ascii: "]"))
+        return String(decoding: json, as: UTF8.self)
     }
 
     static func message(_ db: Database, _ id: MessageID) throws -> Message {

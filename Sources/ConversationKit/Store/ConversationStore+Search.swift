@@ -17,10 +17,11 @@ extension ConversationStore {
         guard !words.isEmpty else { throw ConversationError(.emptyContent, "a search needs a word") }
         return try read { db in
             let hits = try SearchIndex.search(words.joined(separator: " "), zone: conversation, speaker: speaker, limit: limit, in: db)
-            // The hits' messages in one read, then in the hits' order.
-            let found = try Self.messages(db, "WHERE rowid IN (SELECT value FROM json_each(?))", [try Self.jsonArray(hits.map(\.rowid))])
-            let byID = Dictionary(found.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
-            return hits.compactMap { hit in byID[hit.id].map { SearchHit(message: $0, snippet: hit.snippet) } }
+            // Each hit's row by its rowid, then the delivered ticks of them all in one read.
+            let found = try hits.compactMap { hit in try Self.unmarkedMessages(db, "WHERE rowid = ?", [hit.rowid]).first.map { ($0, hit.snippet) } }
+            var messages = found.map(\.0)
+            try Self.markDelivered(&messages, db)
+            return zip(messages, found).map { SearchHit(message: $0, snippet: $1.1) }
         }
     }
 }
