@@ -52,6 +52,8 @@ public final class Database {
 
     /// Runs one or more SQL statements with no parameters and no results.
     public func execute(_ sql: String) throws(SQLiteError) {
+        // What every transaction runs is prepared once (sqlite3_exec would parse it each time).
+        if Self.transactionControl.contains(sql) { return try statement(sql).execute() }
         var message: UnsafeMutablePointer<CChar>?
         let code = sqlite3_exec(handle, sql, nil, nil, &message)
         guard code == SQLITE_OK else {
@@ -60,6 +62,12 @@ public final class Database {
             throw SQLiteError(code: sqlite3_extended_errcode(handle), message: text, sql: sql)
         }
     }
+
+    /// The statements that begin and end transactions and savepoints (``transaction(_:)``,
+    /// ``savepoint(_:)``, the queue's grouped writes and snapshots).
+    private static let transactionControl: Set<String> = [
+        "BEGIN IMMEDIATE", "BEGIN DEFERRED", "COMMIT", "ROLLBACK", "SAVEPOINT grouped", "RELEASE grouped", "ROLLBACK TO grouped",
+    ]
 
     /// The cached prepared statement for this SQL.
     public func statement(_ sql: String) throws(SQLiteError) -> Statement {
