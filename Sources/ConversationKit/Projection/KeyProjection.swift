@@ -224,7 +224,7 @@ extension RecordApplier {
            Sealing.isUsable(epoch: epoch, key: key) {   // a damaged row: a new epoch replaces it
             let recipients = try recipients(of: epoch, in: zone)
             let lost = recipients.contains { member, held in !members.contains(member) || !held.isSubset(of: Set((devices[member] ?? [:]).keys)) }
-            let joinedUnshared = try groupHistory(zone) == .sinceAdded && members.contains { recipients[$0] == nil }
+            let joinedUnshared = try members.contains { recipients[$0] == nil } && groupHistory(zone) == .sinceAdded  // the read only when one joined
             if !lost, !joinedUnshared, count < Self.messagesPerEpoch, now - createdAt < Self.epochLifetime {
                 try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: recipients, device: device)
                 return (epoch, key)
