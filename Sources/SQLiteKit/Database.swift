@@ -19,6 +19,18 @@ public final class Database {
         let value = Atomic(false)
     }
 
+    /// What ``changeCount(watching:)`` counts, once asked (its hooks hold it unretained: the
+    /// connection keeps it as long as the handle lives).
+    private var watch: ChangeWatch?
+
+    final class ChangeWatch {
+        var tables: Set<String>
+        var count: UInt64 = 0
+        var dataVersion: Int64?
+
+        init(_ tables: Set<String>) { self.tables = tables }
+    }
+
     /// Opens (or creates) the database at `path`.
     /// - Parameter readOnly: open without write access (the reader connection).
     /// - Throws: ``SQLiteError``.
@@ -117,11 +129,51 @@ public final class Database {
             return result
         } catch {
             if !isAutocommit {
+                watch?.count &+= 1
                 try? execute("ROLLBACK TO grouped")
                 try? execute("RELEASE grouped")
             }
             throw error
         }
+    }
+
+    /// A number that moves whenever a row of one of `tables` may have changed for this
+    /// connection since the last call: one written through it (SQLite's pre-update hook, which
+    /// sees WITHOUT ROWID tables too; the truncation of a whole table included, which the hook
+    /// turns into row deletions), a transaction or savepoint rolled back (what a cache took from
+    /// it may be undone), or another connection's commit (`PRAGMA data_version`). What a cache
+    /// read from those tables stays true while the number it was read at holds; nothing else
+    /// is promised of its value. The first call starts the watch (the tables of later calls
+    /// are added to it).
+    public func changeCount(watching tables: Set<String>) throws(SQLiteError) -> UInt64 {
+        let watch: ChangeWatch
+        if let held = self.watch {
+            watch = held
+            if !tables.isSubset(of: watch.tables) {
+                watch.tables.formUnion(tables)
+                watch.count &+= 1
+            }
+        } else {
+            watch = ChangeWatch(tables)
+            self.watch = watch
+            let context = Unmanaged.passUnretained(watch).toOpaque()
+            sqlite3_preupdate_hook(handle, { context, _, _, _, table, _, _ in
+                guard let context, let table else { return }
+                let watch = Unmanaged<ChangeWatch>.fromOpaque(context).takeUnretainedValue()
+                // Compared in place: no string is made for each row written.
+                if watch.tables.contains(where: { strcmp($0, table) == 0 }) { watch.count &+= 1 }
+            }, context)
+            sqlite3_rollback_hook(handle, { context in
+                guard let context else { return }
+                Unmanaged<ChangeWatch>.fromOpaque(context).takeUnretainedValue().count &+= 1
+            }, context)
+        }
+        let version = try first("PRAGMA data_version") { $0.int(0) }
+        if version != watch.dataVersion {
+            watch.dataVersion = version
+            watch.count &+= 1
+        }
+        return watch.count
     }
 
     /// Whether no transaction is open (SQLite rolls one back by itself after some errors).

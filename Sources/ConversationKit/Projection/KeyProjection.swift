@@ -1,6 +1,7 @@
 import Foundation
 import RecordZone
 import SQLiteKit
+import Synchronization
 
 /// Encryption in the applier (docs/ENCRYPTION.md, docs/PROTOCOL.md §3.2): every message this
 /// device sends is sealed with its sender key of the conversation's current epoch; the key is
@@ -66,12 +67,17 @@ extension RecordApplier {
     mutating func seal(_ record: Record, at clock: RecordClock? = nil) throws -> Record {
         guard let device, let local = localSpeaker else { return record }
         let zone = record.id.zone.rawValue
-        let (epoch, key) = try currentEpoch(in: zone, local: local, device: device)
+        let current = try currentEpoch(in: zone, local: local, device: device)
         let at = Int64(bitPattern: (clock ?? self.clock.now()).rawValue)
         try db.execute("""
             UPDATE own_epochs SET messages = messages + 1, first_clock = min(coalesce(first_clock, ?), ?), last_clock = max(coalesce(last_clock, ?), ?)
             WHERE zone = ? AND epoch = ?
-            """, [at, at, at, at, zone, epoch])
+            """, [at, at, at, at, zone, current.epoch])
+        // Kept for the next send, with this one counted, past this transaction's own writes.
+        var counted = current
+        counted.messages += 1
+        try epochs.keep(counted, in: zone, db: db, pins: policy.pins)
+        let epoch = current.epoch, key = current.key
         let fields = (ChatRecords.sealing(record.recordType)?.fields ?? ["content"]).filter { record[$0] != nil }
         let sealed = try Sealing.seal(fields, of: record, sender: local, device: device.key.publicKey, epoch: epoch, key: key)
         if let bytes = sealed[Sealing.sealedField]?.bytesValue { keys.sealedHere[record.id] = (bytes, record) }
@@ -212,11 +218,16 @@ extension RecordApplier {
     // MARK: Epochs
 
     /// This device's epoch for a conversation, made (and shared) anew when due; shared with
-    /// whoever it lacks otherwise.
-    private mutating func currentEpoch(in zone: String, local: String, device: ConversationStore.LocalIdentity) throws -> (Data, Data) {
+    /// whoever it lacks otherwise. The last send's decision stands while nothing it was made
+    /// from has changed (``EpochCache``): then only the count and the age are weighed again.
+    private mutating func currentEpoch(in zone: String, local: String, device: ConversationStore.LocalIdentity) throws -> EpochCache.Epoch {
+        let now = Int64(clock.now().milliseconds)
+        if let kept = try epochs.kept(in: zone, local: local, device: device.key.publicKey, db: db, pins: policy.pins),
+           kept.messages < Self.messagesPerEpoch, now - kept.createdAt < Self.epochLifetime {
+            return kept
+        }
         let members = try members(of: zone, local: local)
         let devices = try devices(of: members)
-        let now = Int64(clock.now().milliseconds)
         if let (epoch, createdAt, count) = try db.first("SELECT epoch, created_at, messages FROM own_epochs WHERE zone = ? ORDER BY rowid DESC LIMIT 1", [zone], {
                ($0.blob(0), $0.int(1), $0.int(2))
            }),
@@ -227,14 +238,14 @@ extension RecordApplier {
             let joinedUnshared = try members.contains { recipients[$0] == nil } && groupHistory(zone) == .sinceAdded  // the read only when one joined
             if !lost, !joinedUnshared, count < Self.messagesPerEpoch, now - createdAt < Self.epochLifetime {
                 try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: recipients, device: device)
-                return (epoch, key)
+                return EpochCache.Epoch(epoch: epoch, key: key, createdAt: createdAt, messages: count, local: local, device: device.key.publicKey)
             }
         }
         let epoch = Sodium.randomBytes(Sealing.epochLength), key = Sodium.randomBytes(Sodium.aeadKeyLength)
         try db.execute("INSERT INTO sender_keys (zone, epoch, sender, device, key) VALUES (?, ?, ?, ?, ?)", [zone, epoch, local, device.key.publicKey, key])
         try db.execute("INSERT INTO own_epochs (zone, epoch, created_at) VALUES (?, ?, ?)", [zone, epoch, now])
         try share(epoch, key: key, in: zone, with: members, devices: devices, recipients: [:], device: device)
-        return (epoch, key)
+        return EpochCache.Epoch(epoch: epoch, key: key, createdAt: now, messages: 0, local: local, device: device.key.publicKey)
     }
 
     /// Shares every epoch of this device in `zone` with the devices of the members who may read
@@ -378,6 +389,60 @@ extension RecordApplier {
     /// A group's history setting (nil: not a group, or not decided yet).
     private func groupHistory(_ zone: String) throws -> GroupMembership.History? {
         try db.first("SELECT history FROM group_state WHERE zone = ?", [zone]) { GroupMembership.History(rawValue: $0.text(0)) } ?? nil
+    }
+}
+
+/// This device's current epoch of each conversation as the last send decided it, so that the
+/// next send in the conversation seals at once instead of reading again who the members are,
+/// their devices, the epoch and whom it was shared with (a third of a send's reads).
+///
+/// A decision stands only while nothing it was made from can have changed: it is kept with the
+/// writer connection's change count over the tables it reads (``tables``, moved by any row
+/// written there, any rollback — an epoch made in a transaction that is undone is never used —
+/// and any other connection's commit) and the key pins' generation (devices added or
+/// revoked), both taken after the send's own writes; a send finding either moved decides
+/// again from the tables. What it kept is what those tables would say again: every member's
+/// devices hold the epoch (``RecordApplier/share(_:key:in:with:devices:recipients:device:origin:readableFrom:)``
+/// ran), nobody it was shared with is gone.
+final class EpochCache: Sendable {
+    /// The tables a decision reads (the pins are weighed by their generation).
+    static let tables: Set<String> = ["own_epochs", "sender_keys", "epoch_recipients", "encryption_keys", "group_members", "group_state", "conversations"]
+
+    struct Epoch {
+        let epoch: Data
+        let key: Data
+        let createdAt: Int64
+        /// Messages sealed with it so far.
+        var messages: Int64
+        /// Whose it is: a decision never serves another identity or device.
+        let local: String
+        let device: Data
+    }
+
+    private struct Kept {
+        let epoch: Epoch
+        let changeCount: UInt64
+        let pins: UInt64
+    }
+
+    private let decisions = Mutex<[String: Kept]>([:])
+
+    /// The decision kept for `zone`, if nothing it was made from has changed since.
+    func kept(in zone: String, local: String, device: Data, db: Database, pins: KeyPins) throws -> Epoch? {
+        guard let held = decisions.withLock({ $0[zone] }) else { return nil }
+        guard held.changeCount == (try db.changeCount(watching: Self.tables)), held.pins == pins.generation,
+              held.epoch.local == local, held.epoch.device == device
+        else {
+            _ = decisions.withLock { $0.removeValue(forKey: zone) }
+            return nil
+        }
+        return held.epoch
+    }
+
+    /// Keeps a decision, as of the writes made so far (the caller's own included).
+    func keep(_ epoch: Epoch, in zone: String, db: Database, pins: KeyPins) throws {
+        let entry = Kept(epoch: epoch, changeCount: try db.changeCount(watching: Self.tables), pins: pins.generation)
+        decisions.withLock { $0[zone] = entry }
     }
 }
 

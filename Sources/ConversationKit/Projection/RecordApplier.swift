@@ -19,6 +19,8 @@ struct RecordApplier {
     var device: ConversationStore.LocalIdentity?
     let clock: HybridLogicalClock
     let policy: RecordPolicy
+    /// This device's current epochs as the last sends decided them (the store's, across transactions).
+    let epochs: EpochCache
     private(set) var events: [StoreEvent] = []
     private(set) var quarantinedCount = 0
     /// Whether this transaction queued a local change for the backend.
@@ -32,12 +34,13 @@ struct RecordApplier {
     var deliveries = DeliveryWork()
     var groups = GroupWork()
 
-    init(db: Database, localSpeaker: String?, device: ConversationStore.LocalIdentity?, clock: HybridLogicalClock, policy: RecordPolicy) {
+    init(db: Database, localSpeaker: String?, device: ConversationStore.LocalIdentity?, clock: HybridLogicalClock, policy: RecordPolicy, epochs: EpochCache) {
         self.db = db
         self.localSpeaker = localSpeaker
         self.device = device
         self.clock = clock
         self.policy = policy
+        self.epochs = epochs
     }
 
     /// What the merge rule weighs a new version of a record against: the version held.

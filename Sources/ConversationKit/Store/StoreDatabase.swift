@@ -18,6 +18,8 @@ final class StoreDatabase: Sendable {
     /// commits on its own (key shares) and opens what was shared with this device.
     let identity = Mutex<ConversationStore.LocalIdentity?>(nil)
     let clock: HybridLogicalClock
+    /// This device's current epochs, decided once and reused by the next sends (writer only).
+    let epochs = EpochCache()
 
     init(queue: DatabaseQueue, policy: RecordPolicy, hub: EventHub, clock: HybridLogicalClock) {
         self.queue = queue
@@ -56,11 +58,11 @@ final class StoreDatabase: Sendable {
     /// power loss and learned again from someone else.
     func write<T: Sendable>(_ durability: DatabaseQueue.Durability = .synced,
                             _ body: @escaping @Sendable (inout RecordApplier) throws -> T) async throws(ConversationError) -> T {
-        let policy = self.policy, clock = self.clock, local = identity.withLock { $0 }
+        let policy = self.policy, clock = self.clock, epochs = self.epochs, local = identity.withLock { $0 }
         let transaction: @Sendable (Database) throws -> Written<T> = { db in
             // The local speaker is read once, when the store opens (or set up): ck_meta's
             // `local_speaker` and `identity` are written together.
-            var applier = RecordApplier(db: db, localSpeaker: local?.identifier, device: local, clock: clock, policy: policy)
+            var applier = RecordApplier(db: db, localSpeaker: local?.identifier, device: local, clock: clock, policy: policy, epochs: epochs)
             let result = try body(&applier)
             let changed = policy.pins.changedIdentities
             try applier.readmitKeyConflicts(of: changed, policy: policy)

@@ -12,11 +12,14 @@ public final class KeyPins: Sendable {
         /// Unpinned identities seen with unrelated keys: nothing is pinned for them on first use
         /// until ``KeyPins/pinVerified(_:for:)`` settles them.
         var conflicted = Set<String>()
+        /// Moves with every change to a chain (``KeyPins/generation``).
+        var generation: UInt64 = 0
 
         /// Replaces an identity's chain and marks it changed.
         mutating func set(_ chain: KeyChain, for identity: String) {
             chains[identity] = chain
             changed.insert(identity)
+            generation &+= 1
         }
     }
     private let state: Mutex<State>
@@ -25,8 +28,9 @@ public final class KeyPins: Sendable {
         state = Mutex(State(chains: chains))
     }
 
-    /// Runs `body` on the pins, atomically (admission decides and pins in one step).
-    func update<R>(_ body: (inout State) -> R) -> R { state.withLock { body(&$0) } }
+    /// A number that moves whenever a chain is added or changed: what a cache decided from
+    /// the chains stays true while it holds.
+    public var generation: UInt64 { state.withLock { $0.generation } }
 
     /// The chains and conflicts as they stand (copy-on-write: nothing is copied until changed),
     /// for an admission that decides into a draft.
@@ -47,6 +51,7 @@ public final class KeyPins: Sendable {
                 if markChanged { state.changed.insert(identity) }
             }
             state.conflicted.formUnion(changes.conflicted)
+            state.generation &+= 1
             for identity in changes.chains.keys where state.chains[identity]?.isVerified == true { state.conflicted.remove(identity) }
         }
     }
@@ -79,7 +84,10 @@ public final class KeyPins: Sendable {
 
     /// Installs chains read back from storage (whole: retired keys stay valid for what they signed).
     public func install(_ chains: [String: KeyChain]) {
-        state.withLock { state in state.chains.merge(chains) { _, stored in stored } }
+        state.withLock { state in
+            state.chains.merge(chains) { _, stored in stored }
+            state.generation &+= 1
+        }
     }
 
     /// Whether `key` speaks for `identity` now: the chain's current key or a certified device
