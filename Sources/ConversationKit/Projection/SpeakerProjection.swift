@@ -36,11 +36,12 @@ extension RecordApplier {
         note(.speakerUpdated(identifier))
     }
 
-    /// Marks a speaker known (a conversation with them exists), creating its row if need be.
+    /// Marks a speaker known (a conversation with them exists), creating its row if need be;
+    /// a speaker known already is left as it is (every message runs this).
     func markKnown(_ identifier: String) throws {
         try db.execute("""
             INSERT INTO speakers (identifier, name, is_known) VALUES (?, '', 1)
-            ON CONFLICT (identifier) DO UPDATE SET is_known = 1
+            ON CONFLICT (identifier) DO UPDATE SET is_known = 1 WHERE is_known = 0
             """, [identifier])
     }
 }
