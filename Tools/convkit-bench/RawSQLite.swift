@@ -43,6 +43,32 @@ final class RawSQLite {
         return Int(frames)
     }
 
+    /// The pages the write-ahead log holds now, by the table or index each belongs to (SQLite's
+    /// `dbstat`), most first: where a count of `walFrames()` went. Frames of an earlier log
+    /// (another salt) are not counted; a page no table holds any more is "?". The same reading
+    /// as `scripts/wal-pages.py`.
+    func walPagesByTable(path: String) throws -> [(table: String, pages: Int)] {
+        guard let log = FileManager.default.contents(atPath: path + "-wal"), log.count >= 32 else { return [] }
+        let bytes = [UInt8](log)
+        func word(_ at: Int) -> UInt32 { bytes[at..<at + 4].reduce(0) { $0 << 8 | UInt32($1) } }
+        let pageSize = Int(word(8)), salt = bytes[16..<24]
+        guard pageSize > 0 else { return [] }
+        var pages = [UInt32](), offset = 32
+        while offset + 24 + pageSize <= bytes.count, bytes[offset + 8..<offset + 16] == salt {
+            pages.append(word(offset))
+            offset += 24 + pageSize
+        }
+        var owner = [UInt32: String]()
+        let statement = try prepare("SELECT name, pageno FROM dbstat")
+        defer { sqlite3_finalize(statement) }
+        while sqlite3_step(statement) == SQLITE_ROW {
+            owner[UInt32(sqlite3_column_int64(statement, 1))] = String(cString: sqlite3_column_text(statement, 0))
+        }
+        var counts = [String: Int]()
+        for page in pages { counts[owner[page] ?? "?", default: 0] += 1 }
+        return counts.map { (table: $0.key, pages: $0.value) }.sorted { ($0.pages, $1.table) > ($1.pages, $0.table) }
+    }
+
     /// Inserts `records` into a new table `table`, 200 to a transaction (what a pull's pages do,
     /// raw). - Returns: records a second.
     func insertRate(_ records: [[UInt8]], table: String) throws -> Double {
