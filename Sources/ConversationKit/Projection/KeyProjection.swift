@@ -394,7 +394,7 @@ extension RecordApplier {
 
 /// This device's current epoch of each conversation as the last send decided it, so that the
 /// next send in the conversation seals at once instead of reading again who the members are,
-/// their devices, the epoch and whom it was shared with (a third of a send's reads).
+/// their devices, the epoch and whom it was shared with (six statements a send).
 ///
 /// A decision stands only while nothing it was made from can have changed: it is kept with the
 /// writer connection's change count over the tables it reads (``tables``, moved by any row
