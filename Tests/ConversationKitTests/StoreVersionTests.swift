@@ -61,6 +61,7 @@ import TestSupport
             ALTER TABLE old_outbox RENAME TO ck_outbox;
             ALTER TABLE conversations ADD COLUMN last_message_at INTEGER;
             ALTER TABLE messages DROP COLUMN mentions;
+            \(Self.before29)
             PRAGMA user_version = 24;
             """)
         let alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))
@@ -90,7 +91,7 @@ import TestSupport
         store?.close()
         store = nil
         // The schema as version 27 left it: the mentions only in their own table.
-        try Database(path: file).execute("ALTER TABLE messages DROP COLUMN mentions; PRAGMA user_version = 27;")
+        try Database(path: file).execute("ALTER TABLE messages DROP COLUMN mentions; \(Self.before29) PRAGMA user_version = 27;")
         let bob = try ConversationStore(directory: path, backend: fixture.factory(device: "bob"))
         let page = try bob.messages(in: sent.id.conversation).messages
         #expect(page.map(\.mentions) == [sent.mentions, []])
@@ -98,6 +99,41 @@ import TestSupport
         #expect(sent.mentions.count == 2)
         #expect(try bob.messagesMentioningMe().map(\.id) == [sent.id])
     }
+
+    /// Migration 29: the messages the local speaker said are marked its own, and the unread
+    /// index holds only the others' (one's own sent messages are in no unread count, and a send
+    /// writes no page of that index).
+    @Test func ownMessagesLeaveTheUnreadIndex() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let path = fixture.storePath("bob"), file = path + "/store.sqlite"
+        let alice = try await fixture.store("alice")
+        var store: ConversationStore? = try await fixture.store("bob")
+        let first = try await alice.send("one", to: "bob")
+        _ = try await alice.send("two", to: "bob")
+        try await syncAll([alice, try #require(store)])
+        _ = try await store?.send("an answer", to: "alice")
+        store?.close()
+        store = nil
+        // The schema as version 28 left it: no mark, every unread-looking message in the index.
+        try Database(path: file).execute("\(Self.before29) PRAGMA user_version = 28;")
+        var bob: ConversationStore? = try ConversationStore(directory: path, backend: fixture.factory(device: "bob"))
+        #expect(try bob?.unreadCount(in: first.id.conversation) == 2)
+        _ = try await bob?.send("and another", to: "alice")
+        #expect(try bob?.totalUnreadCount() == 2)
+        bob?.close()
+        bob = nil
+        let db = try Database(path: file, readOnly: true)
+        let own = try db.rows("SELECT content FROM messages WHERE is_own = 1 ORDER BY spoken_at") { $0.text(0) }
+        #expect(own == ["an answer", "and another"])
+        let indexed = try db.first("SELECT count(*) FROM messages INDEXED BY messages_unread WHERE read_at IS NULL AND is_deleted = 0 AND is_own = 0") { $0.int(0) }
+        #expect(indexed == 2)
+    }
+
+    /// The messages' table and unread index as they were before migration 29.
+    static let before29 = """
+        DROP INDEX messages_unread; ALTER TABLE messages DROP COLUMN is_own;
+        CREATE INDEX messages_unread ON messages (listener, zone) WHERE read_at IS NULL AND is_deleted = 0;
+        """
 
     static func error(_ body: () throws -> Void) -> ConversationError? {
         do { try body() } catch let error as ConversationError { return error } catch { return nil }

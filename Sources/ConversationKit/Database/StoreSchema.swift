@@ -240,6 +240,14 @@ enum StoreSchema {
                                             FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name)
                 WHERE EXISTS (SELECT 1 FROM message_mentions x WHERE x.zone = messages.zone AND x.name = messages.name);
             """),
+        // Version 29: a message the local speaker said is marked in its row (`is_own`), so the
+        // unread index holds only messages said to it: a send writes no page of it.
+        Migration(version: 29, sql: """
+            ALTER TABLE messages ADD COLUMN is_own INTEGER NOT NULL DEFAULT 0;
+            UPDATE messages SET is_own = 1 WHERE speaker = (SELECT value FROM ck_meta WHERE key = 'local_speaker');
+            DROP INDEX messages_unread;
+            CREATE INDEX messages_unread ON messages (zone, listener) WHERE read_at IS NULL AND is_deleted = 0 AND is_own = 0;
+            """),
     ]
 }
 

@@ -62,15 +62,15 @@ extension RecordApplier {
             .filter { starts.insert($0.utf8Range.lowerBound).inserted }
         try db.execute("""
             INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, edited_at, read_at, is_deleted, sync_state, waiting_epoch, reply_to,
-                custom_type, custom_data, file_name, file_type, file_size, mentions)
-            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                custom_type, custom_data, file_name, file_type, file_size, mentions, is_own)
+            VALUES (?, ?, ?, ?, ?, ?, ?, (SELECT read_at FROM receipts WHERE zone = ? AND message = ? AND reader = ?), 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET content = excluded.content, edited_at = excluded.edited_at,
                 spoken_at = excluded.spoken_at, is_deleted = 0, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL,
                 waiting_epoch = excluded.waiting_epoch, reply_to = excluded.reply_to, custom_type = excluded.custom_type, custom_data = excluded.custom_data,
                 file_name = excluded.file_name, file_type = excluded.file_type, file_size = excluded.file_size, mentions = excluded.mentions
             """, [zone, name, speaker, listener, content, spokenAt, record.milliseconds("editedAt"), zone, name, isGroup ? localSpeaker ?? "" : listener,
                   state.rawValue, waiting, replyTo, custom?.type, custom?.data, file?.name, file?.mediaType, file?.size,
-                  mentions.isEmpty ? nil : mentions.map(\.field).joined(separator: " ")])
+                  mentions.isEmpty ? nil : mentions.map(\.field).joined(separator: " "), speaker == localSpeaker])
         if file != nil || exists { try projectFile(file, zone: zone, name: name, ownUpload: origin == .local && speaker == localSpeaker) }
         // A new row has no versions or mentions yet (every removal of a row takes its own).
         if exists {
@@ -105,10 +105,10 @@ extension RecordApplier {
         let other = try db.first("SELECT other FROM conversations WHERE zone = ?", [zone]) { $0.text(0) }
         guard let listener = isGroup ? "" : speaker == localSpeaker ? other : localSpeaker else { return }
         try db.execute("""
-            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, is_deleted, sync_state) VALUES (?, ?, ?, ?, '', ?, 1, ?)
+            INSERT INTO messages (zone, name, speaker, listener, content, spoken_at, is_deleted, sync_state, is_own) VALUES (?, ?, ?, ?, '', ?, 1, ?, ?)
             ON CONFLICT (zone, name) DO UPDATE SET is_deleted = 1, content = '', spoken_at = excluded.spoken_at, edited_at = NULL, reply_to = NULL,
                 custom_type = NULL, custom_data = NULL, mentions = NULL, file_name = NULL, file_type = NULL, file_size = NULL, waiting_epoch = NULL, sync_state = excluded.sync_state, sync_error = NULL, sync_error_code = NULL
-            """, [zone, name, speaker, listener, spokenAt, state.rawValue])
+            """, [zone, name, speaker, listener, spokenAt, state.rawValue, speaker == localSpeaker])
         try db.execute("DELETE FROM message_mentions WHERE zone = ? AND name = ?", [zone, name])
         try db.execute("DELETE FROM message_versions WHERE zone = ? AND name = ?", [zone, name])
         try projectFile(nil, zone: zone, name: name, ownUpload: false)

@@ -89,9 +89,8 @@ extension ConversationStore {
         }
         let policy = self.policy
         try await write { applier in
-            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)", [link.identity])
+            try applier.setLocalSpeaker(link.identity)
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('device_certificate', ?)", [certificateBytes])
-            applier.localSpeaker = link.identity
             applier.device = local
             try applier.follow(link.identity)
             for record in [certificate] + pulled {

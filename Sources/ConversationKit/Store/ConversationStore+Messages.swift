@@ -580,8 +580,9 @@ extension ConversationStore {
     }
 
     /// Messages to the local speaker (bound twice) not read: a pair's said to it, a group's
-    /// (`listener` empty) said by anyone else.
-    static let unreadToLocal = "(m.listener = ? OR (m.listener = '' AND m.speaker != ?)) AND m.read_at IS NULL AND m.is_deleted = 0"
+    /// (`listener` empty) said by anyone else. (`is_own` says the second again, for the unread
+    /// index, which leaves one's own messages out.)
+    static let unreadToLocal = "(m.listener = ? OR (m.listener = '' AND m.speaker != ?)) AND m.read_at IS NULL AND m.is_deleted = 0 AND m.is_own = 0"
 
     static func conversations(_ db: Database, where condition: String, _ values: [any DatabaseValueConvertible], local: String) throws -> [Conversation] {
         try db.rows("""

@@ -101,8 +101,7 @@ extension ConversationStore {
             throw ConversationError(.keyConflict, "the store holds another key for '\(identifier)'")
         }
         try await write { applier in
-            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)", [identifier])
-            applier.localSpeaker = identifier
+            try applier.setLocalSpeaker(identifier)
         }
         database.identity.withLock { $0 = LocalIdentity(identifier: identifier, key: key, identityKey: key) }
         try await sync()

@@ -30,8 +30,7 @@ extension ConversationStore {
             throw ConversationError(.invalidIdentifier, error.message)
         }
         try await write { applier in
-            try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?) ON CONFLICT (key) DO NOTHING", [identifier])
-            applier.localSpeaker = identifier
+            try applier.setLocalSpeaker(identifier, ifAbsent: true)
             applier.device = local
             // A new name or tags keep the avatar.
             let avatar = try Self.avatar(of: identifier, in: applier.db)
