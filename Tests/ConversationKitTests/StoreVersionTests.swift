@@ -129,6 +129,45 @@ import TestSupport
         #expect(indexed == 2)
     }
 
+    /// Migration 30: records keyed by (zone, name) without a rowid move into a rowid table
+    /// unique by (zone, name), every version and every queued reference to one kept.
+    @Test func recordsMoveIntoARowidTable() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let path = fixture.storePath("alice"), file = path + "/store.sqlite"
+        let bob = try await fixture.store("bob")
+        try await bob.sync()
+        var store: ConversationStore? = try await fixture.store("alice")
+        #expect(try await store?.speakerExists("bob") == true)
+        let sent = try #require(try await store?.send("queued before the upgrade", to: "bob"))
+        let queued = try #require(try store?.outbox().count)
+        store?.close()
+        store = nil
+        let before = try Database(path: file, readOnly: true).rows("SELECT zone, name, clock, record FROM ck_records ORDER BY zone, name") {
+            [$0.text(0), $0.text(1), String($0.int(2)), $0.blob(3).base64EncodedString()]
+        }
+        // The table as version 29 left it.
+        try Database(path: file).execute("""
+            CREATE TABLE keyed (zone TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, clock INTEGER NOT NULL, author BLOB NOT NULL,
+                signature BLOB NOT NULL, is_deleted INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (zone, name)) STRICT, WITHOUT ROWID;
+            INSERT INTO keyed SELECT zone, name, type, clock, author, signature, is_deleted, record FROM ck_records;
+            DROP TABLE ck_records; ALTER TABLE keyed RENAME TO ck_records;
+            PRAGMA user_version = 29;
+            """)
+        let alice = try ConversationStore(directory: path, backend: fixture.factory(device: "alice"))
+        let db = try Database(path: file, readOnly: true)
+        let shape = try db.first("SELECT sql FROM sqlite_schema WHERE name = 'ck_records'") { $0.text(0) }
+        #expect(shape?.contains("WITHOUT ROWID") == false)
+        #expect(try db.rows("SELECT zone, name, clock, record FROM ck_records ORDER BY zone, name") {
+            [$0.text(0), $0.text(1), String($0.int(2)), $0.blob(3).base64EncodedString()]
+        } == before)
+        #expect(try alice.outbox().count == queued)
+        let report = try await alice.sync()
+        #expect(report.pushed == queued, "\(report)")
+        #expect(try alice.outbox().isEmpty)
+        try await bob.sync()
+        #expect(try bob.messages(in: sent.id.conversation).messages.map(\.content) == ["queued before the upgrade"])
+    }
+
     /// The messages' table and unread index as they were before migration 29.
     static let before29 = """
         DROP INDEX messages_unread; ALTER TABLE messages DROP COLUMN is_own;
