@@ -146,6 +146,13 @@ extension RecordApplier {
         if removed { note(.messageChanged(MessageID(conversation: zone, name: name))) }
     }
 
+    /// The messages held that the local speaker said, marked its own (`is_own`, which the
+    /// unread index leaves out): once its identifier is set, for what the store held before.
+    mutating func markOwnMessages() throws {
+        guard let localSpeaker else { return }
+        try db.execute("UPDATE messages SET is_own = 1 WHERE speaker = ? AND is_own = 0", [localSpeaker])
+    }
+
     /// Marks a local message failed for good, with why.
     mutating func fail(_ message: MessageID, _ failure: SyncFailure) throws {
         try db.execute("UPDATE messages SET sync_state = ?, sync_error = ?, sync_error_code = ? WHERE zone = ? AND name = ?",

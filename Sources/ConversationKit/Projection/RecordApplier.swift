@@ -43,15 +43,6 @@ struct RecordApplier {
         self.epochs = epochs
     }
 
-    /// Makes `identifier` the store's local speaker (a store has one: `ifAbsent` keeps one
-    /// already set, otherwise a second fails) and marks the messages it said among those held as
-    /// its own (`messages.is_own`, which the unread index leaves out).
-    mutating func setLocalSpeaker(_ identifier: String, ifAbsent: Bool = false) throws {
-        try db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)\(ifAbsent ? " ON CONFLICT (key) DO NOTHING" : "")", [identifier])
-        try db.execute("UPDATE messages SET is_own = 1 WHERE speaker = ? AND is_own = 0", [identifier])
-        localSpeaker = identifier
-    }
-
     /// What the merge rule weighs a new version of a record against: the version held.
     struct HeldVersion {
         let clock: RecordClock

@@ -89,7 +89,7 @@ extension ConversationStore {
         }
         let policy = self.policy
         try await write { applier in
-            try applier.setLocalSpeaker(link.identity)
+            try Self.setLocalSpeaker(link.identity, in: &applier)
             try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('device_certificate', ?)", [certificateBytes])
             applier.device = local
             try applier.follow(link.identity)

@@ -101,7 +101,7 @@ extension ConversationStore {
             throw ConversationError(.keyConflict, "the store holds another key for '\(identifier)'")
         }
         try await write { applier in
-            try applier.setLocalSpeaker(identifier)
+            try Self.setLocalSpeaker(identifier, in: &applier)
         }
         database.identity.withLock { $0 = LocalIdentity(identifier: identifier, key: key, identityKey: key) }
         try await sync()

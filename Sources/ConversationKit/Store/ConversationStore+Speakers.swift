@@ -30,7 +30,7 @@ extension ConversationStore {
             throw ConversationError(.invalidIdentifier, error.message)
         }
         try await write { applier in
-            try applier.setLocalSpeaker(identifier, ifAbsent: true)
+            try Self.setLocalSpeaker(identifier, ifAbsent: true, in: &applier)
             applier.device = local
             // A new name or tags keep the avatar.
             let avatar = try Self.avatar(of: identifier, in: applier.db)
@@ -42,6 +42,15 @@ extension ConversationStore {
             throw ConversationError(.database, "the local speaker's profile was not stored")
         }
         return speaker
+    }
+
+    /// Makes `identifier` the store's local speaker (a store has one: `ifAbsent` keeps one
+    /// already set, otherwise a second fails), and marks the messages it said among those held
+    /// as its own.
+    static func setLocalSpeaker(_ identifier: String, ifAbsent: Bool = false, in applier: inout RecordApplier) throws {
+        try applier.db.execute("INSERT INTO ck_meta (key, value) VALUES ('local_speaker', ?)\(ifAbsent ? " ON CONFLICT (key) DO NOTHING" : "")", [identifier])
+        applier.localSpeaker = identifier
+        try applier.markOwnMessages()
     }
 
     /// Publishes a version of the local speaker's profile: both copies (its zone, the
