@@ -39,17 +39,8 @@ import TestSupport
     /// one instead, its attempts kept; a copy the records no longer hold (a pulled version took
     /// its place) is left with nothing to push, and leaves the queue at the next sync.
     @Test func anOutboxOfCopiesBecomesAnOutboxOfReferences() async throws {
-        let fixture = try await ChatFixture(.memory)
-        let path = fixture.storePath("alice"), file = path + "/store.sqlite"
-        let bob = try await fixture.store("bob")
-        try await bob.sync()
-        var store: ConversationStore? = try await fixture.store("alice")
-        #expect(try await store?.speakerExists("bob") == true)
-        let sent = try #require(try await store?.send("queued before the upgrade", to: "bob"))
-        let later = try #require(try await store?.send("and after it", to: "bob"))
-        let queued = try #require(try store?.outbox().count)
-        store?.close()
-        store = nil
+        let (fixture, path, bob, sends, queued) = try await Self.aliceClosedWithQueued(["queued before the upgrade", "and after it"])
+        let file = path + "/store.sqlite", sent = sends[0], later = sends[1]
         // The schema as version 24 left it: the outbox holding the bytes of each queued version
         // (and the conversations' newest-message column migration 26 drops).
         try Database(path: file).execute("""
@@ -132,16 +123,8 @@ import TestSupport
     /// Migration 30: records keyed by (zone, name) without a rowid move into a rowid table
     /// unique by (zone, name), every version and every queued reference to one kept.
     @Test func recordsMoveIntoARowidTable() async throws {
-        let fixture = try await ChatFixture(.memory)
-        let path = fixture.storePath("alice"), file = path + "/store.sqlite"
-        let bob = try await fixture.store("bob")
-        try await bob.sync()
-        var store: ConversationStore? = try await fixture.store("alice")
-        #expect(try await store?.speakerExists("bob") == true)
-        let sent = try #require(try await store?.send("queued before the upgrade", to: "bob"))
-        let queued = try #require(try store?.outbox().count)
-        store?.close()
-        store = nil
+        let (fixture, path, bob, sends, queued) = try await Self.aliceClosedWithQueued(["queued before the upgrade"])
+        let file = path + "/store.sqlite", sent = sends[0]
         let before = try Database(path: file, readOnly: true).rows("SELECT zone, name, clock, record FROM ck_records ORDER BY zone, name") {
             [$0.text(0), $0.text(1), String($0.int(2)), $0.blob(3).base64EncodedString()]
         }
@@ -166,6 +149,22 @@ import TestSupport
         #expect(try alice.outbox().isEmpty)
         try await bob.sync()
         #expect(try bob.messages(in: sent.id.conversation).messages.map(\.content) == ["queued before the upgrade"])
+    }
+
+    /// Alice's store, closed with `texts` sent to bob (who published himself, and whom she
+    /// looked up first) queued unpushed: its fixture, directory, bob's store, the messages and
+    /// the outbox's count.
+    static func aliceClosedWithQueued(_ texts: [String]) async throws -> (ChatFixture, String, ConversationStore, [Message], Int) {
+        let fixture = try await ChatFixture(.memory)
+        let bob = try await fixture.store("bob")
+        try await bob.sync()
+        let alice = try await fixture.store("alice")
+        #expect(try await alice.speakerExists("bob") == true)
+        var sent: [Message] = []
+        for text in texts { sent.append(try await alice.send(text, to: "bob")) }
+        let queued = try alice.outbox().count
+        alice.close()
+        return (fixture, fixture.storePath("alice"), bob, sent, queued)
     }
 
     /// The messages' table and unread index as they were before migration 29.
