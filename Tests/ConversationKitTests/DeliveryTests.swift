@@ -94,6 +94,30 @@ import TestSupport
         #expect(try alice.message(lost.id)?.isDelivered == true && alice.message(later.id)?.isDelivered == true)
     }
 
+    /// The sender's count of its own messages, which a send does not write (it is counted by
+    /// name when a Delivery record is weighed): a message from another of its devices whose
+    /// clock runs behind, named before what was counted already, is counted too — so bob's
+    /// count of all four matches alice's, and her next message shows delivered.
+    @Test func anOwnMessageFromADeviceBehindIsCountedForTheTicks() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let laptop = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        var slow = StoreConfiguration()
+        slow.now = { Date().addingTimeInterval(-60) }
+        let tablet = try ConversationStore(directory: fixture.storePath("alice-tablet"), backend: fixture.factory(device: "alice-tablet"), configuration: slow)
+        try await tablet.setupLocalSpeaker(linking: try laptop.linkDevice(), label: "tablet")
+        try await syncAll([laptop, tablet, bob, laptop, tablet])
+        let one = try await laptop.send("one", to: "bob"), two = try await laptop.send("two", to: "bob")
+        try await syncAll([laptop, bob, laptop])
+        #expect(try laptop.message(one.id)?.isDelivered == true && laptop.message(two.id)?.isDelivered == true)
+        let behind = try await tablet.send("from the tablet, its clock behind", to: "bob")
+        #expect(behind.id.name < two.id.name, "named before what the laptop counted")
+        try await syncAll([tablet, laptop, bob, laptop])
+        let three = try await laptop.send("three", to: "bob")
+        try await syncAll([laptop, bob, laptop])
+        for id in [one.id, two.id, behind.id, three.id] { #expect(try laptop.message(id)?.isDelivered == true, "\(id)") }
+        #expect(try laptop.deliveredTo(three.id) == ["bob"])
+    }
+
     /// A participant's own Delivery record claiming nonsense (a held list that is no count and
     /// no message name) is refused by the reader, and ticks nothing.
     @Test func aMalformedDeliveryIsRefusedAndTicksNothing() async throws {

@@ -27,14 +27,45 @@ extension RecordApplier {
     }
 
     /// A Message record new to this store: counted under its sender.
+    ///
+    /// A row of `held_messages` says how many of a sender's Message records the store holds
+    /// with a name up to its `newest`. Others' rows take every arrival (a pull's page writes
+    /// each once). The local speaker's row lags: a record named past its `newest` — every
+    /// send, as the names grow with the clock — is not written there (a send writes no page of
+    /// it) but counted by name range when a Delivery record is weighed (``ownHeld(upTo:in:)``),
+    /// which moves the row on; only one named before it (from another of the speaker's devices,
+    /// its clock behind) is added to it.
     mutating func countHeld(_ record: Record, origin: Origin) throws {
         let zone = record.id.zone.rawValue
         guard let sender = ChatRecords.senderPrefix(ofMessage: record.id.name) else { return }
+        if let own = ownRange(), String(sender) == own.prefix {
+            if origin == .remote { deliveries.reweighed.insert(zone) }
+            guard let row = try db.first("SELECT newest FROM held_messages WHERE zone = ? AND sender = ?", [zone, own.prefix], { $0.text(0) }),
+                  record.id.name <= row else { return }
+            try db.execute("UPDATE held_messages SET count = count + 1 WHERE zone = ? AND sender = ?", [zone, own.prefix])
+            return
+        }
         let key = HeldSender(zone: zone, sender: String(sender))
         let pending = deliveries.held[key]
         deliveries.held[key] = ((pending?.count ?? 0) + 1, max(pending?.newest ?? "", record.id.name))
-        guard origin == .remote else { return }
-        if String(sender) == ownRange()?.prefix { deliveries.reweighed.insert(zone) } else { deliveries.zones.insert(zone) }
+        if origin == .remote { deliveries.zones.insert(zone) }
+    }
+
+    /// How many of the local speaker's Message records in `zone` the store holds named up to
+    /// `newest`: its `held_messages` row (exact up to the row's own `newest`) and the records
+    /// named between the two; the row is moved on to `newest` when that is past it.
+    private func ownHeld(upTo newest: String, in zone: String, own: (prefix: String, end: String)) throws -> Int64 {
+        let row = try db.first("SELECT count, newest FROM held_messages WHERE zone = ? AND sender = ?", [zone, own.prefix]) { ($0.int(0), $0.text(1)) }
+        let (count, through) = row ?? (0, own.prefix)
+        let (low, high) = newest < through ? (newest, through) : (through, newest)
+        let between = try db.first("SELECT count(*) FROM ck_records WHERE zone = ? AND name > ? AND name <= ? AND type = ?",
+                                   [zone, low, high, ChatRecords.messageType]) { $0.int(0) } ?? 0
+        guard newest > through else { return count - between }
+        try db.execute("""
+            INSERT INTO held_messages (zone, sender, count, newest) VALUES (?, ?, ?, ?)
+            ON CONFLICT (zone, sender) DO UPDATE SET count = excluded.count, newest = excluded.newest
+            """, [zone, own.prefix, count + between, newest])
+        return count + between
     }
 
     /// Writes the counts of this transaction's new Message records (once per transaction, not
@@ -62,13 +93,11 @@ extension RecordApplier {
         else { return }
         // Every one of the local speaker's messages up to `newest` that a backend took, counted
         // here: what the device must hold for its count to match.
-        let total = try db.first("SELECT count FROM held_messages WHERE zone = ? AND sender = ?", [zone, own.prefix]) { $0.int(0) } ?? 0
-        let after = try db.first("SELECT count(*) FROM ck_records WHERE zone = ? AND name > ? AND name < ? AND type = ?",
-                                 [zone, held.newest, own.end, ChatRecords.messageType]) { $0.int(0) } ?? 0
+        let total = try ownHeld(upTo: held.newest, in: zone, own: own)
         let refused = try db.first("""
             SELECT count(*) FROM messages WHERE zone = ? AND sync_state = ? AND coalesce(sync_error_code, '') != ? AND name >= ? AND name <= ?
             """, [zone, SyncStateColumn.failed.rawValue, SyncFailure.Code.notInGroup.rawValue, own.prefix, held.newest]) { $0.int(0) } ?? 0
-        guard held.count == total - after - refused else { return }
+        guard held.count == total - refused else { return }
         let through = try db.first("SELECT through FROM deliveries WHERE zone = ? AND name = ?", [zone, name]) { $0.text(0) }
         guard through.map({ held.newest > $0 }) ?? true else { return }
         try db.execute("INSERT INTO deliveries (zone, name, member, through) VALUES (?, ?, ?, ?) ON CONFLICT (zone, name) DO UPDATE SET through = excluded.through",

@@ -74,7 +74,7 @@ final class StoreDatabase: Sendable {
         do {
             switch durability {
             case .synced:
-                return try await queue.writeGrouped(transaction, afterCommit: { self.committed($0) }, commitsAlone: \.pinned).result
+                return try await queue.writeGrouped(transaction, afterCommit: { self.committed($0) }, commitsAlone: { $0.pinned }).result
             case .deferred:
                 let written = try await queue.write(.deferred, transaction)
                 if written.pinned {
