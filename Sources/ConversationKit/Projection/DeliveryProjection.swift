@@ -32,7 +32,7 @@ extension RecordApplier {
     /// with a name up to its `newest`. Others' rows take every arrival (a pull's page writes
     /// each once). The local speaker's row lags: a record named past its `newest` — every
     /// send, as the names grow with the clock — is not written there (a send writes no page of
-    /// it) but counted by name range when a Delivery record is weighed (``ownHeld(upTo:in:)``),
+    /// it) but counted by name range when a Delivery record is weighed (``ownHeld(upTo:in:own:)``),
     /// which moves the row on; only one named before it (from another of the speaker's devices,
     /// its clock behind) is added to it.
     mutating func countHeld(_ record: Record, origin: Origin) throws {
