@@ -118,6 +118,33 @@ import TestSupport
         #expect(try laptop.deliveredTo(three.id) == ["bob"])
     }
 
+    /// A member's Delivery record claiming alice's messages up to a name far in the future moves
+    /// alice's own held count there; it stays exact — every one of her Message records named up
+    /// to it counted once, the sends after it too — and her messages still tick once bob's own
+    /// record says he holds them.
+    @Test func aClaimFarAheadKeepsTheOwnCountExact() async throws {
+        let fixture = try await ChatFixture(.memory)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
+        try await syncAll([alice, bob])
+        let first = try await alice.send("one", to: "bob")
+        try await syncAll([alice, bob, alice])
+        let zone = first.id.conversation, prefix = "m.\(OwnershipRule.identityHash("alice")).", far = "m.\(OwnershipRule.identityHash("alice")).ffffffffffffffff-ffffffffffffffff"
+        let bobKey = try fixture.key(of: "bob")
+        var claim = Record(id: try RecordID(zone: try ZoneName(zone), name: "d.\(OwnershipRule.identityHash("bob")).claim"), type: "Delivery",
+                           fields: ["member": .string("bob"), "held": .list([.string("7:\(far)")])])
+        try claim.sign(with: bobKey, clock: HybridLogicalClock().now())
+        let results = try await fixture.rawBackend("bob", key: bobKey).save([claim])
+        #expect(results.allSatisfy { (try? $0.get()) != nil }, "\(results)")
+        try await alice.sync()
+        let later = [try await alice.send("two", to: "bob"), try await alice.send("three", to: "bob")]
+        let db = try Database(path: fixture.storePath("alice") + "/store.sqlite", readOnly: true)
+        let row = try #require(try db.first("SELECT count, newest FROM held_messages WHERE zone = ? AND sender = ?", [zone, prefix]) { ($0.int(0), $0.text(1)) })
+        let held = try db.first("SELECT count(*) FROM ck_records WHERE zone = ? AND type = 'Message' AND name > ? AND name <= ?", [zone, prefix, row.1]) { $0.int(0) }
+        #expect(row.1 == far && row.0 == held && held == 3, "\(row) \(String(describing: held))")
+        try await syncAll([alice, bob, alice])
+        for id in [first.id] + later.map(\.id) { #expect(try alice.message(id)?.isDelivered == true, "\(id)") }
+    }
+
     /// A participant's own Delivery record claiming nonsense (a held list that is no count and
     /// no message name) is refused by the reader, and ticks nothing.
     @Test func aMalformedDeliveryIsRefusedAndTicksNothing() async throws {

@@ -40,9 +40,7 @@ extension RecordApplier {
         guard let sender = ChatRecords.senderPrefix(ofMessage: record.id.name) else { return }
         if let own = ownRange(), String(sender) == own.prefix {
             if origin == .remote { deliveries.reweighed.insert(zone) }
-            guard let row = try db.first("SELECT newest FROM held_messages WHERE zone = ? AND sender = ?", [zone, own.prefix], { $0.text(0) }),
-                  record.id.name <= row else { return }
-            try db.execute("UPDATE held_messages SET count = count + 1 WHERE zone = ? AND sender = ?", [zone, own.prefix])
+            try db.execute("UPDATE held_messages SET count = count + 1 WHERE zone = ? AND sender = ? AND newest >= ?", [zone, own.prefix, record.id.name])
             return
         }
         let key = HeldSender(zone: zone, sender: String(sender))
