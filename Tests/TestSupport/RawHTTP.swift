@@ -99,6 +99,21 @@ public final class RawConnection {
     }
 }
 
+/// Asks a server's `/healthz` every 100 ms until it answers `status`, for at most `seconds`.
+/// - Returns: nil once it did; otherwise its last answer (status and body), which says why.
+public func waitForHealth(_ status: Int, port: Int, seconds: Double = 30) async throws -> String? {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    var last = "no answer"
+    repeat {
+        if let answer = try? await RawConnection.exchange(port: port, method: "GET", path: "/healthz") {
+            if answer.status == status { return nil }
+            last = "\(answer.status) \(answer.text)"
+        }
+        try await Task.sleep(for: .milliseconds(100))
+    } while ContinuousClock.now < deadline
+    return last
+}
+
 /// Runs blocking work on a Dispatch thread and awaits its result.
 public func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in

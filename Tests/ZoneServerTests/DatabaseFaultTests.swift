@@ -36,7 +36,7 @@ struct DatabaseFaultTests {
         _ = try await alice.save([try message(zone, "before", from: "alice", to: "bob", key: Keys.alice)])[0].get()
         // Healthy before the fault: the notification connection, which opens on a thread of its
         // own, may still be connecting through the proxy on a loaded machine (then 503, and why).
-        let ready = try await Self.healthy(port: serverPort)
+        let ready = try await waitForHealth(200, port: serverPort)
         #expect(ready == nil, "/healthz never answered 200 before the fault: \(ready ?? "")")
 
         proxy.blackhole(true)
@@ -61,23 +61,10 @@ struct DatabaseFaultTests {
 
         // The link comes back: the server recovers by itself.
         proxy.blackhole(false)
-        let recovered = try await Self.healthy(port: serverPort)
+        let recovered = try await waitForHealth(200, port: serverPort)
         #expect(recovered == nil, "/healthz never answered 200 again: \(recovered ?? "")")
         _ = try await alice.save([try message(zone, "after", from: "alice", to: "bob", key: Keys.alice)])[0].get()
         let names = try await alice.fetchChanges(in: zone, since: nil, limit: 10).records.map(\.id.name)
         #expect(names.contains { $0.hasSuffix("after") } && names.contains { $0.hasSuffix("before") } && !names.contains { $0.hasSuffix("during") }, "\(names)")
-    }
-
-    /// Asks `/healthz` every 250 ms for up to 30 s: nil once it answers 200, else its last answer.
-    static func healthy(port: Int) async throws -> String? {
-        var last = "no answer"
-        for _ in 0..<120 {
-            if let answer = try? await RawConnection.exchange(port: port, method: "GET", path: "/healthz") {
-                if answer.status == 200 { return nil }
-                last = "\(answer.status) \(answer.text)"
-            }
-            try await Task.sleep(for: .milliseconds(250))
-        }
-        return last
     }
 }

@@ -28,18 +28,6 @@ struct PostgresServersTests {
         (try? await RawConnection.exchange(port: port, method: "GET", path: "/healthz"))?.status ?? 0
     }
 
-    /// Asks each server's `/healthz` until all answer `status`, at most `tries` times, 100 ms
-    /// apart. - Returns: whether they all did.
-    func allAnswer(_ status: Int, _ ports: [Int], tries: Int) async throws -> Bool {
-        for _ in 0..<tries {
-            var all = true
-            for port in ports where await health(port) != status { all = false }
-            if all { return true }
-            try await Task.sleep(for: .milliseconds(100))
-        }
-        return false
-    }
-
     @Test func twoServersOnOneDatabaseServeAsOne() async throws {
         let database = try await SharedPostgres.freshDatabase()
         // Started together on an empty database: one makes the schema, the other waits its turn.
@@ -182,7 +170,10 @@ struct PostgresServersTests {
         try await client(one, "alice", Keys.alice).createZone(zone)
         // Ready once each has its notification connection: /healthz says 503 until then (a
         // loaded machine took longer than the first request here).
-        #expect(try await allAnswer(200, [one, two], tries: 100), "both servers become ready")
+        for port in [one, two] {
+            let problem = try await waitForHealth(200, port: port, seconds: 10)
+            #expect(problem == nil, "a server never became ready: \(problem ?? "")")
+        }
 
         // A writer on each server, saving one message at a time, keeping what was acknowledged.
         let load = Load()
@@ -203,10 +194,16 @@ struct PostgresServersTests {
         }
         try await Task.sleep(for: .milliseconds(500))
         try await cluster.stop()
-        #expect(try await allAnswer(503, [one, two], tries: 100), "/healthz answers 503 on both while the database is down")
+        for port in [one, two] {
+            let problem = try await waitForHealth(503, port: port, seconds: 10)
+            #expect(problem == nil, "/healthz answers 503 on both while the database is down: \(problem ?? "")")
+        }
         try await Task.sleep(for: .seconds(1))
         try await cluster.start()
-        #expect(try await allAnswer(200, [one, two], tries: 200), "both servers answer again once the database is back")
+        for port in [one, two] {
+            let problem = try await waitForHealth(200, port: port, seconds: 20)
+            #expect(problem == nil, "both servers answer again once the database is back: \(problem ?? "")")
+        }
         let before = load.acknowledged.withLock { $0.count }
         for _ in 0..<100 where load.acknowledged.withLock({ $0.count }) < before + 10 { try await Task.sleep(for: .milliseconds(50)) }
         load.stop.store(true, ordering: .relaxed)
