@@ -94,8 +94,9 @@ public final class Database {
         try statement(sql).execute(values)
     }
 
-    public func rows<T>(_ sql: String, _ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> [T] {
-        try statement(sql).rows(values, map)
+    @inlinable
+    public func rows<T>(_ sql: String, _ values: [any DatabaseValueConvertible] = [], capacity: Int = 0, _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> [T] {
+        try statement(sql).rows(values, capacity: capacity, map)
     }
 
     public func first<T>(_ sql: String, _ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> T? {

@@ -30,7 +30,7 @@ extension Optional: DatabaseValueConvertible where Wrapped: DatabaseValueConvert
 /// A prepared statement (`sqlite3_stmt`), owned by its ``Database`` and finalized in `deinit`.
 /// See <https://www.sqlite.org/c3ref/stmt.html>.
 public final class Statement {
-    let handle: OpaquePointer
+    @usableFromInline let handle: OpaquePointer
     public let sql: String
     unowned let database: Database
 
@@ -88,11 +88,14 @@ public final class Statement {
         sqlite3_reset(handle)
     }
 
-    /// Runs and maps every row.
-    public func rows<T>(_ values: [any DatabaseValueConvertible] = [], _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> [T] {
+    /// Runs and maps every row; `capacity`: the rows expected, when known. Inlinable, so that a
+    /// caller's `map` is specialized into the loop rather than called through a generic one.
+    @inlinable
+    public func rows<T>(_ values: [any DatabaseValueConvertible] = [], capacity: Int = 0, _ map: (Row) throws(SQLiteError) -> T) throws(SQLiteError) -> [T] {
         try bind(values)
         defer { sqlite3_reset(handle) }
         var result = [T]()
+        result.reserveCapacity(capacity)
         let row = Row(statement: self)
         while try step() { result.append(try map(row)) }
         return result
@@ -108,17 +111,28 @@ public final class Statement {
 
 /// The current row of a stepping ``Statement``; columns are read by index.
 public struct Row {
-    let statement: Statement
-    var handle: OpaquePointer { statement.handle }
+    @usableFromInline let statement: Statement
+    @usableFromInline var handle: OpaquePointer { statement.handle }
 
-    public func isNull(_ index: Int32) -> Bool { sqlite3_column_type(handle, index) == SQLITE_NULL }
-    public func int(_ index: Int32) -> Int64 { sqlite3_column_int64(handle, index) }
+    @usableFromInline init(statement: Statement) { self.statement = statement }
+
+    @inlinable public func isNull(_ index: Int32) -> Bool { sqlite3_column_type(handle, index) == SQLITE_NULL }
+    @inlinable public func int(_ index: Int32) -> Int64 { sqlite3_column_int64(handle, index) }
     public func double(_ index: Int32) -> Double { sqlite3_column_double(handle, index) }
     public func bool(_ index: Int32) -> Bool { int(index) != 0 }
     public func optionalInt(_ index: Int32) -> Int64? { isNull(index) ? nil : int(index) }
     public func text(_ index: Int32) -> String {
         guard let pointer = sqlite3_column_text(handle, index) else { return "" }
-        return String(cString: pointer)
+        return String(decoding: UnsafeBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index))), as: UTF8.self)
+    }
+    /// Whether the column holds exactly `text`'s bytes: a reader of many rows that repeat a
+    /// value (a page's conversation, its two speakers) keeps one string for them all instead of
+    /// making one a row.
+    public func text(_ index: Int32, equals text: String) -> Bool {
+        guard let pointer = sqlite3_column_text(handle, index) else { return text.isEmpty }
+        let count = Int(sqlite3_column_bytes(handle, index))
+        var text = text
+        return text.withUTF8 { bytes in bytes.count == count && (count == 0 || bytes.baseAddress.map { memcmp($0, pointer, count) == 0 } ?? false) }
     }
     public func optionalText(_ index: Int32) -> String? { isNull(index) ? nil : text(index) }
     public func blob(_ index: Int32) -> Data {

@@ -28,6 +28,12 @@ import TestSupport
         // Bob's own view of alice's messages says nothing of delivery; nor does his of his own yet.
         #expect(try bob.message(first.id)?.isDelivered == false)
         #expect(try bob.deliveredTo(first.id) == [])
+        // Nor once he has read them and his own Delivery record has come back to him: a tick is
+        // only ever on one's own message.
+        try await bob.markAllAsRead(in: first.id.conversation)
+        try await syncAll([bob, alice, bob])
+        #expect(try bob.message(first.id)?.readAt != nil && alice.message(first.id)?.readAt != nil)
+        #expect(try bob.message(first.id)?.isDelivered == false && bob.messages(in: first.id.conversation).messages.map(\.isDelivered) == [false, false])
         // One Delivery record per device and zone, replaced as messages arrive, never one per message.
         let third = try await alice.send("three", to: "bob")
         try await syncAll([alice, bob, alice])
@@ -59,6 +65,8 @@ import TestSupport
         #expect(try alice.deliveredTo(sent.id) == ["bob", "carol", "dave"])
         #expect(try alice.readers(of: sent.id).map(\.speaker).sorted() == ["bob", "carol"])
         #expect(try alice.message(sent.id)?.isDelivered == false, "a group's ticks are per member")
+        #expect(try #require(stores["bob"]).message(sent.id)?.readAt != nil)
+        #expect(try #require(stores["bob"]).message(sent.id)?.isDelivered == false, "read by bob, still not a tick of his")
         try await #require(stores["erin"]).sync()
         try await alice.sync()
         #expect(try alice.deliveredTo(sent.id) == ["bob", "carol", "dave", "erin"])

@@ -74,6 +74,8 @@ public struct Message: Sendable, Hashable, Identifiable {
     public internal(set) var isDelivered: Bool
     /// The file it carries (``ConversationStore/downloadFile(of:progress:)``), if any.
     public let attachment: Attachment?
+    /// Said by the local speaker (its row's `is_own`): the only messages a tick is shown on.
+    let isOwn: Bool
 }
 
 /// A file a message carries (``ConversationStore/sendFile(_:to:caption:mediaType:replyingTo:)``):

@@ -378,7 +378,6 @@ extension ConversationStore {
                           includeDeleted: Bool) -> @Sendable (Database) throws -> MessagePage {
         let limit = max(1, min(limit, 1000))
         return { db in
-            try requireConversation(db, conversation)
             var sql = "WHERE zone = ?\(includeDeleted ? "" : " AND is_deleted = 0")"
             var values: [any DatabaseValueConvertible] = [conversation]
             if let cursor {
@@ -394,16 +393,18 @@ extension ConversationStore {
                 sql += " LIMIT ?"
                 values.append(limit + 1)
             }
-            var rows = try messages(db, sql, values)
+            var rows = try messages(db, sql, values, capacity: first == nil ? limit + 1 : 0)
+            // An empty page is either an empty conversation or none at all: only then ask which.
+            if rows.isEmpty { try requireConversation(db, conversation) }
             var hasOlder = rows.count > limit && first == nil
             if hasOlder { rows.removeLast() }
             if let first {
                 hasOlder = try db.first("SELECT 1 FROM messages WHERE zone = ? AND (spoken_at, name) < (?, ?)\(includeDeleted ? "" : " AND is_deleted = 0") LIMIT 1",
                                         [conversation, first.spokenAt, first.name]) { _ in true } ?? false
             }
-            let oldest = rows.last
-            return MessagePage(messages: rows.reversed(),
-                               olderCursor: hasOlder ? oldest.map { MessageCursor(spokenAt: milliseconds($0.spokenAt), name: $0.id.name) } : nil)
+            let olderCursor = hasOlder ? rows.last.map { MessageCursor(spokenAt: milliseconds($0.spokenAt), name: $0.id.name) } : nil
+            rows.reverse()
+            return MessagePage(messages: rows, olderCursor: olderCursor)
         }
     }
 
@@ -490,52 +491,71 @@ extension ConversationStore {
     }
 
     /// Messages as the store shows them: the rows `clause` picks (it follows `SELECT … FROM
-    /// messages`), in its order, each with its delivered tick.
-    static func messages(_ db: Database, _ clause: String, _ values: [any DatabaseValueConvertible]) throws -> [Message] {
-        var messages = try unmarkedMessages(db, clause, values)
+    /// messages`), in its order, each with its delivered tick. `capacity`: the rows expected.
+    static func messages(_ db: Database, _ clause: String, _ values: [any DatabaseValueConvertible], capacity: Int = 0) throws -> [Message] {
+        var reader = MessageRows()
+        var messages = try db.rows("SELECT \(messageColumns) FROM messages " + clause, values, capacity: capacity) { reader.message(from: $0) }
         try markDelivered(&messages, db)
         return messages
     }
 
-    /// ``messages(_:_:_:)`` without the delivered ticks but those of read messages (for a
-    /// caller that gathers several reads, then marks them at once).
-    static func unmarkedMessages(_ db: Database, _ clause: String, _ values: [any DatabaseValueConvertible]) throws -> [Message] {
-        try db.rows("SELECT \(messageColumns) FROM messages " + clause, values, message(from:))
-    }
-
     private static let messageColumns = """
         zone, name, speaker, listener, content, spoken_at, edited_at, read_at, sync_state, sync_error, sync_error_code, waiting_epoch IS NOT NULL, reply_to,
-        mentions, custom_type, custom_data, is_deleted, file_name, file_type, file_size
+        mentions, custom_type, custom_data, is_deleted, file_name, file_type, file_size, is_own
         """
 
-    /// One message row; delivered only once read (``markDelivered(_:_:)`` adds the rest).
-    private static func message(from row: Row) -> Message {
-        let state: SyncState
-        switch SyncStateColumn(rawValue: row.int(8)) {
-        case .pending: state = .pending
-        case .failed: state = .failed(SyncFailure(storedCode: row.optionalText(10), message: row.optionalText(9)))
-        default: state = .synced
+    /// Makes ``Message``s of rows of ``messageColumns``, one string for what the rows repeat:
+    /// a page is one conversation's, said by two speakers (or a group's few).
+    private struct MessageRows {
+        private var zone = ""
+        private var speakers = ("", "")
+
+        /// One message row; delivered only once read (``markDelivered(_:_:)`` adds the rest).
+        mutating func message(from row: Row) -> Message {
+            let state: SyncState
+            switch SyncStateColumn(rawValue: row.int(8)) {
+            case .pending: state = .pending
+            case .failed: state = .failed(SyncFailure(storedCode: row.optionalText(10), message: row.optionalText(9)))
+            default: state = .synced
+            }
+            if !row.text(0, equals: zone) { zone = row.text(0) }
+            let speaker = shared(row, 2), listener = shared(row, 3), content = row.text(4)
+            let readAt = row.optionalInt(7).map(date)
+            let isOwn = row.int(20) != 0
+            let mentions = row.optionalText(13).map { field in
+                field.split(separator: " ").compactMap { Mention(field: String($0), content: content) }.sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound }
+            }
+            return Message(id: MessageID(conversation: zone, name: row.text(1)), content: content, speaker: speaker, listener: listener,
+                           spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: readAt, syncState: state,
+                           isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: zone, name: $0) },
+                           mentions: mentions ?? [],
+                           custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0,
+                           isDelivered: isOwn && !listener.isEmpty && readAt != nil,
+                           attachment: row.optionalText(17).map { Attachment(name: $0, mediaType: row.optionalText(18) ?? "", size: row.optionalInt(19) ?? 0) },
+                           isOwn: isOwn)
         }
-        let readAt = row.optionalInt(7).map(date)
-        return Message(id: MessageID(conversation: row.text(0), name: row.text(1)), content: row.text(4), speaker: row.text(2), listener: row.text(3),
-                       spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: readAt, syncState: state,
-                       isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: row.text(0), name: $0) },
-                       mentions: (row.optionalText(13) ?? "").split(separator: " ").compactMap { Mention(field: String($0), content: row.text(4)) }
-                           .sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound },
-                       custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0,
-                       isDelivered: readAt != nil,
-                       attachment: row.optionalText(17).map { Attachment(name: $0, mediaType: row.optionalText(18) ?? "", size: row.optionalInt(19) ?? 0) })
+
+        /// A speaker column's text, the string of one of the last two rows' when the same.
+        private mutating func shared(_ row: Row, _ index: Int32) -> String {
+            if row.text(index, equals: speakers.0) { return speakers.0 }
+            if !row.text(index, equals: speakers.1) { speakers.1 = row.text(index) }
+            speakers = (speakers.1, speakers.0)
+            return speakers.0
+        }
     }
 
-    /// A message is delivered once read, or once its listener's store says it holds every
-    /// message of the conversation up to one named at or past it (a Delivery record). The
-    /// listeners' marks are read in one statement for all the messages, not one a message: a
-    /// page of 50 reads one short range of an index instead of 50.
+    /// One of the local speaker's messages in a pair is delivered once read, or once its
+    /// listener's store says it holds every message of the conversation up to one named at or
+    /// past it (a Delivery record); no other message is. The listeners' marks are read in one
+    /// statement for all the messages, not one a message: a page of 50 reads one short range of
+    /// an index instead of 50.
     static func markDelivered(_ messages: inout [Message], _ db: Database) throws {
-        let open = messages.indices.filter { !messages[$0].isDelivered && !messages[$0].listener.isEmpty }
-        let zones = Set(open.map { messages[$0].id.conversation })
-        guard let only = zones.first else { return }
-        let (clause, value) = zones.count == 1 ? ("zone = ?", only) : ("zone IN (SELECT value FROM json_each(?))", jsonArray(zones.sorted()))
+        let open = messages.indices.filter { messages[$0].isOwn && !messages[$0].isDelivered && !messages[$0].listener.isEmpty }
+        guard let first = open.first else { return }
+        let zone = messages[first].id.conversation
+        let (clause, value) = open.allSatisfy({ messages[$0].id.conversation == zone })
+            ? ("zone = ?", zone)
+            : ("zone IN (SELECT value FROM json_each(?))", jsonArray(Set(open.map { messages[$0].id.conversation }).sorted()))
         var marks: [String: [String: String]] = [:]  // conversation → listener → through
         for (zone, member, through) in try db.rows("SELECT zone, member, max(through) FROM deliveries WHERE \(clause) GROUP BY zone, member", [value], {
             ($0.text(0), $0.text(1), $0.text(2))
