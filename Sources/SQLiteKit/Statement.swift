@@ -120,21 +120,19 @@ public struct Row {
     @inlinable public func int(_ index: Int32) -> Int64 { sqlite3_column_int64(handle, index) }
     public func double(_ index: Int32) -> Double { sqlite3_column_double(handle, index) }
     public func bool(_ index: Int32) -> Bool { int(index) != 0 }
-    public func optionalInt(_ index: Int32) -> Int64? { isNull(index) ? nil : int(index) }
-    public func text(_ index: Int32) -> String {
-        guard let pointer = sqlite3_column_text(handle, index) else { return "" }
+    @inlinable public func optionalInt(_ index: Int32) -> Int64? { isNull(index) ? nil : int(index) }
+    @inlinable public func text(_ index: Int32) -> String { withText(index) { String(decoding: $0, as: UTF8.self) } }
+    /// The column's text as SQLite holds it, valid only inside `body`: for a reader of many rows
+    /// that keeps one string for a value they repeat instead of making one a row.
+    @inlinable public func withText<T>(_ index: Int32, _ body: (UnsafeBufferPointer<UInt8>) throws -> T) rethrows -> T {
+        guard let pointer = sqlite3_column_text(handle, index) else { return try body(UnsafeBufferPointer(start: nil, count: 0)) }
+        return try body(UnsafeBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index))))
+    }
+    /// Nil for NULL, told by `sqlite3_column_text`'s NULL pointer alone: one call, not two.
+    @inlinable public func optionalText(_ index: Int32) -> String? {
+        guard let pointer = sqlite3_column_text(handle, index) else { return nil }
         return String(decoding: UnsafeBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index))), as: UTF8.self)
     }
-    /// Whether the column holds exactly `text`'s bytes: a reader of many rows that repeat a
-    /// value (a page's conversation, its two speakers) keeps one string for them all instead of
-    /// making one a row.
-    public func text(_ index: Int32, equals text: String) -> Bool {
-        guard let pointer = sqlite3_column_text(handle, index) else { return text.isEmpty }
-        let count = Int(sqlite3_column_bytes(handle, index))
-        var text = text
-        return text.withUTF8 { bytes in bytes.count == count && (count == 0 || bytes.baseAddress.map { memcmp($0, pointer, count) == 0 } ?? false) }
-    }
-    public func optionalText(_ index: Int32) -> String? { isNull(index) ? nil : text(index) }
     public func blob(_ index: Int32) -> Data {
         let count = Int(sqlite3_column_bytes(handle, index))
         guard count > 0, let pointer = sqlite3_column_blob(handle, index) else { return Data() }

@@ -403,7 +403,7 @@ extension ConversationStore {
                                         [conversation, first.spokenAt, first.name]) { _ in true } ?? false
             }
             let olderCursor = hasOlder ? rows.last.map { MessageCursor(spokenAt: milliseconds($0.spokenAt), name: $0.id.name) } : nil
-            rows.reverse()
+            rows.withUnsafeMutableBufferPointer { $0.reverse() }  // moved, not copied: no retain and release a field
             return MessagePage(messages: rows, olderCursor: olderCursor)
         }
     }
@@ -507,8 +507,7 @@ extension ConversationStore {
     /// Makes ``Message``s of rows of ``messageColumns``, one string for what the rows repeat:
     /// a page is one conversation's, said by two speakers (or a group's few).
     private struct MessageRows {
-        private var zone = ""
-        private var speakers = ("", "")
+        private var zones = ("", ""), speakers = ("", "")
 
         /// One message row; delivered only once read (``markDelivered(_:_:)`` adds the rest).
         mutating func message(from row: Row) -> Message {
@@ -518,10 +517,8 @@ extension ConversationStore {
             case .failed: state = .failed(SyncFailure(storedCode: row.optionalText(10), message: row.optionalText(9)))
             default: state = .synced
             }
-            if !row.text(0, equals: zone) { zone = row.text(0) }
-            let speaker = shared(row, 2), listener = shared(row, 3), content = row.text(4)
-            let readAt = row.optionalInt(7).map(date)
-            let isOwn = row.int(20) != 0
+            let zone = Self.shared(row, 0, &zones), speaker = Self.shared(row, 2, &speakers), listener = Self.shared(row, 3, &speakers)
+            let content = row.text(4), readAt = row.optionalInt(7).map(date), isOwn = row.int(20) != 0
             let mentions = row.optionalText(13).map { field in
                 field.split(separator: " ").compactMap { Mention(field: String($0), content: content) }.sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound }
             }
@@ -535,12 +532,23 @@ extension ConversationStore {
                            isOwn: isOwn)
         }
 
-        /// A speaker column's text, the string of one of the last two rows' when the same.
-        private mutating func shared(_ row: Row, _ index: Int32) -> String {
-            if row.text(index, equals: speakers.0) { return speakers.0 }
-            if !row.text(index, equals: speakers.1) { speakers.1 = row.text(index) }
-            speakers = (speakers.1, speakers.0)
-            return speakers.0
+        /// A column's text: one of the `recent` two when the same, the most recent first.
+        /// Text of up to 15 bytes is held inside a `String`, with nothing to share: made afresh.
+        private static func shared(_ row: Row, _ index: Int32, _ recent: inout (String, String)) -> String {
+            row.withText(index) { bytes in
+                guard bytes.count > 15 else { return String(decoding: bytes, as: UTF8.self) }
+                if same(recent.0, bytes) { return recent.0 }
+                if !same(recent.1, bytes) { recent.1 = String(decoding: bytes, as: UTF8.self) }
+                recent = (recent.1, recent.0)
+                return recent.0
+            }
+        }
+
+        private static func same(_ text: String, _ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+            text.utf8.withContiguousStorageIfAvailable { held in
+                guard held.count == bytes.count, let heldStart = held.baseAddress, let start = bytes.baseAddress else { return held.count == bytes.count }
+                return memcmp(heldStart, start, bytes.count) == 0
+            } ?? false
         }
     }
 
