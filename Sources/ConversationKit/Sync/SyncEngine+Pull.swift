@@ -130,10 +130,19 @@ extension SyncEngine {
         // resolved at its end (the file was repaired, or read whole since).
         var damaged = Set<String>()
         var rereading = false
+        // The next page, fetched (its signatures checked on every core) while the writer applies
+        // this one: the two overlap instead of taking turns.
+        var ahead: Task<Result<ZoneChanges, RecordZoneError>, Never>?
+        defer { ahead?.cancel() }
         while true {
             let page: ZoneChanges
             do {
-                page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
+                if let next = ahead {
+                    ahead = nil
+                    page = try await next.value.get()
+                } else {
+                    page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
+                }
             } catch where error.code == .changeTokenExpired {
                 // The zone was deleted and recreated: drop what came from the old incarnation
                 // (unsent changes stay) and fetch the zone whole again.
@@ -156,6 +165,12 @@ extension SyncEngine {
             let pageDamage = page.rejected.filter { $0.reason.code == .corruptSegment }.map(\.source)
             damaged.formUnion(pageDamage)
             let stillDamaged = damaged
+            if page.moreComing {
+                let backend = backend, next = page.token, limit = configuration.pageSize
+                ahead = Task { () async -> Result<ZoneChanges, RecordZoneError> in
+                    do throws(RecordZoneError) { return .success(try await backend.fetchChanges(in: zone, since: next, limit: limit)) } catch { return .failure(error) }
+                }
+            }
             let counts = try await writeRecoverable { applier in
                 var applied = 0
                 for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
@@ -192,6 +207,8 @@ extension SyncEngine {
             // it is read again from the start — once — for what a server did not show it before.
             if !rereading, ChatRecords.isGroupZone(zone),
                try await read({ db in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } }) == true {
+                ahead?.cancel()
+                ahead = nil
                 rereading = true
                 token = nil
                 continue
