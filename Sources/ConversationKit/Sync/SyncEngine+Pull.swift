@@ -139,7 +139,8 @@ extension SyncEngine {
             do {
                 if let next = ahead {
                     ahead = nil
-                    page = try await next.value.get()
+                    // A cancelled sync cancels the fetch it waits for, as it would its own.
+                    page = try await withTaskCancellationHandler { await next.value } onCancel: { next.cancel() }.get()
                 } else {
                     page = try await backend.fetchChanges(in: zone, since: token, limit: configuration.pageSize)
                 }
