@@ -121,17 +121,14 @@ public struct Row {
     public func double(_ index: Int32) -> Double { sqlite3_column_double(handle, index) }
     public func bool(_ index: Int32) -> Bool { int(index) != 0 }
     @inlinable public func optionalInt(_ index: Int32) -> Int64? { isNull(index) ? nil : int(index) }
-    @inlinable public func text(_ index: Int32) -> String { withText(index) { String(decoding: $0, as: UTF8.self) } }
-    /// The column's text as SQLite holds it, valid only inside `body`: for a reader of many rows
-    /// that keeps one string for a value they repeat instead of making one a row.
-    @inlinable public func withText<T>(_ index: Int32, _ body: (UnsafeBufferPointer<UInt8>) throws -> T) rethrows -> T {
-        guard let pointer = sqlite3_column_text(handle, index) else { return try body(UnsafeBufferPointer(start: nil, count: 0)) }
-        return try body(UnsafeBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index))))
-    }
+    @inlinable public func text(_ index: Int32) -> String { optionalText(index) ?? "" }
     /// Nil for NULL, told by `sqlite3_column_text`'s NULL pointer alone: one call, not two.
-    @inlinable public func optionalText(_ index: Int32) -> String? {
-        guard let pointer = sqlite3_column_text(handle, index) else { return nil }
-        return String(decoding: UnsafeBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index))), as: UTF8.self)
+    @inlinable public func optionalText(_ index: Int32) -> String? { withText(index) { $0.map { String(decoding: $0, as: UTF8.self) } } }
+    /// The column's text as SQLite holds it (nil for NULL), valid only inside `body`: for a
+    /// reader of many rows that keeps one string for a value they repeat instead of making one a row.
+    @inlinable public func withText<T>(_ index: Int32, _ body: (UnsafeBufferPointer<UInt8>?) throws -> T) rethrows -> T {
+        guard let pointer = sqlite3_column_text(handle, index) else { return try body(nil) }
+        return try body(UnsafeBufferPointer(start: pointer, count: Int(sqlite3_column_bytes(handle, index))))
     }
     public func blob(_ index: Int32) -> Data {
         let count = Int(sqlite3_column_bytes(handle, index))

@@ -28,6 +28,15 @@ struct PostgresServersTests {
         (try? await RawConnection.exchange(port: port, method: "GET", path: "/healthz"))?.status ?? 0
     }
 
+    /// Waits for each server's `/healthz` to answer `status` (``waitForHealth(_:port:seconds:)``),
+    /// recording `what` with the last answer of one that never did.
+    func expectBoth(_ status: Int, _ ports: [Int], seconds: Double, _ what: String) async throws {
+        for port in ports {
+            let problem = try await waitForHealth(status, port: port, seconds: seconds)
+            #expect(problem == nil, "\(what): \(problem ?? "")")
+        }
+    }
+
     @Test func twoServersOnOneDatabaseServeAsOne() async throws {
         let database = try await SharedPostgres.freshDatabase()
         // Started together on an empty database: one makes the schema, the other waits its turn.
@@ -170,10 +179,7 @@ struct PostgresServersTests {
         try await client(one, "alice", Keys.alice).createZone(zone)
         // Ready once each has its notification connection: /healthz says 503 until then (a
         // loaded machine took longer than the first request here).
-        for port in [one, two] {
-            let problem = try await waitForHealth(200, port: port, seconds: 10)
-            #expect(problem == nil, "a server never became ready: \(problem ?? "")")
-        }
+        try await expectBoth(200, [one, two], seconds: 10, "a server never became ready")
 
         // A writer on each server, saving one message at a time, keeping what was acknowledged.
         let load = Load()
@@ -194,16 +200,10 @@ struct PostgresServersTests {
         }
         try await Task.sleep(for: .milliseconds(500))
         try await cluster.stop()
-        for port in [one, two] {
-            let problem = try await waitForHealth(503, port: port, seconds: 10)
-            #expect(problem == nil, "/healthz answers 503 on both while the database is down: \(problem ?? "")")
-        }
+        try await expectBoth(503, [one, two], seconds: 10, "/healthz answers 503 on both while the database is down")
         try await Task.sleep(for: .seconds(1))
         try await cluster.start()
-        for port in [one, two] {
-            let problem = try await waitForHealth(200, port: port, seconds: 20)
-            #expect(problem == nil, "both servers answer again once the database is back: \(problem ?? "")")
-        }
+        try await expectBoth(200, [one, two], seconds: 20, "both servers answer again once the database is back")
         let before = load.acknowledged.withLock { $0.count }
         for _ in 0..<100 where load.acknowledged.withLock({ $0.count }) < before + 10 { try await Task.sleep(for: .milliseconds(50)) }
         load.stop.store(true, ordering: .relaxed)

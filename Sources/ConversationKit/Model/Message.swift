@@ -74,8 +74,11 @@ public struct Message: Sendable, Hashable, Identifiable {
     public internal(set) var isDelivered: Bool
     /// The file it carries (``ConversationStore/downloadFile(of:progress:)``), if any.
     public let attachment: Attachment?
-    /// Said by the local speaker (its row's `is_own`): the only messages a tick is shown on.
+    /// Said by the local speaker (its row's `is_own`).
     let isOwn: Bool
+
+    /// The only messages a delivered tick is shown on: the local speaker's, in a pair.
+    var takesTicks: Bool { isOwn && !listener.isEmpty }
 }
 
 /// A file a message carries (``ConversationStore/sendFile(_:to:caption:mediaType:replyingTo:)``):

@@ -522,21 +522,23 @@ extension ConversationStore {
             let mentions = row.optionalText(13).map { field in
                 field.split(separator: " ").compactMap { Mention(field: String($0), content: content) }.sorted { $0.utf8Range.lowerBound < $1.utf8Range.lowerBound }
             }
-            return Message(id: MessageID(conversation: zone, name: row.text(1)), content: content, speaker: speaker, listener: listener,
+            var message = Message(id: MessageID(conversation: zone, name: row.text(1)), content: content, speaker: speaker, listener: listener,
                            spokenAt: date(row.int(5)), editedAt: row.optionalInt(6).map(date), readAt: readAt, syncState: state,
                            isWaitingForKey: row.int(11) != 0, replyTo: row.optionalText(12).map { MessageID(conversation: zone, name: $0) },
                            mentions: mentions ?? [],
                            custom: row.optionalText(14).flatMap { type in row.optionalBlob(15).map { CustomPayload(type: type, data: $0) } }, isDeleted: row.int(16) != 0,
-                           isDelivered: isOwn && !listener.isEmpty && readAt != nil,
+                           isDelivered: false,
                            attachment: row.optionalText(17).map { Attachment(name: $0, mediaType: row.optionalText(18) ?? "", size: row.optionalInt(19) ?? 0) },
                            isOwn: isOwn)
+            message.isDelivered = message.takesTicks && readAt != nil
+            return message
         }
 
         /// A column's text: one of the `recent` two when the same, the most recent first.
         /// Text of up to 15 bytes is held inside a `String`, with nothing to share: made afresh.
         private static func shared(_ row: Row, _ index: Int32, _ recent: inout (String, String)) -> String {
             row.withText(index) { bytes in
-                guard bytes.count > 15 else { return String(decoding: bytes, as: UTF8.self) }
+                guard let bytes, bytes.count > 15 else { return bytes.map { String(decoding: $0, as: UTF8.self) } ?? "" }
                 if same(recent.0, bytes) { return recent.0 }
                 if !same(recent.1, bytes) { recent.1 = String(decoding: bytes, as: UTF8.self) }
                 recent = (recent.1, recent.0)
@@ -558,7 +560,7 @@ extension ConversationStore {
     /// statement for all the messages, not one a message: a page of 50 reads one short range of
     /// an index instead of 50.
     static func markDelivered(_ messages: inout [Message], _ db: Database) throws {
-        let open = messages.indices.filter { messages[$0].isOwn && !messages[$0].isDelivered && !messages[$0].listener.isEmpty }
+        let open = messages.indices.filter { messages[$0].takesTicks && !messages[$0].isDelivered }
         guard let first = open.first else { return }
         let zone = messages[first].id.conversation
         let (clause, value) = open.allSatisfy({ messages[$0].id.conversation == zone })
