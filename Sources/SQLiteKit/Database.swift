@@ -19,6 +19,16 @@ public final class Database {
         let value = Atomic(false)
     }
 
+    /// Whether the transaction open now is shared by several grouped writes
+    /// (``DatabaseQueue/writeGrouped(_:afterCommit:commitsAlone:)``): work a write can leave to
+    /// ``beforeCommit`` then overlaps with the writes after it.
+    public internal(set) var isShared = false
+
+    /// Work to finish in a shared transaction before it commits, in order (a failure rolls the
+    /// whole transaction back); run and emptied by the group's commit. Work left by a write whose
+    /// savepoint was undone runs too, so it must find nothing to do then.
+    public var beforeCommit: [(Database) throws -> Void] = []
+
     /// What ``changeCount(watching:)`` counts, once asked (its hooks hold it unretained: the
     /// connection keeps it as long as the handle lives).
     private var watch: ChangeWatch?

@@ -36,8 +36,11 @@ public final class DatabaseQueue: Sendable {
                     waiting = []
                 }
                 func commit() {
+                    let finishing = self.database.beforeCommit
+                    self.database.beforeCommit = []
                     guard !self.database.isAutocommit else { return }
                     do {
+                        for work in finishing { try work(self.database) }
                         try self.database.execute("COMMIT")
                         end(.success(()))
                     } catch {
@@ -45,6 +48,8 @@ public final class DatabaseQueue: Sendable {
                         end(.failure(error))
                     }
                 }
+                self.database.isShared = jobs.count > 1
+                defer { self.database.isShared = false }
                 for job in jobs {
                     if self.database.isAutocommit {
                         do { try self.database.execute("BEGIN IMMEDIATE") } catch {
@@ -57,7 +62,10 @@ public final class DatabaseQueue: Sendable {
                     if let ran { waiting.append(ran.finish) }
                     // An error SQLite answers by rolling the whole transaction back (a full
                     // disk, an I/O error) took the jobs before it along: they fail too.
-                    if self.database.isAutocommit { end(.failure(SQLiteError(code: 1, message: "the transaction was rolled back by an error of a write grouped with it"))) }
+                    if self.database.isAutocommit {
+                        self.database.beforeCommit = []
+                        end(.failure(SQLiteError(code: 1, message: "the transaction was rolled back by an error of a write grouped with it")))
+                    }
                     if ran?.commitNow == true { commit() }
                 }
                 commit()

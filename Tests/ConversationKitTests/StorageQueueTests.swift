@@ -162,6 +162,56 @@ private struct GroupedJobFailed: Error {}
         #expect(try queue.readNow { db in try db.rows("SELECT x FROM t") { $0.int(0) } } == [3])
     }
 
+    /// Work a grouped write leaves for before the commit (``Database/beforeCommit``) runs in the
+    /// shared transaction, in order, before anything is acknowledged; work left by a write that
+    /// failed runs too and finds its rows undone; work that throws fails every write of the group.
+    /// A write alone in its transaction is told so (``Database/isShared``).
+    @Test func workLeftForTheCommitRunsInTheSharedTransactionBeforeTheAcknowledgement() async throws {
+        let directory = try TemporaryDirectory("before-commit")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER, done INTEGER NOT NULL DEFAULT 0) STRICT;")])
+        final class Shared: Sendable {
+            let release = Mutex(false)
+            let order = Mutex([Int64]())
+        }
+        let shared = Shared()
+        func group(_ range: ClosedRange<Int64>, failing: Int64?, failingWork: Int64?) async throws -> [Task<Bool, any Error>] {
+            shared.release.withLock { $0 = false }
+            let blocker = Task { try await queue.write { _ in while !shared.release.withLock({ $0 }) { usleep(1000) } } }
+            var jobs = [Task<Bool, any Error>]()
+            for (index, i) in range.enumerated() {
+                jobs.append(Task {
+                    try await queue.writeGrouped({ db in
+                        try db.execute("INSERT INTO t (x) VALUES (?)", [i])
+                        db.beforeCommit.append { db in
+                            shared.order.withLock { $0.append(i) }
+                            if i == failingWork { throw GroupedJobFailed() }
+                            try db.execute("UPDATE t SET done = 1 WHERE x = ?", [i])
+                        }
+                        if i == failing { throw GroupedJobFailed() }
+                        return db.isShared
+                    }, afterCommit: { _ in }, commitsAlone: { _ in false })
+                })
+                while queue.groupedWaitingCount < index + 1 { try await Task.sleep(for: .milliseconds(1)) }
+            }
+            shared.release.withLock { $0 = true }
+            try await blocker.value
+            return jobs
+        }
+        let first = try await group(1...3, failing: 2, failingWork: nil)
+        let told = [try await first[0].value, try await first[2].value]
+        #expect(told == [true, true], "three writes in one transaction are told it is shared")
+        await #expect(throws: GroupedJobFailed.self) { try await first[1].value }
+        #expect(shared.order.withLock { $0 } == [1, 2, 3])
+        #expect(try queue.readNow { db in try db.rows("SELECT x, done FROM t ORDER BY x") { [$0.int(0), $0.int(1)] } } == [[1, 1], [3, 1]])
+        // Work that throws: the whole group fails, nothing of it is stored.
+        let second = try await group(4...5, failing: nil, failingWork: 5)
+        for job in second { await #expect(throws: GroupedJobFailed.self) { try await job.value } }
+        #expect(try queue.readNow { db in try db.first("SELECT count(*) FROM t WHERE x >= 4") { $0.int(0) } } == 0)
+        // A write alone in its transaction.
+        let alone = try await queue.writeGrouped({ db in db.isShared }, afterCommit: { _ in }, commitsAlone: { _ in false })
+        #expect(!alone)
+    }
+
     /// Another process holds the write lock of the store's and the server's databases. Writes
     /// to both — more than the pool has threads — wait for it; meanwhile 20 concurrent store
     /// reads and server requests complete, before the lock is let go. Then the writes land.

@@ -140,6 +140,36 @@ import TestSupport
         #expect(again.pulled == 0)
     }
 
+    /// Every version a store holds verifies: none left with the blank signature a grouped
+    /// write stores until its signature, made on another core, is written before the commit.
+    static func expectEverySignatureVerifies(_ path: String, _ comment: Comment? = nil) throws {
+        let database = try Database(path: path, readOnly: true)
+        let versions = try database.rows("SELECT record FROM ck_records") { $0.blob(0) }
+        let unverified = versions.filter { bytes in !((try? Record(canonical: bytes))?.hasValidSignature() ?? false) }
+        #expect(!versions.isEmpty && unverified.isEmpty, "\(unverified.count) of \(versions.count) versions do not verify. \(comment?.description ?? "")")
+    }
+
+    /// Twenty sends at once share commits (their signatures made beside the writer): each is
+    /// stored signed, pushed, accepted by the server (which checks every signature) and read by
+    /// the other side.
+    @Test func concurrentSendsAreSignedPushedAndRead() async throws {
+        let fixture = try await ChatFixture(.http)
+        let alice = try await fixture.store("alice")
+        try await alice.sync()
+        let bob = try await fixture.store("bob")
+        #expect(try await bob.speakerExists("alice"))
+        let texts = (1...20).map { "at once \($0)" }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for text in texts { group.addTask { try await bob.send(text, to: "alice") } }
+            try await group.waitForAll()
+        }
+        try Self.expectEverySignatureVerifies(fixture.storePath("bob") + "/store.sqlite")
+        #expect(try await bob.sync().pushed >= texts.count)
+        try await alice.sync()
+        let conversation = try #require(try alice.conversations().first)
+        #expect(Set(try history(alice, conversation.id).map(\.content)) == Set(texts))
+    }
+
     /// Rounds of the kill soak: CONVKIT_KILL_SOAK_ROUNDS for the long form.
     static var killSoakRounds: Int { ProcessInfo.processInfo.environment["CONVKIT_KILL_SOAK_ROUNDS"].flatMap(Int.init) ?? 3 }
 
@@ -180,6 +210,7 @@ import TestSupport
             reopened.close()
             let database = try Database(path: fixture.storePath("bob") + "/store.sqlite", readOnly: true)
             #expect(try database.first("PRAGMA integrity_check") { $0.text(0) } == "ok")
+            try Self.expectEverySignatureVerifies(fixture.storePath("bob") + "/store.sqlite", "round \(round)")
         }
     }
 }

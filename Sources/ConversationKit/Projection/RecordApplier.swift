@@ -1,6 +1,7 @@
 import Foundation
 import RecordZone
 import SQLiteKit
+import Synchronization
 
 /// Applies record versions to the cache inside a write transaction: the merge rule against the
 /// version held, the chat's field rules (``ChatSchema/violation(of:reader:)``), then the
@@ -266,4 +267,41 @@ enum Projection: String, CaseIterable {
 
     /// The tables the applier itself writes.
     static let applierTables = ["ck_records", "ck_zone_state", "ck_quarantine"]
+}
+
+/// A local version's signature made on another core while the writer applies the version and
+/// runs the writes grouped after it (``RecordApplier/commitLocal(_:signedWith:after:)``), then
+/// written over the blank one it was stored with, before the shared transaction commits.
+final class DeferredSignature: Sendable {
+    /// What a version waiting for its signature holds instead (as long as a real one).
+    static let blank = Data(count: Sodium.signatureLength)
+
+    private let id: RecordID
+    private let clock: RecordClock
+    private let signed = Mutex<Result<Record, RecordZoneError>?>(nil)
+    private let done = DispatchSemaphore(value: 0)
+
+    init(_ record: Record, key: SigningKey, clock: RecordClock) {
+        id = record.id
+        self.clock = clock
+        DispatchQueue.global(qos: .userInitiated).async {
+            var record = record
+            let outcome = Result { () throws(RecordZoneError) -> Record in
+                try record.sign(with: key, clock: clock)
+                return record
+            }
+            self.signed.withLock { $0 = outcome }
+            self.done.signal()
+        }
+    }
+
+    /// Waits for the signature (on the writer's queue, never the cooperative pool) and writes the
+    /// signed version over the blank one — nothing when that version was undone with its write.
+    func complete(in db: Database) throws {
+        done.wait()
+        guard let outcome = signed.withLock({ $0 }) else { return }
+        let record = try outcome.get()
+        try db.execute("UPDATE ck_records SET signature = ?, record = ? WHERE zone = ? AND name = ? AND clock = ? AND signature = ?",
+                       [record.signature, try record.encoded(), id.zone.rawValue, id.name, clock.rawValue, Self.blank])
+    }
 }
