@@ -19,12 +19,12 @@ public final class Database {
         let value = Atomic(false)
     }
 
-    /// Whether the transaction open now is shared by several grouped writes
-    /// (``DatabaseQueue/writeGrouped(_:afterCommit:commitsAlone:)``): work a write can leave to
-    /// ``beforeCommit`` then overlaps with the writes after it.
-    public internal(set) var isShared = false
+    /// Whether the transaction open now is the one of grouped writes
+    /// (``DatabaseQueue/writeGrouped(_:afterCommit:commitsAlone:)``), alone or several: work a
+    /// write leaves to ``beforeCommit`` then overlaps with the rest of it and the writes after it.
+    public internal(set) var isGrouped = false
 
-    /// Work to finish in a shared transaction before it commits, in order (a failure rolls the
+    /// Work to finish in a grouped transaction before it commits, in order (a failure rolls the
     /// whole transaction back); run and emptied by the group's commit. Work left by a write whose
     /// savepoint was undone runs too, so it must find nothing to do then.
     public var beforeCommit: [(Database) throws -> Void] = []

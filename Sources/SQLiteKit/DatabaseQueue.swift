@@ -48,8 +48,8 @@ public final class DatabaseQueue: Sendable {
                         end(.failure(error))
                     }
                 }
-                self.database.isShared = jobs.count > 1
-                defer { self.database.isShared = false }
+                self.database.isGrouped = true
+                defer { self.database.isGrouped = false }
                 for job in jobs {
                     if self.database.isAutocommit {
                         do { try self.database.execute("BEGIN IMMEDIATE") } catch {

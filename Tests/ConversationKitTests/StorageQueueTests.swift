@@ -163,9 +163,9 @@ private struct GroupedJobFailed: Error {}
     }
 
     /// Work a grouped write leaves for before the commit (``Database/beforeCommit``) runs in the
-    /// shared transaction, in order, before anything is acknowledged; work left by a write that
+    /// grouped transaction, in order, before anything is acknowledged; work left by a write that
     /// failed runs too and finds its rows undone; work that throws fails every write of the group.
-    /// A write alone in its transaction is told so (``Database/isShared``).
+    /// Grouped writes are told so (``Database/isGrouped``), a plain write is not.
     @Test func workLeftForTheCommitRunsInTheSharedTransactionBeforeTheAcknowledgement() async throws {
         let directory = try TemporaryDirectory("before-commit")
         let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER, done INTEGER NOT NULL DEFAULT 0) STRICT;")])
@@ -188,7 +188,7 @@ private struct GroupedJobFailed: Error {}
                             try db.execute("UPDATE t SET done = 1 WHERE x = ?", [i])
                         }
                         if i == failing { throw GroupedJobFailed() }
-                        return db.isShared
+                        return db.isGrouped
                     }, afterCommit: { _ in }, commitsAlone: { _ in false })
                 })
                 while queue.groupedWaitingCount < index + 1 { try await Task.sleep(for: .milliseconds(1)) }
@@ -199,7 +199,7 @@ private struct GroupedJobFailed: Error {}
         }
         let first = try await group(1...3, failing: 2, failingWork: nil)
         let told = [try await first[0].value, try await first[2].value]
-        #expect(told == [true, true], "three writes in one transaction are told it is shared")
+        #expect(told == [true, true], "grouped writes are told so")
         await #expect(throws: GroupedJobFailed.self) { try await first[1].value }
         #expect(shared.order.withLock { $0 } == [1, 2, 3])
         #expect(try queue.readNow { db in try db.rows("SELECT x, done FROM t ORDER BY x") { [$0.int(0), $0.int(1)] } } == [[1, 1], [3, 1]])
@@ -207,9 +207,10 @@ private struct GroupedJobFailed: Error {}
         let second = try await group(4...5, failing: nil, failingWork: 5)
         for job in second { await #expect(throws: GroupedJobFailed.self) { try await job.value } }
         #expect(try queue.readNow { db in try db.first("SELECT count(*) FROM t WHERE x >= 4") { $0.int(0) } } == 0)
-        // A write alone in its transaction.
-        let alone = try await queue.writeGrouped({ db in db.isShared }, afterCommit: { _ in }, commitsAlone: { _ in false })
-        #expect(!alone)
+        // A plain write is not grouped; a grouped write alone in its transaction is.
+        #expect(try await queue.write { db in db.isGrouped } == false)
+        let alone = try await queue.writeGrouped({ db in db.isGrouped }, afterCommit: { _ in }, commitsAlone: { _ in false })
+        #expect(alone)
     }
 
     /// Another process holds the write lock of the store's and the server's databases. Writes

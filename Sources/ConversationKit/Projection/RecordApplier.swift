@@ -116,10 +116,23 @@ struct RecordApplier {
         }
         var applied = Set<RecordID>()
         for (var record, held) in zip(records, held) {
-            try record.sign(with: key, clock: signingClock)
             // A second version of one record in the batch weighs against the first: read again.
             let known: HeldVersion?? = applied.insert(record.id).inserted ? .some(held) : .none
+            guard db.isGrouped else {
+                try record.sign(with: key, clock: signingClock)
+                try applyLocal(record, held: known)
+                continue
+            }
+            // In a grouped write (group commit), the signature is made on another core while
+            // the writer projects the version and runs the writes grouped after it: the version
+            // is stored with a blank one (same length) and completed before the commit, so
+            // nothing outside the transaction ever reads it blank.
+            let signing = DeferredSignature(record, key: key, clock: signingClock)
+            record.authorKey = key.publicKey
+            record.clock = signingClock
+            record.signature = DeferredSignature.blank
             try applyLocal(record, held: known)
+            db.beforeCommit.append { db in try signing.complete(in: db) }
         }
     }
 
@@ -271,7 +284,7 @@ enum Projection: String, CaseIterable {
 
 /// A local version's signature made on another core while the writer applies the version and
 /// runs the writes grouped after it (``RecordApplier/commitLocal(_:signedWith:after:)``), then
-/// written over the blank one it was stored with, before the shared transaction commits.
+/// written over the blank one it was stored with, before the grouped transaction commits.
 final class DeferredSignature: Sendable {
     /// What a version waiting for its signature holds instead (as long as a real one).
     static let blank = Data(count: Sodium.signatureLength)
@@ -284,16 +297,23 @@ final class DeferredSignature: Sendable {
     init(_ record: Record, key: SigningKey, clock: RecordClock) {
         id = record.id
         self.clock = clock
-        DispatchQueue.global(qos: .userInitiated).async {
+        Self.signatures.async { [self] in
             var record = record
             let outcome = Result { () throws(RecordZoneError) -> Record in
                 try record.sign(with: key, clock: clock)
                 return record
             }
-            self.signed.withLock { $0 = outcome }
-            self.done.signal()
+            signed.withLock { $0 = outcome }
+            done.signal()
         }
     }
+
+    /// Where the signatures are made, in order: a serial queue of its own, so a thread wakes
+    /// only when it is idle (a wake-up per signature cost the writer about what the signature
+    /// did), and never one of the global queues' threads, which Swift's tasks run on here: a
+    /// task blocked on the writer, itself waiting for a signature, must not hold the thread
+    /// the signature needs.
+    private static let signatures = DispatchQueue(label: "conversationkit.signatures", qos: .userInitiated)
 
     /// Waits for the signature (on the writer's queue, never the cooperative pool) and writes the
     /// signed version over the blank one — nothing when that version was undone with its write.
