@@ -322,6 +322,41 @@ struct PostgresServersTests {
         for server in servers { await server.stop() }
     }
 
+    /// A read of the key chains after another server changed one is retried until it succeeds:
+    /// here the database refuses the reading server's first reads (its role may not read the
+    /// pins for a while), and the chain still reaches it once it may.
+    @Test func aFailedReadOfTheChainsIsRetriedUntilItSucceeds() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let writer = try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())
+        defer { writer.close() }
+        let role = "reader_" + Sodium.randomBytes(6).hexString
+        let admin = try PostgresConnection(database)
+        try admin.execute("CREATE ROLE \(role) LOGIN")
+        try admin.execute("GRANT ALL ON SCHEMA public TO \(role)")
+        try admin.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO \(role)")
+        let reader = try await PostgresZoneStorage(conninfo: database + " user=\(role)", poolSize: 2, policy: ConversationStore.recordPolicy())
+        defer { reader.close() }
+        let running = Task { await reader.run() }
+        func waitFor(_ what: String, _ condition: () -> Bool) async throws {
+            for _ in 0..<500 where !condition() { try await Task.sleep(for: .milliseconds(20)) }
+            try #require(condition(), "\(what) within 10 s")
+        }
+        try await waitFor("the listener up") { reader.metricsText().contains("convkitd_db_listener_up 1") }
+        try admin.execute("REVOKE SELECT ON ck_pins FROM \(role)")
+
+        let zone = try conversationZone("erin", "frank")
+        try await writer.createZone(zone)
+        _ = try await writer.save([try message(zone, "e1", from: "erin", to: "frank", key: Keys.key(0x41))], policy: .merge)[0].get()
+        try await waitFor("a failed read") { reader.pinReadFailures.load(ordering: .relaxed) > 0 }
+        #expect(reader.policy.pins.chain(for: "erin") == nil)
+        try admin.execute("GRANT SELECT ON ck_pins TO \(role)")
+        try await waitFor("erin's chain read by the other server") { reader.policy.pins.chain(for: "erin") != nil }
+        #expect(reader.policy.pins.chain(for: "erin")?.current == Keys.key(0x41).publicKey)
+        #expect(reader.metricsText().contains("convkitd_db_pin_read_failures_total"))
+        running.cancel()
+        await running.value
+    }
+
     /// PostgreSQL's text cannot hold NUL: a record type holding one is refused alone, typed,
     /// and the rest of its batch is stored.
     @Test func aNULInARecordTypeIsRefusedAloneNotTheBatch() async throws {

@@ -113,6 +113,9 @@ extension PostgresZoneStorage {
             # HELP convkitd_db_listener_up Whether the notification connection is up.
             # TYPE convkitd_db_listener_up gauge
             convkitd_db_listener_up \(listener.isConnected ? 1 : 0)
+            # HELP convkitd_db_pin_read_failures_total Reads of the key chains after another server changed one that failed (each retried until one succeeds).
+            # TYPE convkitd_db_pin_read_failures_total counter
+            convkitd_db_pin_read_failures_total \(pinReadFailures.load(ordering: .relaxed))
 
             """
     }

@@ -52,6 +52,8 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     }
     let pinVersions = Mutex(PinVersions())
     let nonceClaims = Atomic<Int>(0)
+    /// Reads of the pins after another server's change that failed (each retried until one succeeds).
+    let pinReadFailures = Atomic<Int>(0)
     let governed = GovernedZoneCache()
 
     static let migrations: [(version: Int, sql: String)] = [
@@ -144,6 +146,39 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     /// ``ZoneServer`` runs it for as long as it serves. A storage not run serves as one server
     /// alone.
     public func run() async {
+        // Pin reads are asked for here and made by a child of this run, which retries one that
+        // fails until it succeeds: a chain changed on another server (a new key, a revoked
+        // device) is never left unread here because the database failed once.
+        let (pinReads, askPinRead) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        await withTaskGroup(of: Void.self) { children in
+            children.addTask { await self.readPins(whenAsked: pinReads) }
+            await listen { askPinRead.yield() }
+            askPinRead.finish()
+            children.cancelAll()
+        }
+    }
+
+    /// Reads the pins each time it is asked (asks made while one read runs count as one more),
+    /// retrying a read that fails after 50 ms, doubling to at most 5 s, until it succeeds or
+    /// the run ends.
+    private func readPins(whenAsked asks: AsyncStream<Void>) async {
+        for await _ in asks {
+            var delay = 0.05
+            while !Task.isCancelled {
+                do {
+                    try await refreshPins()
+                    break
+                } catch {
+                    pinReadFailures.add(1, ordering: .relaxed)
+                    try? await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+                    delay = min(delay * 2, 5)
+                }
+            }
+        }
+    }
+
+    /// Follows the listener's events; `readPins` asks for the pins to be read.
+    private func listen(readPins: @escaping @Sendable () -> Void) async {
         let waiters = self.waiters, typing = self.typing, presence = self.presence, source = typingSource
         await listener.run { event in
             switch event {
@@ -160,10 +195,10 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
                 if parts.count == 4, parts[1] != source, let seen = Int64(parts[2]) {
                     presence.set(parts[0] == "1", identity: String(parts[3]), seen: Date(timeIntervalSince1970: Double(seen) / 1000), rateLimited: false)
                 }
-            case .pins: try? await refreshPins()
+            case .pins: readPins()
             case .connected:
                 waiters.wakeAll()
-                try? await refreshPins()
+                readPins()
             }
         }
     }
