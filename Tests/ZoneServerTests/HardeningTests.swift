@@ -407,3 +407,33 @@ extension HardeningTests {
         #expect(closed, "the port was closed")
     }
 }
+
+extension HardeningTests {
+    /// The client keeps the code an answer's body names, whatever its status (the server sends
+    /// `folderUnavailable`, `deviceInUse` and `serviceUnavailable` all as 503); the status
+    /// decides only when the body names none this client knows: a proxy's page, a newer
+    /// server's code.
+    @Test func anAnswersOwnCodeStandsAndTheStatusSpeaksOnlyWithoutOne() async throws {
+        func failure(_ status: Int, _ body: String) async throws -> RecordZoneError {
+            let server = try CannedHTTPServer(status: status, headers: [("Content-Type", "application/json"), ("Retry-After", "0")], body: body)
+            defer { server.stop() }
+            let client = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(server.port)")), identity: "alice", key: Keys.alice,
+                                     policy: ConversationStore.recordPolicy(), maximumRetries: 0)
+            do {
+                _ = try await client.zones()
+            } catch {
+                return error
+            }
+            throw RecordZoneError(.internalError, "the canned \(status) was taken for a success")
+        }
+        let folder = try await failure(503, #"{"error":{"code":"folderUnavailable","message":"the folder is not mounted"}}"#)
+        #expect(folder.code == .folderUnavailable && folder.message == "the folder is not mounted")
+        #expect(try await failure(403, #"{"error":{"code":"zoneNotFound","message":"no such zone"}}"#).code == .zoneNotFound)
+        // No code this client knows: the status speaks.
+        #expect(try await failure(503, #"{"error":{"code":"somethingNewer","message":"later"}}"#).code == .serviceUnavailable)
+        #expect(try await failure(429, "<html>slow down</html>").code == .requestRateLimited)
+        #expect(try await failure(403, "<html>forbidden by the proxy</html>").code == .notAuthorized)
+        #expect(try await failure(502, "<html>bad gateway</html>").code == .serviceUnavailable)
+        #expect(try await failure(500, #"{"error":{"code":"somethingNewer","message":"later"}}"#).code == .internalError)
+    }
+}

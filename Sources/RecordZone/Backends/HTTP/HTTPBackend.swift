@@ -314,14 +314,18 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
             if (200..<300).contains(status) { return data }
             let failure = try? JSONDecoder().decode(Wire.ErrorBody.self, from: data).error
             var error = failure?.error() ?? RecordZoneError(.internalError, "HTTP \(status)")
-            switch status {
-            case 401: error.code = .notAuthenticated
-            case 403: error.code = .notAuthorized
-            case 413: error.code = .limitExceeded
-            case 429: error.code = .requestRateLimited
-            case 503: error.code = .serviceUnavailable
-            case 500...: if failure == nil { error.code = .serviceUnavailable }
-            default: break
+            // The server's own code stands; the status speaks only for an answer without one
+            // this client knows (a proxy's page, a newer server's code).
+            if failure.flatMap({ RecordZoneError.Code(rawValue: $0.code) }) == nil {
+                switch status {
+                case 401: error.code = .notAuthenticated
+                case 403: error.code = .notAuthorized
+                case 413: error.code = .limitExceeded
+                case 429: error.code = .requestRateLimited
+                case 503: error.code = .serviceUnavailable
+                case 500...: if failure == nil { error.code = .serviceUnavailable }
+                default: break
+                }
             }
             if status == 429 || status == 503 {
                 let delay = failure?.retryAfter ?? retryAfterHeader ?? 1

@@ -1,0 +1,68 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A server on 127.0.0.1 that answers every request with one fixed answer (a status, headers
+/// and a body) and closes the connection: what a proxy, a load balancer or a server of another
+/// version may send, for testing how a client reads answers ours never gives.
+public final class CannedHTTPServer: Sendable {
+    public let port: Int
+    private let listener: Int32
+
+    public init(status: Int, headers: [(String, String)] = [], body: String) throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw POSIXError(.EIO) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        guard bound else {
+            close(fd)
+            throw POSIXError(.EADDRNOTAVAIL)
+        }
+        listener = fd
+        port = Int(UInt16(bigEndian: address.sin_port))
+        let head = (["HTTP/1.1 \(status) Canned", "Content-Length: \(body.utf8.count)", "Connection: close"] + headers.map { "\($0): \($1)" })
+            .joined(separator: "\r\n") + "\r\n\r\n"
+        let answer = Data((head + body).utf8)
+        Thread.detachNewThread {
+            while true {
+                let client = accept(fd, nil, nil)
+                guard client >= 0 else { return }  // the listener was shut: done
+                Self.readRequest(client)
+                answer.withUnsafeBytes { _ = send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                close(client)
+            }
+        }
+    }
+
+    /// Reads a request's head and as much body as its `Content-Length` says.
+    private static func readRequest(_ fd: Int32) {
+        var bytes = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        while true {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            guard n > 0 else { break }
+            bytes += buffer[0..<n]
+            guard let end = bytes.firstRange(of: Array("\r\n\r\n".utf8)) else { continue }
+            let head = String(decoding: bytes[..<end.lowerBound], as: UTF8.self)
+            let declared = head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
+                .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+            if bytes.count - end.upperBound >= declared { return }
+        }
+    }
+
+    /// Stops accepting.
+    public func stop() { shutdown(listener, Int32(SHUT_RDWR)) }
+
+    deinit {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+    }
+}
