@@ -1,6 +1,7 @@
 import ConversationKit
 import Foundation
 import RecordZone
+import Synchronization
 import Testing
 import TestSupport
 
@@ -130,6 +131,33 @@ import TestSupport
         } catch {
             #expect(error.code == .notAuthorized)
         }
+    }
+
+    /// Who takes part in a group now is decided by the server's clock, the one it authenticates
+    /// requests against (never the machine's own): set an hour back, the server finds carol,
+    /// added a moment ago by the machine's clock, not yet a member, for typing and presence.
+    @Test func whoTakesPartInAGroupNowIsDecidedByTheServersClock() async throws {
+        let serverBehind = Mutex(0.0)  // seconds
+        let fixture = try await ChatFixture(.http) { configuration in
+            configuration.now = { Date().addingTimeInterval(-serverBehind.withLock { $0 }) }
+            configuration.maximumClockSkew = 7200
+        }
+        let alice = try await fixture.store("alice"), carol = try await fixture.store("carol")
+        try await syncAll([alice, carol])
+        let group = try await alice.createGroup(name: "Three", members: ["carol"])
+        try await syncAll([alice, carol])
+        let zone = try ZoneName(group.id)
+        let carolRaw = try fixture.rawBackend("carol", key: try fixture.key(of: "carol"))
+        _ = try await carolRaw.typing(in: zone, since: nil, timeout: .zero)
+        #expect(try await carolRaw.presence(of: ["alice"], in: zone, since: nil, timeout: .zero).presence.count == 1)
+
+        serverBehind.withLock { $0 = 3600 }
+        await #expect { _ = try await carolRaw.typing(in: zone, since: nil, timeout: .zero) } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { try await carolRaw.setTyping(true, in: zone, as: "carol") } throws: { ($0 as? RecordZoneError)?.code == .notAuthorized }
+        await #expect { _ = try await carolRaw.presence(of: ["alice"], in: zone, since: nil, timeout: .zero) } throws: {
+            ($0 as? RecordZoneError)?.code == .notAuthorized
+        }
+        withExtendedLifetime(fixture) {}
     }
 
     /// The figures, on an otherwise idle machine (scripts/test.sh runs it alone): shown on

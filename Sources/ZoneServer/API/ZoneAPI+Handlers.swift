@@ -245,8 +245,7 @@ extension ZoneAPI {
     /// (a group) one whose present it may read (a member now, not one removed).
     private func typingZone(_ matched: Route.Matched, _ identity: String) async throws -> ZoneName {
         let (zone, versions) = try await readableZone(matched, identity)
-        let now = RecordClock(milliseconds: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), counter: 0)
-        guard versions.map({ $0.allows("", now) }) ?? true else { throw forbidden(identity, zone) }
+        guard versions.map({ $0.allows("", serverClock) }) ?? true else { throw forbidden(identity, zone) }
         return zone
     }
 
@@ -277,8 +276,13 @@ extension ZoneAPI {
         let readers = identities.filter { access.canRead(zone: zone, as: $0) }
         guard let governance = access.governance, governance.governsReads(of: zone), !readers.isEmpty else { return readers }
         guard let state = try await storage.governed([zone], by: governance)[zone] else { return [] }
-        let now = RecordClock(milliseconds: UInt64(max(0, Date().timeIntervalSince1970 * 1000)), counter: 0)
+        let now = serverClock
         return readers.filter { state.readable(by: $0)?.allows("", now) == true }
+    }
+
+    /// Now, as a record clock, by the server's clock (the one requests are authenticated against).
+    private var serverClock: RecordClock {
+        RecordClock(milliseconds: UInt64(max(0, configuration.now().timeIntervalSince1970 * 1000)), counter: 0)
     }
 
     /// For each governed zone among `zones` that exists, the versions `identity` may read of it

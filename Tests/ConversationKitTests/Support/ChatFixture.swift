@@ -39,13 +39,16 @@ final class ChatFixture: @unchecked Sendable {
     let conninfo: String?
     var folder: String { directory.path + "/shared" }
 
-    init(_ kind: ChatBackend) async throws {
+    /// - Parameter configure: changes the servers' configuration (a server backend).
+    init(_ kind: ChatBackend, configure: (inout ZoneServerConfiguration) -> Void = { _ in }) async throws {
         self.kind = kind
         directory = try TemporaryDirectory("chat")
         server = InMemoryBackend(policy: ConversationStore.recordPolicy())
         var secondServer: ZoneServer?
         let conninfo = kind == .postgres ? try await SharedPostgres.freshDatabase() : nil
         self.conninfo = conninfo
+        var configuration = ZoneServerConfiguration()
+        configure(&configuration)
         if kind.isServer {
             let storage: any ZoneStorage
             if let conninfo {
@@ -53,12 +56,13 @@ final class ChatFixture: @unchecked Sendable {
             } else {
                 storage = try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
             }
-            let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess())
+            let zoneServer = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
             try zoneServer.start(host: "127.0.0.1", port: 0)
             self.zoneServer = zoneServer
             if let conninfo {
                 let second = ZoneServer(storage: try await PostgresZoneStorage(conninfo: conninfo, poolSize: 4, policy: ConversationStore.recordPolicy(),
-                                                                               indexedFields: ConversationStore.queryIndexes), access: ChatZoneAccess())
+                                                                               indexedFields: ConversationStore.queryIndexes), access: ChatZoneAccess(),
+                                        configuration: configuration)
                 try second.start(host: "127.0.0.1", port: 0)
                 secondServer = second
             }
