@@ -50,10 +50,20 @@ import TestSupport
     /// Prometheus text, and no new series appear.
     @Test func metricsStayParseableAfterHostileMethods() async throws {
         let fixture = try ServerFixture()
+        /// The series of a scrape: each sample's name and labels, without its value.
+        func series(_ text: String) -> Set<String> {
+            Set(text.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { String($0[..<($0.lastIndex(of: " ") ?? $0.endIndex)]) })
+        }
+        // Every series an ordinary request and a scrape make, before the hostile ones.
+        _ = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/healthz")
+        _ = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/metrics")
+        let before = series(try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/metrics").text)
         for method in ["BR\"EW", "X-\\\"}", "PROPFIND", "BREW"] {
             _ = try await RawConnection.exchange(port: fixture.port, method: method, path: "/healthz")
         }
         let metrics = try await RawConnection.exchange(port: fixture.port, method: "GET", path: "/metrics").text
+        let added = series(metrics).subtracting(before)
+        #expect(!added.isEmpty && added.allSatisfy { $0.contains("method=\"other\"") }, "series the hostile methods added: \(added.sorted())")
         let sample = try Regex(#"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\\n])*"(,[a-zA-Z_][a-zA-Z0-9_]*="(\\.|[^"\\\n])*")*\})? [-+0-9.eE]+$"#)
         for line in metrics.split(separator: "\n") where !line.hasPrefix("#") {
             #expect(line.wholeMatch(of: sample) != nil, "not a Prometheus sample: \(line)")
