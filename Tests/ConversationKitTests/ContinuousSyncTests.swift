@@ -25,7 +25,11 @@ import TestSupport
         try await syncAll([alice, bob])
         let running = [Task { try await alice.run() }, Task { try await bob.run() }]
         defer { running.forEach { $0.cancel() } }
-        try await Task.sleep(for: .milliseconds(200))  // the long polls are in place
+        if let server = fixture.zoneServer {
+            // Both stores' long polls are in place (at least one each).
+            for _ in 0..<500 where server.storage.waitingCount < 2 { try await Task.sleep(for: .milliseconds(10)) }
+            try #require(server.storage.waitingCount >= 2, "the long polls in place within 5 s")
+        }
         // How fast is the bench's to measure (convkit-bench --only server: the median through
         // convkitd serve); here each must simply arrive, with nobody calling sync().
         for n in 0..<5 {
