@@ -11,21 +11,8 @@ public final class CannedHTTPServer: Sendable {
     private let listener: Int32
 
     public init(status: Int, headers: [(String, String)] = [], body: String) throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw POSIXError(.EIO) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && listen(fd, 16) == 0 && getsockname(fd, $0, &length) == 0 }
-        }
-        guard bound else {
-            close(fd)
-            throw POSIXError(.EADDRNOTAVAIL)
-        }
-        listener = fd
-        port = Int(UInt16(bigEndian: address.sin_port))
+        let (fd, port) = try listenOnLoopback(backlog: 16)
+        (listener, self.port) = (fd, port)
         let head = (["HTTP/1.1 \(status) Canned", "Content-Length: \(body.utf8.count)", "Connection: close"] + headers.map { "\($0): \($1)" })
             .joined(separator: "\r\n") + "\r\n\r\n"
         let answer = Data((head + body).utf8)
