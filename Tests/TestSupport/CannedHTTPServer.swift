@@ -16,10 +16,16 @@ public final class CannedHTTPServer: Sendable {
         let head = (["HTTP/1.1 \(status) Canned", "Content-Length: \(body.utf8.count)", "Connection: close"] + headers.map { "\($0): \($1)" })
             .joined(separator: "\r\n") + "\r\n\r\n"
         let answer = Data((head + body).utf8)
+        // The thread owns the descriptor and closes it when it is done: closed elsewhere, its
+        // number could be another server's socket by the time this thread's accept runs.
         Thread.detachNewThread {
             while true {
                 let client = accept(fd, nil, nil)
-                guard client >= 0 else { return }  // the listener was shut: done
+                guard client >= 0 else {
+                    if errno == EINTR || errno == ECONNABORTED { continue }
+                    close(fd)  // shut down (stop or deinit): done
+                    return
+                }
                 Self.readRequest(client)
                 answer.withUnsafeBytes { _ = send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
                 close(client)
@@ -45,11 +51,8 @@ public final class CannedHTTPServer: Sendable {
         }
     }
 
-    /// Stops accepting.
+    /// Stops accepting (the accepting thread then closes the listener).
     public func stop() { shutdown(listener, Int32(SHUT_RDWR)) }
 
-    deinit {
-        shutdown(listener, Int32(SHUT_RDWR))
-        close(listener)
-    }
+    deinit { stop() }
 }
