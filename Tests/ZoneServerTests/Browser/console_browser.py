@@ -8,10 +8,11 @@ import sys
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import UnexpectedAlertPresentException
+from selenium.common.exceptions import TimeoutException, UnexpectedAlertPresentException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
 
 base, token, zone, message, forged, refused, shots = sys.argv[1:8]
 expected_records = int(sys.argv[8])
@@ -117,7 +118,13 @@ try:
     print("ok request chart moved", flush=True)
 
     # Signing out ends the session.
+    # The click only starts the form's POST: wait for its answer (the sign-in page) before the next
+    # navigation, which would otherwise abort a POST still in flight on a busy machine.
     driver.find_element(By.XPATH, "//button[text()='Sign out']").click()
+    try:
+        WebDriverWait(driver, 30).until(lambda d: "/console/sign-in" in d.current_url)
+    except TimeoutException:
+        fail("signing out did not lead to the sign-in page: %s, %r" % (driver.current_url, driver.title))
     driver.get(base + "/console/zones")
     check("/console/sign-in" in driver.current_url, "still signed in after signing out")
     print("ok signed out", flush=True)
