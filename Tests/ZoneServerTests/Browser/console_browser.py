@@ -8,7 +8,7 @@ import sys
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException, UnexpectedAlertPresentException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException, UnexpectedAlertPresentException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -28,12 +28,30 @@ def check(condition, reason):
         fail(reason)
 
 
+def wait_for(condition, reason, seconds=30):
+    """A form's answer or a link's page arrives after the click returns (on a busy machine,
+    well after): wait for what it should show."""
+    try:
+        WebDriverWait(driver, seconds).until(lambda d: condition())
+    except TimeoutException:
+        fail("%s (at %s)" % (reason, driver.current_url))
+
+
 options = webdriver.ChromeOptions()
 for argument in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1000"]:
     options.add_argument(argument)
 options.binary_location = "/usr/bin/chromium"
 driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 driver.set_page_load_timeout(30)
+
+
+def is_stale(element):
+    """Whether the page `element` was on has gone (the next one loaded)."""
+    try:
+        element.is_enabled()
+        return False
+    except StaleElementReferenceException:
+        return True
 
 
 def page_is_inert():
@@ -49,9 +67,9 @@ try:
     check("/console/sign-in" in driver.current_url, "not sent to sign in: " + driver.current_url)
     field = driver.find_element(By.ID, "token")
     field.send_keys("not the token" + Keys.ENTER)
-    check("not the console's token" in driver.page_source, "a wrong token was not refused")
+    wait_for(lambda: "not the console's token" in driver.page_source, "a wrong token was not refused")
     driver.find_element(By.ID, "token").send_keys(token + Keys.ENTER)
-    check(driver.find_element(By.TAG_NAME, "h1").text == "Overview", "no overview after signing in")
+    wait_for(lambda: driver.find_element(By.TAG_NAME, "h1").text == "Overview", "no overview after signing in")
     driver.save_screenshot(shots + "/1-overview.png")
     print("ok signed in", flush=True)
 
@@ -60,13 +78,15 @@ try:
     check(driver.switch_to.active_element.tag_name == "a", "Tab does not reach a link")
 
     driver.find_element(By.LINK_TEXT, "Zones").click()
+    wait_for(lambda: driver.find_elements(By.LINK_TEXT, zone), "the zone is not listed")
     driver.find_element(By.LINK_TEXT, zone).click()
     # A zone is counted in the background: the page says so until the count is in.
-    deadline = time.time() + 20
-    while "Counting its records" in driver.page_source and time.time() < deadline:
-        time.sleep(0.2)
-        driver.refresh()
-    check(("%d records" % expected_records) in driver.page_source, "the zone's count is not %d" % expected_records)
+    def zone_counted():
+        if "Counting its records" in driver.page_source:
+            driver.refresh()
+            return False
+        return ("%d records" % expected_records) in driver.page_source
+    wait_for(zone_counted, "the zone's count is not %d" % expected_records)
     driver.save_screenshot(shots + "/2-zone.png")
     print("ok zone opened", flush=True)
 
@@ -82,6 +102,7 @@ try:
         if not links:
             break
         links[0].click()
+        wait_for(lambda: is_stale(links[0]), "the next page of records did not load")
     check(seen == expected_records, "paged through %d records in %d pages, not %d" % (seen, pages, expected_records))
     print("ok paged through %d records in %d pages" % (seen, pages), flush=True)
 
@@ -99,12 +120,13 @@ try:
     print("ok forged record marked", flush=True)
 
     driver.find_element(By.LINK_TEXT, "Refused saves").click()
-    check(refused in driver.page_source, "the refused save is not listed")
+    wait_for(lambda: refused in driver.page_source, "the refused save is not listed")
     driver.save_screenshot(shots + "/5-refused.png")
     print("ok refused save listed", flush=True)
 
     # The request chart moves while a client syncs (the test drives one meanwhile).
     driver.find_element(By.LINK_TEXT, "Metrics").click()
+    wait_for(lambda: driver.find_elements(By.ID, "chart-requests"), "no request chart")
     deadline = time.time() + 30
     moved = False
     while time.time() < deadline and not moved:
@@ -121,10 +143,7 @@ try:
     # The click only starts the form's POST: wait for its answer (the sign-in page) before the next
     # navigation, which would otherwise abort a POST still in flight on a busy machine.
     driver.find_element(By.XPATH, "//button[text()='Sign out']").click()
-    try:
-        WebDriverWait(driver, 30).until(lambda d: "/console/sign-in" in d.current_url)
-    except TimeoutException:
-        fail("signing out did not lead to the sign-in page: %s, %r" % (driver.current_url, driver.title))
+    wait_for(lambda: "/console/sign-in" in driver.current_url, "signing out did not lead to the sign-in page")
     driver.get(base + "/console/zones")
     check("/console/sign-in" in driver.current_url, "still signed in after signing out")
     print("ok signed out", flush=True)
