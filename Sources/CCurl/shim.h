@@ -1,4 +1,5 @@
 #include <curl/curl.h>
+#include <sys/eventfd.h>  // a stream's wake-up (ServerStream.swift)
 
 // curl_easy_setopt, curl_easy_getinfo and curl_multi_setopt are variadic: Swift calls these
 // typed wrappers instead.
@@ -11,4 +12,5 @@ static inline CURLcode ck_setopt_string(CURL *handle, CURLoption option, const c
 static inline CURLcode ck_setopt_callback(CURL *handle, CURLoption option, ck_data_callback value) { return curl_easy_setopt(handle, option, value); }
 static inline CURLcode ck_getinfo_long(CURL *handle, CURLINFO info, long *value) { return curl_easy_getinfo(handle, info, value); }
 static inline CURLcode ck_getinfo_pointer(CURL *handle, CURLINFO info, void **value) { return curl_easy_getinfo(handle, info, value); }
+static inline CURLcode ck_getinfo_socket(CURL *handle, CURLINFO info, curl_socket_t *value) { return curl_easy_getinfo(handle, info, value); }
 static inline CURLMcode ck_multi_setopt_long(CURLM *multi, CURLMoption option, long value) { return curl_multi_setopt(multi, option, value); }

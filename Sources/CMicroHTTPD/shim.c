@@ -186,7 +186,7 @@ struct MHD_Daemon *cmhd_start(uint16_t port, const char *host,
     memset(&address, 0, sizeof(address));
     memcpy(&address, found->ai_addr, found->ai_addrlen);
     freeaddrinfo(found);
-    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME;
+    unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE;
     if (address.ss_family == AF_INET6) {
         ((struct sockaddr_in6 *)&address)->sin6_port = htons(port);
         flags |= MHD_USE_IPv6;
@@ -322,6 +322,10 @@ void cmhd_watch_stop(struct cmhd_watch *w) {
     close(w->epoll);
     close(w->wakeup);
     free(w);
+}
+
+int cmhd_upgrade_close(struct MHD_UpgradeResponseHandle *urh) {
+    return MHD_upgrade_action(urh, MHD_UPGRADE_ACTION_CLOSE) == MHD_YES ? 0 : -1;
 }
 
 void cmhd_release_free_memory(void) {

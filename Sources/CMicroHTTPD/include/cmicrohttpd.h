@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <microhttpd.h>
+#include <sys/epoll.h>   /* the stream loop (StreamLoop.swift) */
+#include <sys/eventfd.h>
 
 /* Which connections are idle, in the order they were last active: when the open connections
  * reach `high_water` (below the connection limit), the least recently active idle ones — not in
@@ -56,6 +58,10 @@ void cmhd_watch_stop(struct cmhd_watch *watch);
 /* The address a connection comes from, as text (IPv4, or IPv6 without brackets), into `out`
  * (64 bytes are enough); "" when it cannot be told. */
 void cmhd_client_address(struct MHD_Connection *connection, char *out, size_t size);
+
+/* Closes an upgraded connection (a stream) through libmicrohttpd, which owns its socket:
+ * MHD_upgrade_action is variadic, which Swift cannot call. -1 when libmicrohttpd refused. */
+int cmhd_upgrade_close(struct MHD_UpgradeResponseHandle *urh);
 
 /* Gives the memory malloc holds free back to the system (malloc_trim): what a crowd of
  * connections used stays in glibc's arenas after they close, otherwise. */

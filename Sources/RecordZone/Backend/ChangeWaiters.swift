@@ -23,6 +23,10 @@ public final class ChangeWaiters: Sendable {
         var timers: [UUID: Task<Void, Never>] = [:]
         /// Set by ``releaseAll()``: every wait from then on returns at once.
         var released = false
+        /// Observers (``observe(_:as:_:)``): told of every wake of their zones, until removed.
+        var observers: [UUID: @Sendable (ZoneName?) -> Void] = [:]
+        var observing: [ZoneName: Set<UUID>] = [:]
+        var observedBy: [UUID: Set<ZoneName>] = [:]
 
         func generation(of zone: ZoneName) -> UInt64 { (generations[zone] ?? 0) &+ epoch &* 0x1_0000_0000 }
         func generation(of zones: [ZoneName]) -> UInt64 { zones.reduce(epoch &* 0x1_0000_0000) { $0 &+ (generations[$1] ?? 0) } }
@@ -92,42 +96,72 @@ public final class ChangeWaiters: Sendable {
         }
     }
 
-    /// Wakes everyone waiting for `zone` and moves its generation on.
+    /// Wakes everyone waiting for `zone`, tells its observers, and moves its generation on.
     public func wake(_ zone: ZoneName) {
-        let woken = state.withLock { state in
+        let (woken, told) = state.withLock { state in
             state.generations[zone, default: 0] &+= 1
-            return (state.waiting[zone] ?? []).map { state.remove($0) }
+            return ((state.waiting[zone] ?? []).map { state.remove($0) }, (state.observing[zone] ?? []).compactMap { state.observers[$0] })
         }
         for (continuation, timer) in woken {
             timer?.cancel()
             continuation?.resume(returning: true)
+        }
+        for observer in told { observer(zone) }
+    }
+
+    /// Tells `observer` of every later wake of `zones` (their name), and of every ``wakeAll()``
+    /// and ``releaseAll()`` (nil), on the waking thread, until ``stopObserving(_:)``: what a
+    /// stream holds instead of a wait a zone (each wake costs one call per observer of that
+    /// zone, nothing per other zone). Calling it again for `id` adds zones.
+    public func observe(_ zones: some Sequence<ZoneName>, as id: UUID, _ observer: @escaping @Sendable (ZoneName?) -> Void) {
+        state.withLock { state in
+            state.observers[id] = observer
+            for zone in zones where state.observedBy[id, default: []].insert(zone).inserted {
+                state.observing[zone, default: []].insert(id)
+            }
+        }
+    }
+
+    /// Ends an observation (``observe(_:as:_:)``).
+    public func stopObserving(_ id: UUID) {
+        state.withLock { state in
+            state.observers[id] = nil
+            for zone in state.observedBy.removeValue(forKey: id) ?? [] {
+                state.observing[zone]?.remove(id)
+                if state.observing[zone]?.isEmpty == true { state.observing[zone] = nil }
+            }
         }
     }
 
     /// Wakes everyone, and moves every zone's generation on (changes may have been missed: a
     /// notification connection was lost and is back).
     public func wakeAll() {
-        let woken = state.withLock { state in
+        let (woken, told) = state.withLock { state in
             state.epoch &+= 1
-            return Array(state.continuations.keys).map { state.remove($0) }
+            return (Array(state.continuations.keys).map { state.remove($0) }, Array(state.observers.values))
         }
         for (continuation, timer) in woken {
             timer?.cancel()
             continuation?.resume(returning: true)
         }
+        for observer in told { observer(nil) }
     }
 
     /// Releases every waiter with false, and answers every later wait at once (a server stopping).
     public func releaseAll() {
-        let woken = state.withLock { state in
+        let (woken, told) = state.withLock { state in
             state.released = true
-            return Array(state.continuations.keys).map { state.remove($0) }
+            return (Array(state.continuations.keys).map { state.remove($0) }, Array(state.observers.values))
         }
         for (continuation, timer) in woken {
             timer?.cancel()
             continuation?.resume(returning: false)
         }
+        for observer in told { observer(nil) }
     }
+
+    /// Whether ``releaseAll()`` was called (a stream ends rather than observe on).
+    public var isReleased: Bool { state.withLock { $0.released } }
 
     private func resume(_ id: UUID, _ value: Bool) {
         let (continuation, timer) = state.withLock { $0.remove(id) }

@@ -6,7 +6,7 @@ import RecordZone
 enum Route: CaseIterable {
     case health, metrics
     case listZones, createZone, deleteZone
-    case databaseChanges, zoneChanges, waitForChanges
+    case databaseChanges, zoneChanges, waitForChanges, stream
     case setTyping, typing
     case setPresence, presence
     case modify, fetch, query
@@ -15,7 +15,7 @@ enum Route: CaseIterable {
 
     var method: String {
         switch self {
-        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .typing, .presence, .getAsset, .publicRecord: "GET"
+        case .health, .metrics, .listZones, .databaseChanges, .zoneChanges, .waitForChanges, .stream, .typing, .presence, .getAsset, .publicRecord: "GET"
         case .createZone, .putAsset, .setTyping, .setPresence: "PUT"
         case .deleteZone: "DELETE"
         case .modify, .fetch, .query: "POST"
@@ -32,6 +32,7 @@ enum Route: CaseIterable {
         case .databaseChanges: "/v1/changes"
         case .zoneChanges: "/v1/zones/{zone}/changes"
         case .waitForChanges: "/v1/zones/{zone}/wait"
+        case .stream: "/v1/stream"
         case .setTyping, .typing: "/v1/zones/{zone}/typing"
         case .setPresence: "/v1/presence"
         case .presence: "/v1/zones/{zone}/presence"

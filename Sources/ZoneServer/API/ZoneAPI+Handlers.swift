@@ -13,7 +13,7 @@ extension ZoneAPI {
             let body = metrics.render(recordsStored: (try? await storage.recordCount()) ?? -1, longPollsWaiting: storage.waitingCount, inFlight: counters.inFlightCount,
                                       idleGivenWay: counters.idleConnectionsGivenWayCount, openConnections: counters.openConnectionCount,
                                       abandoned: counters.abandonedCount, memoryReleases: counters.memoryReleaseCount)
-                + storage.metricsText()
+                + streamCounters.render() + storage.metricsText()
             return HTTPResponse(status: 200, headers: [("Content-Type", "text/plain; version=0.0.4")], body: Data(body.utf8))
         case .listZones:
             let zones = try await readable(try await storage.zones().filter { access.canRead(zone: $0, as: identity) }, identity)
@@ -37,6 +37,14 @@ extension ZoneAPI {
             let (zone, versions) = try await readableZone(matched, identity)
             let limit = try Self.pageLimit(try intParameter(request, "limit"), default: 200)
             return wire(try await storage.changes(in: zone, since: try tokenParameter(request), limit: limit, readable: versions), for: request)
+        case .stream:
+            guard request.headers["upgrade"]?.lowercased() == Wire.StreamFrame.protocolName else {
+                throw APIError(.invalidArguments, "a stream is opened with 'Connection: Upgrade' and 'Upgrade: \(Wire.StreamFrame.protocolName)'", status: 426,
+                               headers: [("Upgrade", Wire.StreamFrame.protocolName)])
+            }
+            return .switching(to: Wire.StreamFrame.protocolName) { connection in
+                await ZoneStream(api: self, identity: identity, connection: connection).run()
+            }
         case .waitForChanges:
             let (zone, _) = try await readableZone(matched, identity)
             let seconds = min(Double(try intParameter(request, "timeout") ?? 30), Double(configuration.maximumWait.components.seconds))
@@ -234,7 +242,11 @@ extension ZoneAPI {
 
     /// The zone a read names, with the versions `identity` may read of it (nil: all), or 403.
     private func readableZone(_ matched: Route.Matched, _ identity: String) async throws -> (ZoneName, ReadableVersions?) {
-        let zone = try zoneParameter(matched)
+        try await readableZone(try zoneParameter(matched), identity)
+    }
+
+    /// `zone`, with the versions `identity` may read of it (nil: all), or 403.
+    func readableZone(_ zone: ZoneName, _ identity: String) async throws -> (ZoneName, ReadableVersions?) {
         guard access.canRead(zone: zone, as: identity) else { throw forbidden(identity, zone) }
         guard let versions = try await readableVersions(of: [zone], identity)[zone] else { return (zone, nil) }
         guard let versions else { throw forbidden(identity, zone) }

@@ -11,6 +11,7 @@ public struct ZoneAPI: HTTPService {
     let configuration: ZoneServerConfiguration
     let authenticator: Authenticator
     let metrics = Metrics()
+    let streamCounters = StreamCounters()
     /// The saves refused since start (the newest), for the console.
     public let refusals = RefusalLog()
     /// The transport's gauges, reported by `/metrics`.
@@ -70,6 +71,13 @@ public struct ZoneAPI: HTTPService {
     public func mayWait(method: String, path: String) -> Bool {
         let route = (try? Route.match(method: method, path: path))?.route
         return route == .waitForChanges || route == .typing
+    }
+
+    /// A page of a followed zone's changes for a stream: as `GET /v1/zones/{zone}/changes`
+    /// answers `identity` (who may read the zone, which versions of a group).
+    func streamChanges(in zone: ZoneName, since token: ChangeToken?, identity: String) async throws -> Wire.Changes {
+        let (zone, versions) = try await readableZone(zone, identity)
+        return try await storage.changes(in: zone, since: token, limit: 200, readable: versions)
     }
 
     /// Handles one request: the whole API, as a function.

@@ -30,11 +30,20 @@ public struct HTTPResponse: Sendable {
     public var status: Int
     public var headers: [(String, String)]
     public var body: Data
+    /// For a `101 Switching Protocols`: given the connection once the answer is sent (a stream).
+    var upgrade: (@Sendable (StreamConnection) async -> Void)?
 
     public init(status: Int, headers: [(String, String)] = [], body: Data = Data()) {
         self.status = status
         self.headers = headers
         self.body = body
+    }
+
+    /// A `101 Switching Protocols` to `protocolName`: the connection then goes to `stream`.
+    static func switching(to protocolName: String, _ stream: @escaping @Sendable (StreamConnection) async -> Void) -> HTTPResponse {
+        var response = HTTPResponse(status: 101, headers: [("Upgrade", protocolName), ("Connection", "Upgrade")])
+        response.upgrade = stream
+        return response
     }
 
     /// A JSON response.

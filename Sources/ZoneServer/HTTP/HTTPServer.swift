@@ -83,6 +83,9 @@ public final class HTTPServer: Sendable {
     /// Where the serving loop and the handlers run: threads of the server's own, so a process
     /// whose cooperative pool is busy (CPU-bound work, blocking calls) still answers promptly.
     private let executor = HandlerExecutor(label: "convkit.http.handlers")
+    /// The upgraded connections (streams), on a thread of their own; nil when the system would
+    /// not give the loop its descriptors (a `101` is then not given either).
+    let streams = StreamLoop()
 
     /// A complete request handed to its handler, its connection suspended.
     private struct Pending: @unchecked Sendable {
@@ -263,6 +266,8 @@ public final class HTTPServer: Sendable {
         let trimming = Task(executorPreference: executor) { await self.releaseMemoryAfterCrowds() }
         for await _ in stopping {}
         trimming.cancel()
+        // Streams end at once (their clients resume from their tokens elsewhere or later).
+        await streams?.stop()
         let deadline = state.withLock { $0.deadline }
         while counters.runningHandlerCount > 0, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(5))
@@ -460,8 +465,12 @@ public final class HTTPServer: Sendable {
     }
 
     private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
-        let made = response.body.withUnsafeBytes { raw in
-            MHD_create_response_from_buffer(raw.count, UnsafeMutableRawPointer(mutating: raw.baseAddress), .RESPMEM_MUST_COPY)
+        let made = if response.upgrade != nil, streams != nil {
+            MHD_create_response_for_upgrade(upgradeHandler, Unmanaged.passUnretained(self).toOpaque())
+        } else {
+            response.body.withUnsafeBytes { raw in
+                MHD_create_response_from_buffer(raw.count, UnsafeMutableRawPointer(mutating: raw.baseAddress), .RESPMEM_MUST_COPY)
+            }
         }
         guard let made else { return .NO }
         defer { MHD_destroy_response(made) }
@@ -497,6 +506,18 @@ public final class HTTPServer: Sendable {
         .json(Wire.ErrorBody(Wire.Failure(RecordZoneError(code, message))), status: status, headers: headers)
     }
 
+    /// Called by libmicrohttpd once a `101` is sent: the socket goes to the stream loop, and
+    /// the connection to the response's handler (on a handler thread: this one is the daemon's).
+    fileprivate func upgraded(_ exchange: Exchange, socket: Int32, handle: OpaquePointer, extra: Data) {
+        guard let streams, let stream = exchange.response?.upgrade, accepting.load(ordering: .acquiring),
+            let connection = streams.adopt(socket: socket, handle: handle, extra: extra)
+        else {
+            _ = cmhd_upgrade_close(handle)
+            return
+        }
+        Task(executorPreference: executor) { await stream(connection) }
+    }
+
     /// Called by libmicrohttpd when a request is over, its answer sent or its connection gone.
     fileprivate func completed(_ exchange: Exchange) {
         if exchange.started { counters.inFlight.subtract(1, ordering: .relaxed) }
@@ -508,6 +529,14 @@ private let accessHandler: MHD_AccessHandlerCallback = { cls, connection, url, m
     let server = Unmanaged<HTTPServer>.fromOpaque(cls).takeUnretainedValue()
     return server.access(connection, url: String(cString: url), method: String(cString: method),
                          upload: upload, uploadSize: uploadSize, state: state)
+}
+
+private let upgradeHandler: MHD_UpgradeHandler = { cls, _, state, extra, extraSize, socket, handle in
+    guard let cls, let state, let handle else { return }
+    let server = Unmanaged<HTTPServer>.fromOpaque(cls).takeUnretainedValue()
+    let exchange = Unmanaged<HTTPServer.Exchange>.fromOpaque(state).takeUnretainedValue()
+    let bytes = extra.map { Data(bytes: $0, count: extraSize) } ?? Data()
+    server.upgraded(exchange, socket: socket, handle: handle, extra: bytes)
 }
 
 private let completedHandler: MHD_RequestCompletedCallback = { cls, _, state, _ in

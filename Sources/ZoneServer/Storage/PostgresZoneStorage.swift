@@ -36,7 +36,7 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
     /// The database's identity in database tokens: its instance (made at its first migration)
     /// and its cluster's system identifier, so a restore into another cluster expires them.
     let instance: String
-    let waiters = ChangeWaiters()
+    public let waiters = ChangeWaiters()
     public let typing = TypingBoard()
     public let presence = PresenceBoard()
     /// This server's name in its typing and presence notifications, so it skips its own.

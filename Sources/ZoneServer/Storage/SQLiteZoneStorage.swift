@@ -22,7 +22,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
     let databasePath: String
     let assets: AssetFolder
     let instance: String
-    let waiters = ChangeWaiters()
+    public let waiters = ChangeWaiters()
     public let typing = TypingBoard()
     public let presence = PresenceBoard()
     let nonces = NonceMemory()

@@ -57,6 +57,9 @@ public protocol ZoneStorage: RecordZoneBackend {
     /// Sets an identity's presence here and, where servers share the storage, on every one of them.
     /// - Returns: false when refused for the rate (``PresenceBoard/minimumInterval``).
     func setPresence(_ online: Bool, identity: String) async -> Bool
+    /// Who waits for or observes a zone's changes: woken by every commit to it (on any server
+    /// sharing the storage).
+    var waiters: ChangeWaiters { get }
     /// How many callers wait in ``RecordZoneBackend/waitForChanges(in:since:timeout:)`` now.
     var waitingCount: Int { get }
     /// Releases every waiting caller, and answers later ones at once (the server is stopping).

@@ -82,10 +82,13 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         // Every backend takes any limit and pages within its own (the server refuses one out of 1…1000).
         var query = [("limit", String(BackendLimits.clampPage(limit)))]
         if let token { query.append(("token", token.base64)) }
-        let page = try await get(Wire.Changes.self, "/v1/zones/\(zone.rawValue)/changes", query: query, records: true)
-        // What the server sent is verified here, once, over the bytes received. So are the records
-        // it refused for a key it does not hold for their owner: whose key is whose is this
-        // reader's pins' to decide.
+        return admit(try await get(Wire.Changes.self, "/v1/zones/\(zone.rawValue)/changes", query: query, records: true))
+    }
+
+    /// A page of changes as this client takes it: what the server sent is verified here, once,
+    /// over the bytes received. So are the records it refused for a key it does not hold for
+    /// their owner: whose key is whose is this reader's pins' to decide.
+    func admit(_ page: Wire.Changes) -> ZoneChanges {
         var received = page.records, standing = [RejectedRecord]()
         for rejection in page.rejected {
             if rejection.reason.isAboutKeys, let bytes = rejection.data {

@@ -141,6 +141,51 @@ public enum Wire {
         return body.dropFirst(4).prefix(4).reduce(0) { $0 << 8 | Int($1) }
     }
 
+    /// One frame of the stream (docs/PROTOCOL.md §2, "The stream"): a JSON object whose `type`
+    /// says which of the other fields it has.
+    public struct StreamFrame: Codable, Sendable {
+        public enum Kind: String, Codable, Sendable {
+            /// Client: follow `zones`, each from its token (null: from the zone's beginning).
+            case follow
+            /// Server: a page of a followed zone's changes after the token it was followed from
+            /// or last sent, as `GET /v1/zones/{zone}/changes` answers it.
+            case changes
+            /// Server: a followed zone can no longer be followed (`error`: why); the client
+            /// falls back to reading it by request.
+            case failed
+            /// Either side, at least every ``StreamFrame/heartbeatSeconds``.
+            case ping
+        }
+        /// The longest either side stays silent: a ping is sent at the latest then.
+        public static let heartbeatSeconds = 15
+        /// A side that heard nothing for this long takes the other for dead and closes.
+        public static let silenceSeconds = 45
+        /// The protocol named in the opening request's `Upgrade` header and in the `101`.
+        public static let protocolName = "convkit-stream/1"
+        /// The most zones one stream follows.
+        public static let maximumZones = 10_000
+
+        public var type: Kind
+        public var zones: [String: ChangeToken?]?
+        public var zone: String?
+        public var changes: Changes?
+        public var error: Failure?
+
+        public init(type: Kind, zones: [String: ChangeToken?]? = nil, zone: String? = nil, changes: Changes? = nil, error: Failure? = nil) {
+            self.type = type
+            self.zones = zones
+            self.zone = zone
+            self.changes = changes
+            self.error = error
+        }
+
+        public func encoded() throws -> Data {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            return try encoder.encode(self)
+        }
+    }
+
     public struct ErrorBody: Codable, Sendable {
         public var error: Failure
         public init(_ error: Failure) { self.error = error }

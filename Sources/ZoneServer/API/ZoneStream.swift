@@ -1,0 +1,191 @@
+import Foundation
+import RecordZone
+import Synchronization
+
+/// One client's stream (docs/PROTOCOL.md §2, "The stream"): the zones it follows, each from its
+/// token, and a push of each zone's new versions as soon as they are committed — read by
+/// exactly the rules of `GET /v1/zones/{zone}/changes` (who may read the zone, which versions of
+/// a group), one page at a time.
+///
+/// Nothing is queued ahead of the client: a zone that moves is marked, and its changes are read
+/// from the stream's token for it when the page before has left this server's memory (the
+/// socket took all but ``ZoneStream/bufferedLimit`` bytes). So a reader that stops reading
+/// costs one page, never a backlog; when it reads again it gets everything from its tokens, and
+/// one that stays silent for ``Wire/StreamFrame/silenceSeconds`` is closed.
+final class ZoneStream: Sendable {
+    /// Bytes written ahead of the client before the next page is read.
+    static let bufferedLimit = 1 << 20
+
+    private struct State {
+        var tokens: [ZoneName: ChangeToken?] = [:]
+        var dirty: Set<ZoneName> = []
+        var lastHeard = ContinuousClock.now
+    }
+    private let api: ZoneAPI
+    private let identity: String
+    private let connection: StreamConnection
+    private let state = Mutex(State())
+    private let id = UUID()
+    /// Something to do: a zone moved, the client followed more.
+    private let signal: AsyncStream<Void>
+    private let signalContinuation: AsyncStream<Void>.Continuation
+
+    init(api: ZoneAPI, identity: String, connection: StreamConnection) {
+        self.api = api
+        self.identity = identity
+        self.connection = connection
+        (signal, signalContinuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// Serves the stream until either side closes it.
+    func run() async {
+        api.streamCounters.opened.add(1, ordering: .relaxed)
+        defer {
+            api.storage.waiters.stopObserving(id)
+            connection.close()
+            api.streamCounters.closed.add(1, ordering: .relaxed)
+        }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.readFrames() }
+            group.addTask { await self.keepAlive() }
+            group.addTask { await self.push() }
+            await group.next()
+            signalContinuation.finish()
+            group.cancelAll()
+        }
+        // What was said last (why the stream ends) leaves first, if the client reads within a second.
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.connection.drained(below: 1) }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(1))
+                self.connection.close()
+            }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    /// The client's frames, until it closes.
+    private func readFrames() async {
+        for await payload in connection.frames {
+            state.withLock { $0.lastHeard = .now }
+            guard let frame = try? JSONDecoder().decode(Wire.StreamFrame.self, from: payload) else {
+                return fail(RecordZoneError(.malformed, "a stream frame is a JSON object with a known type"))
+            }
+            switch frame.type {
+            case .ping: continue
+            case .follow:
+                do { try follow(frame.zones ?? [:]) } catch { return fail(error) }
+            case .changes, .failed:
+                return fail(RecordZoneError(.malformed, "a client does not send '\(frame.type.rawValue)' frames"))
+            }
+        }
+    }
+
+    /// Follows more zones (or the same from another token).
+    private func follow(_ zones: [String: ChangeToken?]) throws(RecordZoneError) {
+        var named = [ZoneName: ChangeToken?]()
+        for (name, token) in zones {
+            guard let zone = try? ZoneName(name) else { throw RecordZoneError(.invalidArguments, "'\(name)' is not a zone name") }
+            named[zone] = token
+        }
+        let refused = state.withLock { state -> Bool in
+            guard state.tokens.merging(named, uniquingKeysWith: { $1 }).count <= Wire.StreamFrame.maximumZones else { return true }
+            state.tokens.merge(named) { $1 }
+            state.dirty.formUnion(named.keys)
+            return false
+        }
+        guard !refused else { throw RecordZoneError(.limitExceeded, "a stream follows at most \(Wire.StreamFrame.maximumZones) zones") }
+        api.storage.waiters.observe(named.keys, as: id) { [weak self] zone in self?.moved(zone) }
+        signalContinuation.yield()
+    }
+
+    /// A followed zone moved (nil: any may have).
+    private func moved(_ zone: ZoneName?) {
+        state.withLock { state in
+            if let zone { state.dirty.insert(zone) } else { state.dirty.formUnion(state.tokens.keys) }
+        }
+        signalContinuation.yield()
+    }
+
+    /// Sends each moved zone's changes, a page at a time, until the stream ends.
+    private func push() async {
+        for await _ in signal {
+            while let zone = state.withLock({ $0.dirty.popFirst() }) {
+                await connection.drained(below: Self.bufferedLimit)
+                guard !connection.isClosed else { return }
+                guard let token = state.withLock({ $0.tokens[zone] }) else { continue }
+                do {
+                    let changes = try await api.streamChanges(in: zone, since: token, identity: identity)
+                    guard !changes.records.isEmpty || !changes.rejected.isEmpty || changes.token != token else { continue }
+                    let frame = Wire.StreamFrame(type: .changes, zone: zone.rawValue, changes: changes)
+                    guard connection.send(try frame.encoded()) else { return }
+                    api.streamCounters.pushes.add(1, ordering: .relaxed)
+                    api.streamCounters.records.add(changes.records.count, ordering: .relaxed)
+                    state.withLock { state in
+                        // Followed again meanwhile from another token: that one stands.
+                        if state.tokens[zone] == token { state.tokens[zone] = changes.token }
+                        if changes.moreComing { state.dirty.insert(zone) }
+                    }
+                } catch {
+                    // The zone is no longer followed, and the client told why (a token the
+                    // storage cannot serve, a zone it may not read, a storage failure).
+                    let failure = (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)"))
+                    state.withLock { state in
+                        state.tokens[zone] = nil
+                        state.dirty.remove(zone)
+                    }
+                    guard connection.send((try? Wire.StreamFrame(type: .failed, zone: zone.rawValue, error: failure).encoded()) ?? Data()) else { return }
+                }
+            }
+        }
+    }
+
+    /// A ping at least every ``Wire/StreamFrame/heartbeatSeconds``; a client silent for
+    /// ``Wire/StreamFrame/silenceSeconds`` is closed.
+    private func keepAlive() async {
+        let ping = (try? Wire.StreamFrame(type: .ping).encoded()) ?? Data()
+        while !Task.isCancelled {
+            do { try await Task.sleep(for: .seconds(Wire.StreamFrame.heartbeatSeconds)) } catch { return }
+            let silent = state.withLock { ContinuousClock.now - $0.lastHeard }
+            if silent > .seconds(Wire.StreamFrame.silenceSeconds) {
+                api.configuration.logger.info("stream of '\(identity)' closed: the client was silent for \(silent)")
+                return
+            }
+            guard connection.send(ping) else { return }
+        }
+    }
+
+    /// Says why the stream ends, and ends it.
+    private func fail(_ error: RecordZoneError) {
+        if let frame = try? Wire.StreamFrame(type: .failed, error: Wire.Failure(error)).encoded() { connection.send(frame) }
+    }
+}
+
+/// What `/metrics` counts of the streams.
+final class StreamCounters: Sendable {
+    let opened = Atomic(0)
+    let closed = Atomic(0)
+    let pushes = Atomic(0)
+    let records = Atomic(0)
+
+    var open: Int { opened.load(ordering: .relaxed) - closed.load(ordering: .relaxed) }
+
+    func render() -> String {
+        """
+        # HELP convkitd_streams_open Streams open now.
+        # TYPE convkitd_streams_open gauge
+        convkitd_streams_open \(open)
+        # HELP convkitd_streams_opened_total Streams opened since start.
+        # TYPE convkitd_streams_opened_total counter
+        convkitd_streams_opened_total \(opened.load(ordering: .relaxed))
+        # HELP convkitd_stream_pushes_total Pages of changes pushed down streams.
+        # TYPE convkitd_stream_pushes_total counter
+        convkitd_stream_pushes_total \(pushes.load(ordering: .relaxed))
+        # HELP convkitd_stream_records_total Records pushed down streams.
+        # TYPE convkitd_stream_records_total counter
+        convkitd_stream_records_total \(records.load(ordering: .relaxed))
+
+        """
+    }
+}

@@ -1,0 +1,211 @@
+import ConversationKit
+import Foundation
+import Synchronization
+import RecordZone
+import Testing
+import TestSupport
+@testable import ZoneServer
+
+/// The stream (docs/PROTOCOL.md §2, "The stream"): one connection per client, down which the
+/// server pushes the records themselves.
+@Suite struct StreamTests {
+    @Test func aSavedMessageIsPushedToTheFollowerWithNoFetch() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice), bob = fixture.client("bob", key: Keys.bob)
+        try await alice.createZone(zone)
+        try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "before")]).forEach { _ = try $0.get() }
+
+        let stream = try await bob.openStream()
+        defer { stream.close() }
+        try stream.follow([zone: nil])
+        let events = Pushed(stream)
+        // What the zone held: pushed at once, verified.
+        guard case .changes(let first, let page)? = await events.next() else { Issue.record("nothing pushed for the zone followed"); return }
+        #expect(first == zone)
+        #expect(page.records.map { $0.fields["content"] } == [.string("before")])
+        #expect(page.rejected.isEmpty && !page.moreComing)
+
+        let fetchesBefore = fixture.server.api.metrics.answered(.zoneChanges)
+        try await alice.save([try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "live")]).forEach { _ = try $0.get() }
+        guard case .changes(_, let live)? = await events.next() else { Issue.record("the new message was not pushed"); return }
+        #expect(live.records.map { $0.fields["content"] } == [.string("live")])
+        // The token pushed reads on from there: nothing more to fetch.
+        #expect(try await bob.fetchChanges(in: zone, since: live.token, limit: 10).records.isEmpty)
+        #expect(fixture.server.api.metrics.answered(.zoneChanges) == fetchesBefore + 1, "only the check above fetched")
+        let metrics = try await fixture.signed("GET", "/metrics", identity: "bob", key: Keys.bob)
+        #expect(metrics.text.contains("convkitd_streams_open 1"))
+        #expect(metrics.text.contains("convkitd_stream_records_total 2"))
+    }
+
+    @Test func aFollowFromATokenPushesOnlyWhatCameAfterIt() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice), bob = fixture.client("bob", key: Keys.bob)
+        try await alice.createZone(zone)
+        try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "seen")]).forEach { _ = try $0.get() }
+        let token = try await bob.fetchChanges(in: zone, since: nil, limit: 10).token
+        try await alice.save([try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "missed")]).forEach { _ = try $0.get() }
+
+        let stream = try await bob.openStream()
+        defer { stream.close() }
+        try stream.follow([zone: token])
+        let events = Pushed(stream)
+        guard case .changes(_, let page)? = await events.next() else { Issue.record("nothing pushed"); return }
+        #expect(page.records.map { $0.fields["content"] } == [.string("missed")])
+        // Nothing more while nothing is saved.
+        #expect(await events.next(seconds: 0.5) == nil)
+    }
+
+    @Test func anOutsidersFollowFailsForThatZoneAlone() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob"), own = try conversationZone("carol", "bob")
+        let alice = fixture.client("alice", key: Keys.alice), carol = fixture.client("carol", key: Keys.carol)
+        try await alice.createZone(zone)
+        try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "private")]).forEach { _ = try $0.get() }
+        try await carol.createZone(own)
+
+        let stream = try await carol.openStream()
+        defer { stream.close() }
+        try stream.follow([zone: nil])
+        let events = Pushed(stream)
+        guard case .failed(let failed, let error)? = await events.next() else { Issue.record("an outsider's follow was not refused"); return }
+        #expect(failed == zone && error.code == .notAuthorized)
+        // The stream stays, for the zones carol may read; and alice's next message never reaches her.
+        try stream.follow([own: nil])
+        guard case .changes(let ownZone, _)? = await events.next() else { Issue.record("the stream did not go on"); return }
+        #expect(ownZone == own)
+        try await alice.save([try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "still private")]).forEach { _ = try $0.get() }
+        #expect(await events.next(seconds: 0.5) == nil)
+    }
+
+    @Test func anUnsignedOrPlainOpeningIsRefused() async throws {
+        let fixture = try ServerFixture()
+        // Signed, but not an upgrade: 426, and what to ask for.
+        let plain = try await fixture.signed("GET", "/v1/stream", identity: "bob", key: Keys.bob)
+        #expect(plain.status == 426 && plain.errorCode == "invalidArguments")
+        // A forged signature: 401, no stream.
+        let stream = fixture.client("bob", key: Keys.mallory)
+        try await fixture.client("bob", key: Keys.bob).createZone(try conversationZone("alice", "bob"))
+        await #expect { try await stream.openStream() } throws: { ($0 as? RecordZoneError)?.code == .notAuthenticated }
+        #expect(fixture.server.api.streamCounters.open == 0)
+    }
+
+    @Test func overHTTPSTheStreamCarriesThePushesAsOverHTTP() async throws {
+        let directory = try TemporaryDirectory("stream-tls")
+        let certificate = try TestCertificate(in: directory.path)
+        let storage = try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy())
+        let server = ZoneServer(storage: storage, access: ChatZoneAccess())
+        let port = try server.start(host: "127.0.0.1", port: 0, tls: try TLSIdentity(certificateFile: certificate.certificateFile, keyFile: certificate.keyFile))
+        let url = try #require(URL(string: "https://127.0.0.1:\(port)"))
+        let alice = HTTPBackend(url: url, identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy(), caFile: certificate.certificateFile)
+        let bob = HTTPBackend(url: url, identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy(), caFile: certificate.certificateFile)
+        let zone = try conversationZone("alice", "bob")
+        try await alice.createZone(zone)
+        let stream = try await bob.openStream()
+        try stream.follow([zone: nil])
+        let events = Pushed(stream)
+        guard case .changes? = await events.next() else { Issue.record("nothing pushed over HTTPS"); return }
+        for text in ["one", "two", "three"] {
+            try await alice.save([try message(zone, text, from: "alice", to: "bob", key: Keys.alice, text: text)]).forEach { _ = try $0.get() }
+        }
+        var received = [FieldValue?]()
+        while received.count < 3, case .changes(_, let page)? = await events.next() { received += page.records.map { $0.fields["content"] } }
+        #expect(received == [.string("one"), .string("two"), .string("three")])
+        // A client that does not trust the certificate opens nothing.
+        let untrusting = HTTPBackend(url: url, identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        await #expect { try await untrusting.openStream() } throws: { ($0 as? RecordZoneError)?.code == .networkUnavailable }
+        stream.close()
+        await server.stop()
+    }
+
+    /// A reader that stops reading costs the server a page, not a backlog; once it reads again it
+    /// gets every record, in order.
+    @Test func aReaderThatStopsReadingGetsEverythingWhenItReadsAgain() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice), bob = fixture.client("bob", key: Keys.bob)
+        try await alice.createZone(zone)
+        // bob's stream buffers only two events: what does not fit waits on the server's side.
+        let stream = try await bob.openStream(bufferedEvents: 2)
+        try stream.follow([zone: nil])
+        let padding = String(repeating: "x", count: 8000)
+        for batch in 0..<30 {
+            let records = try (0..<100).map { try message(zone, "b\(batch)-\(100 + $0)", from: "alice", to: "bob", key: Keys.alice, text: "\(batch)-\(100 + $0) " + padding) }
+            try await alice.save(records).forEach { _ = try $0.get() }
+        }
+        // 3,000 records of 8 kB (24 MB) for a reader that takes none: what the sockets' buffers
+        // and the server's megabyte ahead of them hold is pushed, no more.
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(fixture.server.api.streamCounters.records.load(ordering: .relaxed) < 3000, "everything was pushed to a reader that read nothing")
+        var received = [String]()
+        do {
+            for try await event in stream.events {
+                guard case .changes(_, let page) = event else { continue }
+                for record in page.records {
+                    guard case .string(let text)? = record.fields["content"] else { continue }
+                    received.append(String(text.prefix { $0 != " " }))
+                }
+                if received.count >= 3000 { break }
+            }
+        } catch {
+            Issue.record("the stream ended: \(error)")
+        }
+        stream.close()
+        let sent = (0..<30).flatMap { batch in (0..<100).map { "\(batch)-\(100 + $0)" } }
+        #expect(received.count == 3000 && received == sent, "\(received.count) records, in the order saved")
+    }
+
+    @Test func aClosedClientEndsItsStreamOnTheServer() async throws {
+        let fixture = try ServerFixture()
+        let bob = fixture.client("bob", key: Keys.bob)
+        try await bob.createZone(try conversationZone("alice", "bob"))
+        let stream = try await bob.openStream()
+        try stream.follow([try conversationZone("alice", "bob"): nil])
+        #expect(await until { fixture.server.api.streamCounters.open == 1 })
+        stream.close()
+        #expect(await until { fixture.server.api.streamCounters.open == 0 }, "the server still holds the stream")
+        // And a stopping server ends the streams it holds.
+        let second = try await bob.openStream()
+        let events = Pushed(second)
+        await fixture.server.stop()
+        #expect(await until { events.error?.code == .networkUnavailable }, "the stream did not end with the server")
+    }
+}
+
+/// What a stream pushed, collected as it comes.
+final class Pushed: Sendable {
+    private let state = Mutex<(events: [ServerStream.Event], taken: Int, error: RecordZoneError?)>(([], 0, nil))
+
+    init(_ stream: ServerStream) {
+        Task { [weak self] in
+            do {
+                for try await event in stream.events { self?.state.withLock { $0.events.append(event) } }
+            } catch {
+                self?.state.withLock { $0.error = error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)") }
+            }
+        }
+    }
+
+    /// Why the stream ended (nil: it has not, or ended without an error).
+    var error: RecordZoneError? { state.withLock { $0.error } }
+
+    /// The next event, or nil when none comes within `seconds`.
+    func next(seconds: Double = 10) async -> ServerStream.Event? {
+        guard await until(seconds: seconds, { state.withLock { $0.events.count > $0.taken } }) else { return nil }
+        return state.withLock { state in
+            defer { state.taken += 1 }
+            return state.events[state.taken]
+        }
+    }
+}
+
+/// Waits until `condition` holds (up to `seconds`).
+func until(seconds: Double = 10, _ condition: () async -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
+    while ContinuousClock.now < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return await condition()
+}
