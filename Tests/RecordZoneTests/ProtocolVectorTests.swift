@@ -145,6 +145,12 @@ import Testing
             var boxHex: String
             var recordHex: String
         }
+        /// A frame of the stream (§2.4), as it travels: its length, then its JSON.
+        struct StreamFrameVector: Codable, Equatable {
+            var description: String
+            var json: String
+            var hex: String
+        }
         struct RefusedVector: Codable, Equatable {
             var description: String
             var hex: String
@@ -158,6 +164,7 @@ import Testing
         var recovery: [RecoveryVector]
         var attachments: [AttachmentVector]
         var refused: [RefusedVector]
+        var stream: [StreamFrameVector]
     }
 
     static func key(_ byte: UInt8) throws -> SigningKey { try SigningKey(seed: Data(repeating: byte, count: 32)) }
@@ -381,6 +388,7 @@ import Testing
             request("saying one is online (§2, Presence)", method: "PUT", path: "/v1/presence", query: [], body: Data(#"{"online":true}"#.utf8)),
             request("whether bob and carol are online, in a zone, waiting up to 25 s past version 3", method: "GET",
                     path: "/v1/zones/c-0123456789abcdef-fedcba9876543210/presence", query: [("of", "bob,carol"), ("since", "3"), ("timeout", "25")], body: Data()),
+            request("opening the stream (§2.4), sent with Connection: Upgrade and Upgrade: convkit-stream/1", method: "GET", path: "/v1/stream", query: [], body: Data()),
             request("a JSON modify asking for its catch-up (the client's database token in since)", method: "POST", path: "/v1/records/modify", query: [],
                     body: Data(#"{"policy":"merge","records":[],"since":"AQID+/=="}"#.utf8)),
         ], introductions: [
@@ -392,7 +400,25 @@ import Testing
             refused("both spellings of é, in byte order: refused for the spelling, not as a repeat", handmade([([0x65, 0xCC, 0x81], "a"), ([0xC3, 0xA9], "b")])),
             refused("field keys out of byte order", handmade([(Array("b".utf8), "1"), (Array("a".utf8), "2")])),
             refused("a field key repeated", handmade([(Array("a".utf8), "1"), (Array("a".utf8), "2")])),
-        ])
+        ], stream: try streamVectors())
+    }
+
+    /// The stream's frames (§2.4), one of each kind.
+    static func streamVectors() throws -> [Vectors.StreamFrameVector] {
+        let zone = "c-0123456789abcdef-fedcba9876543210"
+        let record = try #require(Data(hexString: "00"))
+        let frames: [(String, Wire.StreamFrame)] = [
+            ("follow the speakers directory from its beginning and a conversation from a token", .init(type: .follow, zones: ["speakers": nil, zone: ChangeToken(data: Data([1, 2, 3]))])),
+            ("a heartbeat (either side)", .init(type: .ping)),
+            ("a page of the conversation's changes: one record (its bytes here a placeholder: a real one is canonical and signed), then the token to keep", .init(
+                type: .changes, zone: zone, changes: Wire.Changes(records: [Wire.SignedRecord(bytes: record)], token: ChangeToken(data: Data([1, 2, 4])), moreComing: false))),
+            ("the conversation is no longer followed: the identity may not read it", .init(
+                type: .failed, zone: zone, error: Wire.Failure(RecordZoneError(.notAuthorized, "'carol' may not use zone '\(zone)'")))),
+        ]
+        return try frames.map { description, frame in
+            let json = try frame.encoded()
+            return .init(description: description, json: String(decoding: json, as: UTF8.self), hex: Wire.StreamFrame.framed(json).hexString)
+        }
     }
 
     @Test func theVectorsInTheRepositoryAreWhatTheCodeProduces() throws {

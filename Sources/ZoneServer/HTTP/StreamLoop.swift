@@ -1,5 +1,6 @@
 import CMicroHTTPD
 import Foundation
+import RecordZone
 import Synchronization
 
 /// The upgraded connections of one server (its streams, docs/PROTOCOL.md §2, "The stream"): after
@@ -174,9 +175,7 @@ final class StreamConnection: Sendable {
     /// - Returns: false when the connection is closed.
     @discardableResult
     func send(_ payload: Data) -> Bool {
-        var frame = Data(capacity: payload.count + 4)
-        withUnsafeBytes(of: UInt32(payload.count).bigEndian) { frame.append(contentsOf: $0) }
-        frame.append(payload)
+        let frame = Wire.StreamFrame.framed(payload)
         let (open, failed) = state.withLock { state -> (Bool, Bool) in
             guard !state.closed else { return (false, false) }
             state.outgoing.append(frame)

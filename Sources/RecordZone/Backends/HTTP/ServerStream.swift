@@ -331,10 +331,7 @@ public final class ServerStream: Sendable {
 
         /// Writes a frame (its length, then its bytes).
         func write(_ payload: Data) throws(RecordZoneError) {
-            var frame = Data(capacity: payload.count + 4)
-            withUnsafeBytes(of: UInt32(payload.count).bigEndian) { frame.append(contentsOf: $0) }
-            frame.append(payload)
-            try sendAll(frame)
+            try sendAll(Wire.StreamFrame.framed(payload))
         }
 
         /// The complete frames that arrive within `seconds` (none when it passes, or when

@@ -184,6 +184,14 @@ public enum Wire {
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
             return try encoder.encode(self)
         }
+
+        /// A frame on the wire: `payload`'s length (4 bytes, big-endian), then `payload`.
+        public static func framed(_ payload: Data) -> Data {
+            var frame = Data(capacity: payload.count + 4)
+            withUnsafeBytes(of: UInt32(payload.count).bigEndian) { frame.append(contentsOf: $0) }
+            frame.append(payload)
+            return frame
+        }
     }
 
     public struct ErrorBody: Codable, Sendable {
