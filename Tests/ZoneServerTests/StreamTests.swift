@@ -156,6 +156,36 @@ import TestSupport
         #expect(received.count == 3000 && received == sent, "\(received.count) records, in the order saved")
     }
 
+    /// A device revoked while its stream is open (a lost phone) gets nothing said after: its
+    /// stream ends, as its next request would be refused.
+    @Test func aRevokedDevicesStreamEndsBeforeTheNextPush() async throws {
+        let fixture = try ServerFixture()
+        let own = try ZoneName("s-" + OwnershipRule.identityHash("alice")), zone = try conversationZone("alice", "bob")
+        let phone = Keys.key(31)
+        let alice = fixture.client("alice", key: Keys.alice)
+        try await alice.createZone(own)
+        try await alice.createZone(zone)
+        let code = LinkCode.issue(identity: "alice", identityKey: Keys.alice, expires: RecordClock(milliseconds: UInt64((Date().timeIntervalSince1970 + 600) * 1000), counter: 0))
+        let certificate = try DeviceCertificate.record(code: code, device: phone, label: "phone", zone: own, clock: HybridLogicalClock().now()).encoded()
+        let onPhone = HTTPBackend(url: fixture.url, identity: "alice", key: phone, policy: ConversationStore.recordPolicy(), deviceCertificate: certificate)
+        let stream = try await onPhone.openStream()
+        defer { stream.close() }
+        try stream.follow([zone: nil])
+        let events = Pushed(stream)
+        guard case .changes? = await events.next() else { Issue.record("the phone's stream pushed nothing"); return }
+        try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "before")]).forEach { _ = try $0.get() }
+        guard case .changes(_, let before)? = await events.next() else { Issue.record("the phone missed a message before its revocation"); return }
+        #expect(before.records.map { $0.fields["content"] } == [.string("before")])
+
+        let revocation = try DeviceRevocation.record(identity: "alice", device: phone.publicKey, revokedAfter: HybridLogicalClock().now(), zone: own,
+                                                     identityKey: Keys.alice, clock: HybridLogicalClock().now())
+        _ = try await alice.save([revocation]).map { try $0.get() }
+        try await alice.save([try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "after")]).forEach { _ = try $0.get() }
+        #expect(await until { events.error != nil }, "the revoked phone's stream is still open")
+        #expect(events.error?.code == .notAuthenticated && events.error?.authentication == .deviceRevoked, "\(String(describing: events.error))")
+        #expect(await events.next(seconds: 0.2) == nil, "something was pushed to a revoked device")
+    }
+
     @Test func aClosedClientEndsItsStreamOnTheServer() async throws {
         let fixture = try ServerFixture()
         let bob = fixture.client("bob", key: Keys.bob)

@@ -89,18 +89,24 @@ final class Authenticator: Sendable {
             throw keyFailure(identity: credentials.identity, key: credentials.publicKey, chain: policy.pins.chain(for: credentials.identity))
                 ?? .unauthenticated(.unknownKey, "'\(credentials.identity)' is bound to another key")
         }
-        let outcome: Failure? = buckets.withLock { buckets in
-            var bucket = buckets[credentials.publicKey] ?? Bucket(tokens: burst, updated: clock)
+        if let after = spend(credentials.publicKey, at: clock) { throw .rateLimited(retryAfter: after) }
+        return Authenticated(identity: credentials.identity, key: credentials.publicKey, nonce: credentials.publicKey + credentials.nonce,
+                             time: Date(timeIntervalSince1970: Double(credentials.timestamp) / 1000))
+    }
+
+    /// Takes one request from `key`'s allowance (a request, or a zone a stream reads for it).
+    /// - Returns: nil when it had one; otherwise the seconds until it has.
+    func spend(_ key: Data, at clock: Date? = nil) -> Double? {
+        let clock = clock ?? now()
+        return buckets.withLock { buckets in
+            var bucket = buckets[key] ?? Bucket(tokens: burst, updated: clock)
             bucket.tokens = min(burst, bucket.tokens + max(0, clock.timeIntervalSince(bucket.updated)) * rate)
             bucket.updated = clock
-            defer { buckets[credentials.publicKey] = bucket }
-            guard bucket.tokens >= 1 else { return .rateLimited(retryAfter: max(0.001, (1 - bucket.tokens) / rate)) }
+            defer { buckets[key] = bucket }
+            guard bucket.tokens >= 1 else { return max(0.001, (1 - bucket.tokens) / rate) }
             bucket.tokens -= 1
             return nil
         }
-        if let outcome { throw outcome }
-        return Authenticated(identity: credentials.identity, key: credentials.publicKey, nonce: credentials.publicKey + credentials.nonce,
-                             time: Date(timeIntervalSince1970: Double(credentials.timestamp) / 1000))
     }
 
     /// Admits the device certificate a newly linked device sends with its requests, so its key

@@ -42,8 +42,12 @@ extension ZoneAPI {
                 throw APIError(.invalidArguments, "a stream is opened with 'Connection: Upgrade' and 'Upgrade: \(Wire.StreamFrame.protocolName)'", status: 426,
                                headers: [("Upgrade", Wire.StreamFrame.protocolName)])
             }
+            // The key the request was signed with (verified): the stream ends when it is no longer allowed.
+            guard let key = request.headers["authorization"].flatMap(RequestSignature.parse)?.publicKey else {
+                throw APIError(.notAuthenticated, "missing Authorization header", authentication: .missingSignature)
+            }
             return .switching(to: Wire.StreamFrame.protocolName) { connection in
-                await ZoneStream(api: self, identity: identity, connection: connection).run()
+                await ZoneStream(api: self, identity: identity, key: key, connection: connection).run()
             }
         case .waitForChanges:
             let (zone, _) = try await readableZone(matched, identity)

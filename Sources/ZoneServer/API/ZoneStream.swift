@@ -23,6 +23,8 @@ final class ZoneStream: Sendable {
     }
     private let api: ZoneAPI
     private let identity: String
+    /// The key the stream was opened with.
+    private let key: Data
     private let connection: StreamConnection
     private let state = Mutex(State())
     private let id = UUID()
@@ -30,9 +32,10 @@ final class ZoneStream: Sendable {
     private let signal: AsyncStream<Void>
     private let signalContinuation: AsyncStream<Void>.Continuation
 
-    init(api: ZoneAPI, identity: String, connection: StreamConnection) {
+    init(api: ZoneAPI, identity: String, key: Data, connection: StreamConnection) {
         self.api = api
         self.identity = identity
+        self.key = key
         self.connection = connection
         (signal, signalContinuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
@@ -115,6 +118,16 @@ final class ZoneStream: Sendable {
                 await connection.drained(below: Self.bufferedLimit)
                 guard !connection.isClosed else { return }
                 guard let token = state.withLock({ $0.tokens[zone] }) else { continue }
+                // What a request would be refused, a stream is too: a key revoked (a lost device)
+                // or replaced since it opened ends it; each zone read is a request's worth of the
+                // key's rate allowance.
+                guard api.storage.policy.pins.chain(for: identity)?.allowsNow(key) == true else {
+                    let why = api.authenticator.keyFailure(identity: identity, key: key, chain: api.storage.policy.pins.chain(for: identity))
+                    return fail(why.map { APIError($0).failure } ?? Wire.Failure(RecordZoneError(.notAuthenticated, "the stream's key is no longer allowed")))
+                }
+                while let after = api.authenticator.spend(key) {
+                    do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return }
+                }
                 do {
                     let changes = try await api.streamChanges(in: zone, since: token, identity: identity)
                     guard !changes.records.isEmpty || !changes.rejected.isEmpty || changes.token != token else { continue }
@@ -156,9 +169,13 @@ final class ZoneStream: Sendable {
         }
     }
 
-    /// Says why the stream ends, and ends it.
+    /// Says why the stream ends (the caller then returns, which ends it).
     private func fail(_ error: RecordZoneError) {
-        if let frame = try? Wire.StreamFrame(type: .failed, error: Wire.Failure(error)).encoded() { connection.send(frame) }
+        fail(Wire.Failure(error))
+    }
+
+    private func fail(_ failure: Wire.Failure) {
+        if let frame = try? Wire.StreamFrame(type: .failed, error: failure).encoded() { connection.send(frame) }
     }
 }
 
