@@ -33,35 +33,27 @@ public final class ServerStream: Sendable {
     /// for closing it), and without one after ``close()``. While the reader lets them pile up
     /// (more than the stream's `bufferedEvents`), the connection reads nothing more, and the
     /// server, finding the socket full, pushes nothing more: nothing is lost, the rest comes
-    /// from the server's tokens once the reader takes them.
-    public let events: Events
-    private let backend: HTTPBackend
-    /// Frames waiting to be written, and whether the stream was closed.
-    private let outgoing = Mutex<(frames: [Data], closed: Bool)>(([], false))
-    /// Written to wake the thread (a frame to send, a close).
-    private let wakeup: Int32
+    /// from the server's tokens once the reader takes them. Iterating holds the stream open.
+    public var events: Events { Events(stream: self) }
+    /// The connection and its thread (which holds it, not this handle: a stream nobody holds
+    /// any more is closed).
+    let core: Core
 
-    private init(backend: HTTPBackend, bufferedEvents: Int) throws(RecordZoneError) {
-        self.backend = backend
-        let wakeup = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
-        guard wakeup >= 0 else { throw RecordZoneError(.ioError, "cannot open a stream: \(String(cString: strerror(errno)))") }
-        self.wakeup = wakeup
-        events = Events(queue: EventQueue(capacity: max(1, bufferedEvents), wakeup: wakeup))
-    }
+    private init(core: Core) { self.core = core }
 
-    deinit { Glibc.close(wakeup) }
+    deinit { core.close() }
 
     /// Opens the stream: connects, sends the signed opening request, and returns once the
     /// server answered `101` (or throws its refusal, as any request's).
-    static func open(_ backend: HTTPBackend, bufferedEvents: Int = 1024) async throws(RecordZoneError) -> ServerStream {
-        let stream = try ServerStream(backend: backend, bufferedEvents: bufferedEvents)
+    static func open(_ backend: HTTPBackend, bufferedEvents: Int) async throws(RecordZoneError) -> ServerStream {
+        let core = try Core(backend: backend, bufferedEvents: bufferedEvents)
         let opened: Result<Void, RecordZoneError> = await withCheckedContinuation { opened in
-            let thread = Thread { stream.run(opened: opened) }
+            let thread = Thread { core.run(opened: opened) }
             thread.name = "convkit.stream"
             thread.start()
         }
         try opened.get()
-        return stream
+        return ServerStream(core: core)
     }
 
     /// Follows `zones`, each from its token (nil: from its beginning); following a zone again
@@ -69,120 +61,142 @@ public final class ServerStream: Sendable {
     public func follow(_ zones: [ZoneName: ChangeToken?]) throws(RecordZoneError) {
         let frame = Wire.StreamFrame(type: .follow, zones: Dictionary(uniqueKeysWithValues: zones.map { ($0.key.rawValue, $0.value) }))
         guard let payload = try? frame.encoded() else { throw RecordZoneError(.invalidArguments, "cannot encode the zones to follow") }
-        try queue(payload)
+        try core.queue(payload)
     }
 
     /// Closes the stream; ``events`` ends.
-    public func close() {
-        outgoing.withLock { $0.closed = true }
-        wake()
-    }
-
-    private func queue(_ payload: Data) throws(RecordZoneError) {
-        let closed = outgoing.withLock { state in
-            if !state.closed { state.frames.append(payload) }
-            return state.closed
-        }
-        guard !closed else { throw RecordZoneError(.networkUnavailable, "the stream is closed") }
-        wake()
-    }
-
-    private func wake() {
-        var one: UInt64 = 1
-        _ = write(wakeup, &one, 8)
-    }
-
-    // MARK: The connection's thread
-
-    /// Connects, opens, then carries frames until the connection or the stream ends.
-    private func run(opened: CheckedContinuation<Result<Void, RecordZoneError>, Never>) {
-        guard let handle = curl_easy_init() else {
-            return opened.resume(returning: .failure(RecordZoneError(.internalError, "curl_easy_init failed")))
-        }
-        defer { curl_easy_cleanup(handle) }
-        let connection = Connection(handle: handle, wakeup: wakeup)
-        do {
-            try connection.connect(backend)
-            try connection.open(backend)
-        } catch {
-            return opened.resume(returning: .failure(error))
-        }
-        opened.resume(returning: .success(()))
-        do {
-            try carry(connection)
-            events.queue.finish(nil)
-        } catch {
-            events.queue.finish(error)
-        }
-        outgoing.withLock { $0.closed = true }
-    }
-
-    /// Reads frames and writes queued ones until closed or failed.
-    private func carry(_ connection: Connection) throws(RecordZoneError) {
-        let ping = (try? Wire.StreamFrame(type: .ping).encoded()) ?? Data()
-        let silence = Double(Wire.StreamFrame.silenceSeconds), heartbeat = Double(Wire.StreamFrame.heartbeatSeconds)
-        var lastHeard = Date(), lastSent = Date()
-        while true {
-            let (frames, closed) = outgoing.withLock { state in
-                defer { state.frames = [] }
-                return (state.frames, state.closed)
-            }
-            if closed { return }
-            for frame in frames {
-                try connection.write(frame)
-                lastSent = Date()
-            }
-            if Date().timeIntervalSince(lastSent) >= heartbeat {
-                try connection.write(ping)
-                lastSent = Date()
-            }
-            // A reader behind: read nothing until it takes some (its taking wakes this thread);
-            // the server's silence meanwhile is this side's doing.
-            let reading = events.queue.hasRoom
-            if !reading { lastHeard = Date() }
-            let wait = min(heartbeat - Date().timeIntervalSince(lastSent), silence - Date().timeIntervalSince(lastHeard))
-            guard wait > 0 else { throw RecordZoneError(.networkUnavailable, "the server said nothing for \(Int(silence)) s") }
-            for payload in try connection.read(waiting: wait, socket: reading) {
-                lastHeard = Date()
-                try deliver(payload)
-            }
-        }
-    }
-
-    /// One frame from the server.
-    private func deliver(_ payload: Data) throws(RecordZoneError) {
-        guard let frame = try? JSONDecoder().decode(Wire.StreamFrame.self, from: payload) else {
-            throw RecordZoneError(.malformed, "the server sent a malformed stream frame")
-        }
-        let event: Event
-        switch frame.type {
-        case .ping: return
-        case .follow: throw RecordZoneError(.malformed, "the server sent a 'follow' frame")
-        case .changes:
-            guard let name = frame.zone, let zone = try? ZoneName(name), let changes = frame.changes else {
-                throw RecordZoneError(.malformed, "a 'changes' frame without its zone or changes")
-            }
-            event = .changes(zone, backend.admit(changes))
-        case .failed:
-            let error = frame.error?.error() ?? RecordZoneError(.internalError, "the server gave no reason")
-            guard let name = frame.zone else { throw error }  // the whole stream
-            guard let zone = try? ZoneName(name) else { throw RecordZoneError(.malformed, "a 'failed' frame for '\(name)', not a zone") }
-            event = .failed(zone, error)
-        }
-        events.queue.put(event)
-    }
+    public func close() { core.close() }
 
     /// The events as an asynchronous sequence (``events``).
     public struct Events: AsyncSequence, Sendable {
         public typealias Element = Event
-        let queue: EventQueue
+        let stream: ServerStream
 
         public struct AsyncIterator: AsyncIteratorProtocol {
-            let queue: EventQueue
-            public mutating func next() async throws -> Event? { try await queue.next() }
+            let stream: ServerStream
+            public mutating func next() async throws -> Event? { try await stream.core.events.next() }
         }
 
-        public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(queue: queue) }
+        public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(stream: stream) }
+    }
+
+    /// The stream's connection, on its own thread (``open(_:bufferedEvents:)``).
+    final class Core: Sendable {
+        let events: EventQueue
+        private let backend: HTTPBackend
+        /// Frames waiting to be written, and whether the stream was closed.
+        private let outgoing = Mutex<(frames: [Data], closed: Bool)>(([], false))
+        /// Written to wake the thread (a frame to send, a close).
+        private let wakeup: Int32
+
+        init(backend: HTTPBackend, bufferedEvents: Int) throws(RecordZoneError) {
+            self.backend = backend
+            let wakeup = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
+            guard wakeup >= 0 else { throw RecordZoneError(.ioError, "cannot open a stream: \(String(cString: strerror(errno)))") }
+            self.wakeup = wakeup
+            events = EventQueue(capacity: max(1, bufferedEvents), wakeup: wakeup)
+        }
+
+        deinit { Glibc.close(wakeup) }
+
+        func close() {
+            outgoing.withLock { $0.closed = true }
+            wake()
+        }
+
+        func queue(_ payload: Data) throws(RecordZoneError) {
+            let closed = outgoing.withLock { state in
+                if !state.closed { state.frames.append(payload) }
+                return state.closed
+            }
+            guard !closed else { throw RecordZoneError(.networkUnavailable, "the stream is closed") }
+            wake()
+        }
+
+        private func wake() {
+            var one: UInt64 = 1
+            _ = write(wakeup, &one, 8)
+        }
+
+        // MARK: The connection's thread
+
+        /// Connects, opens, then carries frames until the connection or the stream ends.
+        fileprivate func run(opened: CheckedContinuation<Result<Void, RecordZoneError>, Never>) {
+            guard let handle = curl_easy_init() else {
+                return opened.resume(returning: .failure(RecordZoneError(.internalError, "curl_easy_init failed")))
+            }
+            defer { curl_easy_cleanup(handle) }
+            let connection = Connection(handle: handle, wakeup: wakeup)
+            do {
+                try connection.connect(backend)
+                try connection.open(backend)
+            } catch {
+                return opened.resume(returning: .failure(error))
+            }
+            opened.resume(returning: .success(()))
+            do {
+                try carry(connection)
+                events.finish(nil)
+            } catch {
+                events.finish(error)
+            }
+            outgoing.withLock { $0.closed = true }
+        }
+
+        /// Reads frames and writes queued ones until closed or failed.
+        private func carry(_ connection: Connection) throws(RecordZoneError) {
+            let ping = (try? Wire.StreamFrame(type: .ping).encoded()) ?? Data()
+            let silence = Double(Wire.StreamFrame.silenceSeconds), heartbeat = Double(Wire.StreamFrame.heartbeatSeconds)
+            var lastHeard = Date(), lastSent = Date()
+            while true {
+                let (frames, closed) = outgoing.withLock { state in
+                    defer { state.frames = [] }
+                    return (state.frames, state.closed)
+                }
+                if closed { return }
+                for frame in frames {
+                    try connection.write(frame)
+                    lastSent = Date()
+                }
+                if Date().timeIntervalSince(lastSent) >= heartbeat {
+                    try connection.write(ping)
+                    lastSent = Date()
+                }
+                // A reader behind: read nothing until it takes some (its taking wakes this thread);
+                // the server's silence meanwhile is this side's doing.
+                let reading = events.hasRoom
+                if !reading { lastHeard = Date() }
+                let wait = min(heartbeat - Date().timeIntervalSince(lastSent), silence - Date().timeIntervalSince(lastHeard))
+                guard wait > 0 else { throw RecordZoneError(.networkUnavailable, "the server said nothing for \(Int(silence)) s") }
+                for payload in try connection.read(waiting: wait, socket: reading) {
+                    lastHeard = Date()
+                    try deliver(payload)
+                }
+            }
+        }
+
+        /// One frame from the server.
+        private func deliver(_ payload: Data) throws(RecordZoneError) {
+            guard let frame = try? JSONDecoder().decode(Wire.StreamFrame.self, from: payload) else {
+                throw RecordZoneError(.malformed, "the server sent a malformed stream frame")
+            }
+            let event: Event
+            switch frame.type {
+            case .ping: return
+            case .follow: throw RecordZoneError(.malformed, "the server sent a 'follow' frame")
+            case .changes:
+                guard let name = frame.zone, let zone = try? ZoneName(name), let changes = frame.changes else {
+                    throw RecordZoneError(.malformed, "a 'changes' frame without its zone or changes")
+                }
+                event = .changes(zone, backend.admit(changes))
+            case .failed:
+                let error = frame.error?.error() ?? RecordZoneError(.internalError, "the server gave no reason")
+                guard let name = frame.zone else { throw error }  // the whole stream
+                guard let zone = try? ZoneName(name) else { throw RecordZoneError(.malformed, "a 'failed' frame for '\(name)', not a zone") }
+                event = .failed(zone, error)
+            }
+            events.put(event)
+        }
     }
 
     /// Events read and not yet taken, with room for `capacity`: the thread stops reading the
@@ -273,6 +287,8 @@ public final class ServerStream: Sendable {
         let wakeup: Int32
         var socket: curl_socket_t = -1
         var incoming = Data()
+        /// The server closed the connection after the bytes in ``incoming``.
+        var ended = false
 
         init(handle: UnsafeMutableRawPointer, wakeup: Int32) {
             self.handle = handle
@@ -366,6 +382,7 @@ public final class ServerStream: Sendable {
 
         /// Reads what libcurl has now. - Returns: whether anything came.
         private func take() throws(RecordZoneError) -> Bool {
+            if ended { throw RecordZoneError(.networkUnavailable, "the server closed the stream") }
             var buffer = [UInt8](repeating: 0, count: 64 << 10)
             var any = false
             while true {
@@ -373,7 +390,15 @@ public final class ServerStream: Sendable {
                 let code = buffer.withUnsafeMutableBytes { curl_easy_recv(handle, $0.baseAddress, $0.count, &got) }
                 if code == CURLE_AGAIN { return any }
                 guard code == CURLE_OK else { throw RecordZoneError(.networkUnavailable, "stream: \(String(cString: curl_easy_strerror(code)))") }
-                guard got > 0 else { throw RecordZoneError(.networkUnavailable, "the server closed the stream") }
+                guard got > 0 else {
+                    // The server closed the stream: what came before the end (its last frame,
+                    // saying why) is delivered first, and the next read says it ended.
+                    if any {
+                        ended = true
+                        return true
+                    }
+                    throw RecordZoneError(.networkUnavailable, "the server closed the stream")
+                }
                 incoming.append(contentsOf: buffer[0..<got])
                 any = true
             }
