@@ -437,6 +437,6 @@ extension HTTPBackend {
 }
 
 extension Wire {
-    /// The largest frame a client takes from a server (a page of 1,000 records of the largest size).
+    /// The largest frame a client takes from a server (far above a page of 200 records).
     public static let maximumStreamFrame = 256 << 20
 }
