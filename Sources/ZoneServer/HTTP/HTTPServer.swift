@@ -84,7 +84,7 @@ public final class HTTPServer: Sendable {
     /// whose cooperative pool is busy (CPU-bound work, blocking calls) still answers promptly.
     private let executor = HandlerExecutor(label: "convkit.http.handlers")
     /// The upgraded connections (streams), on a thread of their own; nil when the system would
-    /// not give the loop its descriptors (a `101` is then not given either).
+    /// not give the loop its descriptors (an upgrade is then answered 503).
     let streams = StreamLoop()
 
     /// A complete request handed to its handler, its connection suspended.
@@ -465,7 +465,11 @@ public final class HTTPServer: Sendable {
     }
 
     private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
-        let made = if response.upgrade != nil, streams != nil {
+        // No loop to hand a stream to: the upgrade is refused as any request a server cannot take now.
+        if response.upgrade != nil, streams == nil {
+            return queue(Self.error(503, .serviceUnavailable, "this server cannot hold streams now", headers: [("Retry-After", "60")]), on: connection)
+        }
+        let made = if response.upgrade != nil {
             MHD_create_response_for_upgrade(upgradeHandler, Unmanaged.passUnretained(self).toOpaque())
         } else {
             response.body.withUnsafeBytes { raw in

@@ -22,6 +22,8 @@ final class StreamLoop: Sendable {
     private let wakeup: Int32
     private let connections = Mutex<[Int32: StreamConnection]>([:])
     private let running = Atomic(false)
+    /// Set by ``stop()``: a socket upgraded after it is closed at once.
+    private let stopped = Atomic(false)
     /// Ends when the thread has.
     private let ended = Mutex<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
 
@@ -54,8 +56,9 @@ final class StreamLoop: Sendable {
         _ = fcntl(fd, F_SETFL, flags | O_NONBLOCK)
         let connection = StreamConnection(fd: fd, handle: handle, loop: self)
         connections.withLock { $0[fd] = connection }
+        // Checked after the connection is listed: either the stop's sweep finds it, or it sees the stop here.
         var event = epoll_event(events: Self.reading, data: epoll_data_t(fd: fd))
-        guard epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0 else {
+        guard !stopped.load(ordering: .sequentiallyConsistent), epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0 else {
             connection.close()
             return nil
         }
@@ -65,6 +68,7 @@ final class StreamLoop: Sendable {
 
     /// Closes every stream and ends the thread; returns once it has ended.
     func stop() async {
+        stopped.store(true, ordering: .sequentiallyConsistent)
         for connection in connections.withLock({ Array($0.values) }) { connection.close() }
         guard running.load(ordering: .acquiring) else { return }
         var one: UInt64 = 1
