@@ -15,8 +15,8 @@ import TestSupport
     }
 
     /// A message sent by one running store reaches the other running store with no sync() call:
-    /// through a zone server on SQLite or PostgreSQL (long polls), memory, and a folder (its
-    /// feed looked at every second).
+    /// through a zone server on SQLite or PostgreSQL (its stream), memory (long polls), and a
+    /// folder (its feed looked at every second).
     @Test(arguments: ChatBackend.allCases)
     func aMessageReachesARunningPeer(_ kind: ChatBackend) async throws {
         let fixture = try await ChatFixture(kind)
@@ -26,9 +26,8 @@ import TestSupport
         let running = [Task { try await alice.run() }, Task { try await bob.run() }]
         defer { running.forEach { $0.cancel() } }
         if let server = fixture.zoneServer {
-            // Both stores' long polls are in place (at least one each).
-            for _ in 0..<500 where server.storage.waitingCount < 2 { try await Task.sleep(for: .milliseconds(10)) }
-            try #require(server.storage.waitingCount >= 2, "the long polls in place within 5 s")
+            // Both stores' streams are open.
+            try #require(await until(seconds: 10) { server.api.streamCounters.open >= 2 }, "both streams open within 10 s")
         }
         // How fast is the bench's to measure (convkit-bench --only server: the median through
         // convkitd serve); here each must simply arrive, with nobody calling sync().
@@ -47,33 +46,40 @@ import TestSupport
         #expect(try bob.message(reply.id)?.syncState == .synced || synced != nil)
     }
 
-    /// A running sender's own long poll wakes for its own message; the push's catch-up took
-    /// the zone's token past it, so the zone is not fetched back (the poll asks again from the
-    /// new token) — and what the peer answers still arrives.
+    /// Two running stores on a zone server hold one stream each: a live message is the
+    /// sender's save and a push down the receiver's stream (and the same again for the
+    /// receiver's Delivery record) — nothing fetched, nothing polled,
+    /// the sender's own version not fetched back — and the answer comes the same way.
     @Test(arguments: ChatBackend.allCases.filter(\.isServer))
-    func aRunningSenderDoesNotFetchBackWhatItPushed(_ kind: ChatBackend) async throws {
+    func aLiveMessageIsOneSaveAndOnePush(_ kind: ChatBackend) async throws {
         let fixture = try await ChatFixture(kind)
         let server = try #require(fixture.zoneServer)
         let alice = try await fixture.store("alice"), bob = try await fixture.store("bob")
         _ = try await alice.send("hello", to: "bob")
         try await syncAll([alice, bob, alice])
-        let running = Task { try await alice.run(pollInterval: .seconds(60)) }
-        defer { running.cancel() }
-        try await Task.sleep(for: .milliseconds(300))  // the first round is over, the polls are in place
-        let fetches = server.api.metrics.answered(.zoneChanges), saves = server.api.metrics.answered(.modify)
+        let running = [Task { try await alice.run(pollInterval: .seconds(600)) }, Task { try await bob.run(pollInterval: .seconds(600)) }]
+        defer { running.forEach { $0.cancel() } }
+        try #require(await until(seconds: 10) { server.api.streamCounters.open >= 2 }, "both streams open within 10 s")
+        // The first message: the first rounds' pulls and each side's follows are behind it.
+        let first = try await alice.send("first", to: "bob")
+        try #require(await until(seconds: 15) { (try? alice.message(first.id)?.isDelivered) == true }, "the first message delivered")
+        let before = Dictionary(uniqueKeysWithValues: Route.allCases.map { ($0, server.api.metrics.answered($0)) })
+        let pushesBefore = server.api.streamCounters.pushes.load(ordering: .relaxed)
+        // Each message, then its receiver's Delivery record (the double tick) back to its sender.
         for n in 0..<3 {
-            let sent = try await alice.send("mine \(n)", to: "bob")
-            let synced = await Self.time(alice.events(), seconds: 15) { _ in (try? alice.message(sent.id)?.syncState) == .synced }
-            let state = try alice.message(sent.id)?.syncState
-            #expect(synced != nil || state == .synced, "message \(n) synced")
-            try await Task.sleep(for: .milliseconds(100))  // the poll woke and asked again
+            let events = bob.events()
+            let sent = try await alice.send("live \(n)", to: "bob")
+            #expect(await Self.time(events, seconds: 15) { $0 == .messageAdded(sent.id) } != nil, "message \(n) pushed to bob")
+            #expect(await until(seconds: 15) { (try? alice.message(sent.id)?.isDelivered) == true }, "message \(n) shown delivered")
         }
-        #expect(server.api.metrics.answered(.modify) - saves == 3)
-        #expect(server.api.metrics.answered(.zoneChanges) == fetches, "nothing fetched back")
-        let events = alice.events()
         let reply = try await bob.send("yours", to: "alice")
-        try await bob.sync()
-        #expect(await Self.time(events, seconds: 15) { $0 == .messageAdded(reply.id) } != nil)
+        #expect(await until(seconds: 15) { (try? bob.message(reply.id)?.isDelivered) == true }, "the answer pushed to alice, and shown delivered")
+        let asked = Route.allCases.filter { server.api.metrics.answered($0) != before[$0] }
+        #expect(asked == [.modify], "only saves: \(asked)")
+        let saves = server.api.metrics.answered(.modify) - (before[.modify] ?? 0)
+        #expect(saves == 8, "one save per message, and one of the receiver's Delivery record")
+        // Each message and each Delivery record reached the other side down its stream.
+        #expect(server.api.streamCounters.pushes.load(ordering: .relaxed) - pushesBefore >= 8)
     }
 
     /// On a folder, inotify brings a change at once: with the feed looked at only every minute,

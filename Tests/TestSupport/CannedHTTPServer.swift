@@ -10,12 +10,17 @@ public final class CannedHTTPServer: Sendable {
     public let port: Int
     private let listener: Int32
 
-    public init(status: Int, headers: [(String, String)] = [], body: String) throws {
-        let (fd, port) = try listenOnLoopback(backlog: 16)
-        (listener, self.port) = (fd, port)
+    public convenience init(status: Int, headers: [(String, String)] = [], body: String) throws {
         let head = (["HTTP/1.1 \(status) Canned", "Content-Length: \(body.utf8.count)", "Connection: close"] + headers.map { "\($0): \($1)" })
             .joined(separator: "\r\n") + "\r\n\r\n"
-        let answer = Data((head + body).utf8)
+        try self.init(answer: Data((head + body).utf8))
+    }
+
+    /// A server that answers every request with `answer`, byte for byte (a head of one's own,
+    /// bytes that are not text), then closes the connection.
+    public init(answer: Data) throws {
+        let (fd, port) = try listenOnLoopback(backlog: 16)
+        (listener, self.port) = (fd, port)
         // The thread owns the descriptor and closes it when it is done: closed elsewhere, its
         // number could be another server's socket by the time this thread's accept runs.
         Thread.detachNewThread {

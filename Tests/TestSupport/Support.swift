@@ -39,3 +39,13 @@ public func builtProduct(_ name: String) throws -> String {
     candidates.append("\(root)/.build/debug/\(name)")
     return try #require(candidates.first { FileManager.default.isExecutableFile(atPath: $0) }, "no built \(name) in \(candidates)")
 }
+
+/// Waits until `condition` holds (up to `seconds`). - Returns: whether it did.
+public func until(seconds: Double = 10, _ condition: () async -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
+    while ContinuousClock.now < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return await condition()
+}

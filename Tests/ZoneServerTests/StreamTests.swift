@@ -21,15 +21,16 @@ import TestSupport
         try stream.follow([zone: nil])
         let events = Pushed(stream)
         // What the zone held: pushed at once, verified.
-        guard case .changes(let first, let page)? = await events.next() else { Issue.record("nothing pushed for the zone followed"); return }
-        #expect(first == zone)
+        guard case .changes(let first, let since, let page)? = await events.next() else { Issue.record("nothing pushed for the zone followed"); return }
+        #expect(first == zone && since == nil, "the first page reads from where the zone was followed: its beginning")
         #expect(page.records.map { $0.fields["content"] } == [.string("before")])
         #expect(page.rejected.isEmpty && !page.moreComing)
 
         let fetchesBefore = fixture.server.api.metrics.answered(.zoneChanges)
         try await alice.save([try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "live")]).forEach { _ = try $0.get() }
-        guard case .changes(_, let live)? = await events.next() else { Issue.record("the new message was not pushed"); return }
+        guard case .changes(_, let liveSince, let live)? = await events.next() else { Issue.record("the new message was not pushed"); return }
         #expect(live.records.map { $0.fields["content"] } == [.string("live")])
+        #expect(liveSince == page.token, "each page reads on from the one before")
         // The token pushed reads on from there: nothing more to fetch.
         #expect(try await bob.fetchChanges(in: zone, since: live.token, limit: 10).records.isEmpty)
         #expect(fixture.server.api.metrics.answered(.zoneChanges) == fetchesBefore + 1, "only the check above fetched")
@@ -51,7 +52,7 @@ import TestSupport
         defer { stream.close() }
         try stream.follow([zone: token])
         let events = Pushed(stream)
-        guard case .changes(_, let page)? = await events.next() else { Issue.record("nothing pushed"); return }
+        guard case .changes(_, _, let page)? = await events.next() else { Issue.record("nothing pushed"); return }
         #expect(page.records.map { $0.fields["content"] } == [.string("missed")])
         // Nothing more while nothing is saved.
         #expect(await events.next(seconds: 0.5) == nil)
@@ -73,7 +74,7 @@ import TestSupport
         #expect(failed == zone && error.code == .notAuthorized)
         // The stream stays, for the zones carol may read; and alice's next message never reaches her.
         try stream.follow([own: nil])
-        guard case .changes(let ownZone, _)? = await events.next() else { Issue.record("the stream did not go on"); return }
+        guard case .changes(let ownZone, _, _)? = await events.next() else { Issue.record("the stream did not go on"); return }
         #expect(ownZone == own)
         try await alice.save([try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "still private")]).forEach { _ = try $0.get() }
         #expect(await events.next(seconds: 0.5) == nil)
@@ -110,7 +111,7 @@ import TestSupport
             try await alice.save([try message(zone, text, from: "alice", to: "bob", key: Keys.alice, text: text)]).forEach { _ = try $0.get() }
         }
         var received = [FieldValue?]()
-        while received.count < 3, case .changes(_, let page)? = await events.next() { received += page.records.map { $0.fields["content"] } }
+        while received.count < 3, case .changes(_, _, let page)? = await events.next() { received += page.records.map { $0.fields["content"] } }
         #expect(received == [.string("one"), .string("two"), .string("three")])
         // A client that does not trust the certificate opens nothing.
         let untrusting = HTTPBackend(url: url, identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
@@ -141,7 +142,7 @@ import TestSupport
         var received = [String]()
         do {
             for try await event in stream.events {
-                guard case .changes(_, let page) = event else { continue }
+                guard case .changes(_, _, let page) = event else { continue }
                 for record in page.records {
                     guard case .string(let text)? = record.fields["content"] else { continue }
                     received.append(String(text.prefix { $0 != " " }))
@@ -174,7 +175,7 @@ import TestSupport
         let events = Pushed(stream)
         guard case .changes? = await events.next() else { Issue.record("the phone's stream pushed nothing"); return }
         try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "before")]).forEach { _ = try $0.get() }
-        guard case .changes(_, let before)? = await events.next() else { Issue.record("the phone missed a message before its revocation"); return }
+        guard case .changes(_, _, let before)? = await events.next() else { Issue.record("the phone missed a message before its revocation"); return }
         #expect(before.records.map { $0.fields["content"] } == [.string("before")])
 
         let revocation = try DeviceRevocation.record(identity: "alice", device: phone.publicKey, revokedAfter: HybridLogicalClock().now(), zone: own,
@@ -200,6 +201,38 @@ import TestSupport
         let events = Pushed(second)
         await fixture.server.stop()
         #expect(await until { events.error?.code == .networkUnavailable }, "the stream did not end with the server")
+    }
+
+    /// A hostile server (or one that was broken into) that pushes what it likes: a forged
+    /// record is held back with its reason, as a fetched one is, next to the genuine one; a
+    /// frame longer than any page ends the stream with a typed error; a `101` to another
+    /// protocol is refused.
+    @Test func whatAHostileServerPushesIsCheckedAsWhatItAnswers() async throws {
+        let zone = try conversationZone("alice", "bob")
+        let genuine = try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "genuine")
+        var forged = try message(zone, "m2", from: "alice", to: "bob", key: Keys.alice, text: "forged").encoded()
+        let at = try #require(forged.range(of: Data("forged".utf8)))
+        forged[at.lowerBound] ^= 0x20  // "forged" → "Forged", after the signature
+        let page = Wire.StreamFrame(type: .changes, zone: zone.rawValue, changes: Wire.Changes(
+            records: [Wire.SignedRecord(bytes: try genuine.encoded()), Wire.SignedRecord(bytes: forged)], token: ChangeToken(data: Data([1])), moreComing: false))
+        let head = Data("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: convkit-stream/1\r\n\r\n".utf8)
+        let hostile = try CannedHTTPServer(answer: head + Wire.StreamFrame.framed(try page.encoded()) + Data([0x7f, 0xff, 0xff, 0xff]))
+        defer { hostile.stop() }
+        let bob = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(hostile.port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        let stream = try await bob.openStream()
+        defer { stream.close() }
+        let events = Pushed(stream)
+        guard case .changes(let pushedZone, let since, let pushed)? = await events.next() else { Issue.record("the page was not delivered: \(String(describing: events.error))"); return }
+        #expect(pushedZone == zone && since == nil)
+        #expect(pushed.records == [genuine], "only the genuine record is taken")
+        #expect(pushed.rejected.map(\.reason) == [.invalidSignature], "the forged one is held back, with its reason")
+        #expect(await until { events.error != nil })
+        #expect(events.error?.code == .limitExceeded, "a 2 GiB frame ends the stream: \(String(describing: events.error))")
+
+        let other = try CannedHTTPServer(answer: Data("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n".utf8))
+        defer { other.stop() }
+        let elsewhere = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(other.port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
+        await #expect(throws: RecordZoneError.self) { _ = try await elsewhere.openStream() }
     }
 }
 
@@ -228,14 +261,4 @@ final class Pushed: Sendable {
             return state.events[state.taken]
         }
     }
-}
-
-/// Waits until `condition` holds (up to `seconds`).
-func until(seconds: Double = 10, _ condition: () async -> Bool) async -> Bool {
-    let deadline = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
-    while ContinuousClock.now < deadline {
-        if await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return await condition()
 }

@@ -22,6 +22,7 @@ extension ConversationStore {
         let useLongPolls = longPolls ?? !(backend is FileSystemBackend)
         let kicks = SyncKicks()
         let rounds = ChangeWaiters()
+        let link = StreamLink()
         await withTaskGroup(of: Void.self) { group in
             group.addTask { await self.watchLocalChanges(kicks) }
             group.addTask { await self.watchOtherProcesses(kicks) }
@@ -32,7 +33,11 @@ extension ConversationStore {
                 }
             }
             if useLongPolls {
-                group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
+                if let live = backend as? any LiveChanges {
+                    group.addTask { await self.followStream(live, kicks: kicks, rounds: rounds, link: link) }
+                } else {
+                    group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
+                }
             }
             if configuration.sharesPresence, backend.carriesTyping {
                 group.addTask { await self.sayOnline(local, backend) }
@@ -48,14 +53,14 @@ extension ConversationStore {
                     }
                 }
             }
-            await self.runRounds(local, backend, kicks: kicks, rounds: rounds)
+            await self.runRounds(local, backend, kicks: kicks, rounds: rounds, link: link)
             group.cancelAll()
         }
     }
 
     /// Runs a round per batch of kicks until cancelled: a poll or a retry is a whole sync, a
     /// local change a push, a moved zone a pull of that zone.
-    private func runRounds(_ local: LocalIdentity, _ backend: any RecordZoneBackend, kicks: SyncKicks, rounds: ChangeWaiters) async {
+    private func runRounds(_ local: LocalIdentity, _ backend: any RecordZoneBackend, kicks: SyncKicks, rounds: ChangeWaiters, link: StreamLink) async {
         var unreachable = false
         var backoff = 0.5
         while !Task.isCancelled {
@@ -97,6 +102,24 @@ extension ConversationStore {
                         if pulled.quarantined > 0, try await settleResolvedConflicts() > 0 {
                             report.pushed += try await engine.pushOnly(localSpeaker: local.identifier, backend: backend).pushed
                         }
+                    }
+                }
+                // What the stream pushed, after the push (whose catch-up may already hold it).
+                let pages = kicks.takePages()
+                if !pages.isEmpty {
+                    let pushed = try await engine.applyPushed(pages)
+                    report.pulled += pushed.report.pulled
+                    report.quarantined += pushed.report.quarantined
+                    report.clocksAhead += pushed.report.clocksAhead
+                    report.blocked += pushed.report.blocked.filter { !report.blocked.contains($0) }
+                    link.followAgain(pushed.diverged)
+                    if !pushed.reread.isEmpty {
+                        let again = try await engine.pull(zones: pushed.reread, backend: backend)
+                        report.pulled += again.pulled
+                        report.quarantined += again.quarantined
+                    }
+                    if pushed.report.quarantined > 0, try await settleResolvedConflicts() > 0 {
+                        report.pushed += try await engine.pushOnly(localSpeaker: local.identifier, backend: backend).pushed
                     }
                 }
                 reachability.withLock { $0 = true }
@@ -147,6 +170,74 @@ extension ConversationStore {
             version = now
             let due = SyncEngine.milliseconds(configuration.now())
             if (try? await read({ db in try Outbox.hasDue(at: due, in: db) })) == true { kicks.kick(.localChange) }
+        }
+    }
+
+    /// One stream for every followed zone (the speakers' own zones and the conversations, from
+    /// their stored tokens): what it pushes waits for the next round, which applies it; the
+    /// zones are followed again after every round (new ones, and those the stream took elsewhere).
+    /// A server without streams is long-polled instead; a stream cut is opened again (backing
+    /// off 0.5 s doubling to 30 s), from the tokens the store keeps: nothing is missed.
+    private func followStream(_ backend: any LiveChanges, kicks: SyncKicks, rounds: ChangeWaiters, link: StreamLink) async {
+        var backoff = 0.5
+        while !Task.isCancelled {
+            let stream: any ChangeStream
+            do {
+                stream = try await backend.openChangeStream()
+            } catch {
+                if error.code == .routeNotFound {
+                    configuration.logger.notice("the server has no streams: long polls instead")
+                    return await watchZones(backend, kicks: kicks, rounds: rounds)
+                }
+                configuration.logger.info("no stream (\(error)), again in \(backoff) s")
+                do { try await Task.sleep(for: .milliseconds(Int(backoff * 1000))) } catch { return }
+                backoff = min(30, backoff * 2)
+                continue
+            }
+            link.attach(stream)
+            let opened = ContinuousClock.now
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    while !Task.isCancelled {
+                        let round = rounds.generation(of: Self.roundSignal)
+                        if let stored = try? await self.read({ db in
+                            try db.rows("SELECT zone, token FROM ck_zone_state WHERE token IS NOT NULL") { ($0.text(0), $0.optionalBlob(1).map(ChangeToken.init(data:))) }
+                        }) {
+                            link.follow(stored: Dictionary(stored.compactMap { name, token in (try? ZoneName(name)).map { ($0, token) } }) { $1 })
+                        }
+                        _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(3600))
+                    }
+                }
+                group.addTask {
+                    do {
+                        while let change = try await stream.next() {
+                            switch change {
+                            case .changes(let zone, let since, let changes):
+                                let round = rounds.generation(of: Self.roundSignal)
+                                if kicks.push(PushedPage(zone: zone, since: since, changes: changes)) {
+                                    _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
+                                }
+                            case .failed(let zone, let error):
+                                // Read by request from here: at once when it must be read again
+                                // whole; otherwise the polls look at it, and the stream again later.
+                                link.refused(zone)
+                                if error.code == .changeTokenExpired { kicks.kick(.zone(zone, waitedFrom: nil)) }
+                                self.configuration.logger.info("the stream no longer follows \(zone): \(error)")
+                            }
+                        }
+                    } catch {
+                        self.configuration.logger.info("stream ended: \(error)")
+                    }
+                }
+                await group.next()
+                group.cancelAll()
+            }
+            stream.close()
+            link.attach(nil)
+            // A stream that stood a while is opened again at once; one that keeps failing, later.
+            if ContinuousClock.now - opened > .seconds(Double(Wire.StreamFrame.silenceSeconds)) { backoff = 0.5 }
+            do { try await Task.sleep(for: .milliseconds(Int(backoff * 1000))) } catch { return }
+            backoff = min(30, backoff * 2)
         }
     }
 
@@ -201,12 +292,66 @@ extension ConversationStore {
     }
 }
 
+/// The stream the continuous sync holds, and the zones it follows there.
+final class StreamLink: Sendable {
+    private struct State {
+        var stream: (any ChangeStream)?
+        /// Each followed zone, with the token last followed from.
+        var followed: [ZoneName: ChangeToken?] = [:]
+        /// Zones the server would not follow, and when it said so.
+        var refused: [ZoneName: ContinuousClock.Instant] = [:]
+    }
+    private let state = Mutex(State())
+    /// How long a zone the server would not follow is left to the polls before it is asked again.
+    static let refusedFor = Duration.seconds(30)
+
+    func attach(_ stream: (any ChangeStream)?) {
+        state.withLock { state in
+            state.stream = stream
+            state.followed = [:]
+        }
+    }
+
+    /// Follows the zones of `stored` the stream does not follow yet, each from its token.
+    func follow(stored: [ZoneName: ChangeToken?]) {
+        let now = ContinuousClock.now
+        let (stream, new) = state.withLock { state -> ((any ChangeStream)?, [ZoneName: ChangeToken?]) in
+            state.refused = state.refused.filter { now - $0.value < Self.refusedFor }
+            let new = stored.filter { state.followed[$0.key] == nil && state.refused[$0.key] == nil }
+            state.followed.merge(new) { $1 }
+            return (state.stream, new)
+        }
+        if !new.isEmpty { try? stream?.follow(new) }
+    }
+
+    /// Follows zones again from the store's tokens (pushed pages that did not fit), but not
+    /// again from a token already asked for.
+    func followAgain(_ zones: [ZoneName: ChangeToken?]) {
+        let (stream, again) = state.withLock { state -> ((any ChangeStream)?, [ZoneName: ChangeToken?]) in
+            let again = zones.filter { zone, token in state.followed[zone].map { $0 != token } ?? false }
+            state.followed.merge(again) { $1 }
+            return (state.stream, again)
+        }
+        if !again.isEmpty { try? stream?.follow(again) }
+    }
+
+    /// The server no longer follows `zone`.
+    func refused(_ zone: ZoneName) {
+        state.withLock { state in
+            state.followed[zone] = nil
+            state.refused[zone] = .now
+        }
+    }
+}
+
 /// What starts a round of the continuous sync.
 enum SyncCause: Sendable, Hashable {
     case localChange
     /// A zone's long poll woke, having waited from this token (nil: fetch the zone whatever
     /// its token, as after an expired one).
     case zone(ZoneName, waitedFrom: ChangeToken?)
+    /// The stream pushed pages (``SyncKicks/takePages()``).
+    case pushed
     case poll
 }
 
@@ -215,9 +360,31 @@ enum SyncCause: Sendable, Hashable {
 final class SyncKicks: Sendable {
     private struct State {
         var pending = Set<SyncCause>()
+        var pages: [PushedPage] = []
         var waiter: CheckedContinuation<Void, Never>?
     }
     private let state = Mutex(State())
+    /// The most pushed pages that wait for a round: the stream reads no more until it applied them.
+    static let pagesWaiting = 64
+
+    /// A page the stream pushed, for the next round. - Returns: whether as many as
+    /// ``pagesWaiting`` wait now (the stream then waits for the round).
+    func push(_ page: PushedPage) -> Bool {
+        let full = state.withLock { state in
+            state.pages.append(page)
+            return state.pages.count >= Self.pagesWaiting
+        }
+        kick(.pushed)
+        return full
+    }
+
+    /// The pages pushed since the last call, in the order the stream sent them.
+    func takePages() -> [PushedPage] {
+        state.withLock { state in
+            defer { state.pages = [] }
+            return state.pages
+        }
+    }
 
     func kick(_ cause: SyncCause) {
         let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in

@@ -173,35 +173,16 @@ extension SyncEngine {
                 }
             }
             let counts = try await writeRecoverable { applier in
-                var applied = 0
-                for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
-                for rejected in page.rejected {
-                    // A damaged file is reported by every pull until it is whole: one row for it.
-                    if rejected.reason.code == .corruptSegment,
-                        try applier.db.first("SELECT 1 FROM ck_quarantine WHERE code = ? AND source = ?", [rejected.reason.code.rawValue, rejected.source], { _ in true }) != nil {
-                        continue
-                    }
-                    try applier.quarantine(rejected)
-                }
+                let applied = try Self.apply(page, of: zone, applier: &applier)
                 if finished {
                     let placeholders = Array(repeating: "?", count: stillDamaged.count).joined(separator: ",")
                     try applier.db.execute("DELETE FROM ck_quarantine WHERE code = ? AND substr(source, 1, ?) = ?"
                                            + (stillDamaged.isEmpty ? "" : " AND source NOT IN (\(placeholders))"),
                                            [RejectionReason.Code.corruptSegment.rawValue, Int64(zone.rawValue.utf8.count + 1), zone.rawValue + "/"] + stillDamaged.map { $0 })
                 }
-                try applier.db.execute("""
-                    INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)
-                    ON CONFLICT (zone) DO UPDATE SET token = excluded.token, is_created = 1, is_missing = 0
-                    """, [zone.rawValue, page.token.data])
                 return (applied, applier.quarantinedCount)
             }
-            report.pulled += counts.0
-            report.quarantined += counts.1
-            report.clocksAhead += observe(page.records)
-            for rejection in page.rejected {
-                let line = Self.blockedLine(rejection)
-                if let line, !report.blocked.contains(line) { report.blocked.append(line) }
-            }
+            note(page, applied: counts.0, quarantined: counts.1, in: &report)
             token = page.token
             // The local speaker's membership of this group grew while it was read (added again,
             // or a late change decided its runs anew): the applier dropped the zone's token, and
@@ -217,4 +198,77 @@ extension SyncEngine {
             if !page.moreComing { return }
         }
     }
+
+    /// A page's records applied (a fetched page's or a pushed one's), what it held back
+    /// quarantined, and its token kept. - Returns: how many records were applied.
+    nonisolated static func apply(_ page: ZoneChanges, of zone: ZoneName, applier: inout RecordApplier) throws -> Int {
+        var applied = 0
+        for record in page.records where try applier.apply(record, origin: .remote) { applied += 1 }
+        for rejected in page.rejected {
+            // A damaged file is reported by every pull until it is whole: one row for it.
+            if rejected.reason.code == .corruptSegment,
+                try applier.db.first("SELECT 1 FROM ck_quarantine WHERE code = ? AND source = ?", [rejected.reason.code.rawValue, rejected.source], { _ in true }) != nil {
+                continue
+            }
+            try applier.quarantine(rejected)
+        }
+        try applier.db.execute("""
+            INSERT INTO ck_zone_state (zone, token, is_created) VALUES (?, ?, 1)
+            ON CONFLICT (zone) DO UPDATE SET token = excluded.token, is_created = 1, is_missing = 0
+            """, [zone.rawValue, page.token.data])
+        return applied
+    }
+
+    /// What an applied page adds to the report: its counts, clocks ahead, whose records were held back.
+    nonisolated func note(_ page: ZoneChanges, applied: Int, quarantined: Int, in report: inout SyncReport) {
+        report.pulled += applied
+        report.quarantined += quarantined
+        report.clocksAhead += observe(page.records)
+        for rejection in page.rejected {
+            if let line = Self.blockedLine(rejection), !report.blocked.contains(line) { report.blocked.append(line) }
+        }
+    }
+
+    /// Pages a stream pushed (``LiveChanges``), applied in one transaction as fetched pages are
+    /// (a pushed record is as untrusted as a fetched one: the backend verified each, the
+    /// applier decides it) — each only where the zone's stored token is the page's `since`. The
+    /// push's catch-up or a pull may have taken the zone elsewhere: a page that ends where the
+    /// store stands is already held (the store's own versions, pushed back); any other is left,
+    /// and the zone named to be followed again from the store's token.
+    /// - Returns: what was applied; the zones to follow again, each from its stored token; and
+    ///   the groups to read again from their beginning (the local speaker's membership grew).
+    func applyPushed(_ pages: [PushedPage]) async throws(ConversationError) -> (report: SyncReport, diverged: [ZoneName: ChangeToken?], reread: [ZoneName]) {
+        let (applied, diverged, groups) = try await writeRecoverable { applier in
+            var applied = [(ZoneChanges, Int, Int)](), diverged = [ZoneName: ChangeToken?]()
+            var quarantined = 0
+            for page in pages {
+                let stored = try applier.db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [page.zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) }
+                // A zone this store does not follow (any more), or one being read from its beginning.
+                guard let stored, let token = stored else { continue }
+                guard token == page.since else {
+                    if token != page.changes.token { diverged[page.zone] = token }
+                    continue
+                }
+                diverged[page.zone] = nil
+                let count = try Self.apply(page.changes, of: page.zone, applier: &applier)
+                applied.append((page.changes, count, applier.quarantinedCount - quarantined))
+                quarantined = applier.quarantinedCount
+            }
+            return (applied, diverged, Set(applied.isEmpty ? [] : pages.map(\.zone)).filter(ChatRecords.isGroupZone).sorted())
+        }
+        // The transaction's end decided the groups: a token dropped there is read again.
+        let rereadGroups = try await read { db in
+            try groups.filter { zone in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } == true }
+        }
+        var report = SyncReport()
+        for (page, count, held) in applied { note(page, applied: count, quarantined: held, in: &report) }
+        return (report, diverged, rereadGroups)
+    }
+}
+
+/// A page a stream pushed, waiting for the continuous sync's round to apply it.
+struct PushedPage: Sendable {
+    let zone: ZoneName
+    let since: ChangeToken?
+    let changes: ZoneChanges
 }

@@ -131,7 +131,7 @@ final class ZoneStream: Sendable {
                 do {
                     let changes = try await api.streamChanges(in: zone, since: token, identity: identity)
                     guard !changes.records.isEmpty || !changes.rejected.isEmpty || changes.token != token else { continue }
-                    let frame = Wire.StreamFrame(type: .changes, zone: zone.rawValue, changes: changes)
+                    let frame = Wire.StreamFrame(type: .changes, zone: zone.rawValue, since: token, changes: changes)
                     guard connection.send(try frame.encoded()) else { return }
                     api.streamCounters.pushes.add(1, ordering: .relaxed)
                     api.streamCounters.records.add(changes.records.count, ordering: .relaxed)

@@ -17,16 +17,9 @@ import Synchronization
 /// bytes; the framing is ours), never on the caller's: it pings the server every
 /// ``Wire/StreamFrame/heartbeatSeconds`` and takes it for gone after
 /// ``Wire/StreamFrame/silenceSeconds`` without a frame.
-public final class ServerStream: Sendable {
+public final class ServerStream: ChangeStream {
     /// What the server pushed.
-    public enum Event: Sendable {
-        /// A page of a followed zone's changes, verified: apply it and keep its token, as a
-        /// fetched page.
-        case changes(ZoneName, ZoneChanges)
-        /// The server no longer follows this zone for this stream (why: the error); read it
-        /// by request from here on.
-        case failed(ZoneName, RecordZoneError)
-    }
+    public typealias Event = LiveChange
 
     /// The events, in the order the server sent them; the sequence ends with an error when
     /// the connection does (``RecordZoneError/Code/networkUnavailable``, or the server's reason
@@ -66,6 +59,8 @@ public final class ServerStream: Sendable {
 
     /// Closes the stream; ``events`` ends.
     public func close() { core.close() }
+
+    public func next() async throws -> LiveChange? { try await core.events.next() }
 
     /// The events as an asynchronous sequence (``events``).
     public struct Events: AsyncSequence, Sendable {
@@ -188,7 +183,7 @@ public final class ServerStream: Sendable {
                 guard let name = frame.zone, let zone = try? ZoneName(name), let changes = frame.changes else {
                     throw RecordZoneError(.malformed, "a 'changes' frame without its zone or changes")
                 }
-                event = .changes(zone, backend.admit(changes))
+                event = .changes(zone, since: frame.since, backend.admit(changes))
             case .failed:
                 let error = frame.error?.error() ?? RecordZoneError(.internalError, "the server gave no reason")
                 guard let name = frame.zone else { throw error }  // the whole stream
@@ -330,7 +325,14 @@ public final class ServerStream: Sendable {
             let lines = String(decoding: incoming[..<head.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
             incoming.removeSubrange(..<head.upperBound)
             let status = lines.first.flatMap { $0.split(separator: " ").dropFirst().first }.flatMap { Int($0) } ?? 0
-            guard status != 101 else { return }
+            if status == 101 {
+                // Switched to this protocol, not another (a proxy's WebSocket, say).
+                let upgrade = lines.dropFirst().first { $0.lowercased().hasPrefix("upgrade:") }.map { $0.dropFirst(8).trimmingCharacters(in: .whitespaces) }
+                guard upgrade?.lowercased() == Wire.StreamFrame.protocolName else {
+                    throw RecordZoneError(.malformed, "the server switched to '\(upgrade ?? "")', not \(Wire.StreamFrame.protocolName)")
+                }
+                return
+            }
             // A refusal: its body (by its length) says why, as any answer's.
             let length = lines.dropFirst().compactMap { line -> Int? in
                 let parts = line.split(separator: ":", maxSplits: 1)
@@ -353,17 +355,28 @@ public final class ServerStream: Sendable {
         /// The complete frames that arrive within `seconds` (none when it passes, or when
         /// woken for a frame to send); with `socket` false, only waits for a wake-up.
         func read(waiting seconds: Double, socket reading: Bool = true) throws(RecordZoneError) -> [Data] {
-            try receive(waiting: seconds, socket: reading)
+            // A frame too long to take, after the ones before it were delivered.
+            if let length = nextLength, length > Wire.maximumStreamFrame { throw RecordZoneError(.limitExceeded, "the server sent a frame of \(length) bytes") }
+            // Frames already here (sent with the `101`, or with the server's close) go first.
+            if nextLength.map({ incoming.count < 4 + $0 }) ?? true { try receive(waiting: seconds, socket: reading) }
             var frames = [Data]()
-            while incoming.count >= 4 {
+            while let length = nextLength {
+                guard length <= Wire.maximumStreamFrame else {
+                    if frames.isEmpty { throw RecordZoneError(.limitExceeded, "the server sent a frame of \(length) bytes") }
+                    break
+                }
                 let start = incoming.startIndex
-                let length = incoming[start..<start + 4].reduce(0) { $0 << 8 | Int($1) }
-                guard length <= Wire.maximumStreamFrame else { throw RecordZoneError(.limitExceeded, "the server sent a frame of \(length) bytes") }
                 guard incoming.count >= 4 + length else { break }
                 frames.append(Data(incoming[start + 4..<start + 4 + length]))
                 incoming.removeFirst(4 + length)
             }
             return frames
+        }
+
+        /// The length the next frame's first 4 bytes give, once they came.
+        private var nextLength: Int? {
+            guard incoming.count >= 4 else { return nil }
+            return incoming.prefix(4).reduce(0) { $0 << 8 | Int($1) }
         }
 
         /// Waits up to `seconds` for bytes (or a wake-up), and takes what arrived.
@@ -424,7 +437,9 @@ public final class ServerStream: Sendable {
     }
 }
 
-extension HTTPBackend {
+extension HTTPBackend: LiveChanges {
+    public func openChangeStream() async throws(RecordZoneError) -> any ChangeStream { try await openStream() }
+
     /// Opens a stream to the server (``ServerStream``). - Throws: the server's refusal (as any
     /// request's), ``RecordZoneError/Code/routeNotFound`` from a server without streams, or
     /// ``RecordZoneError/Code/networkUnavailable``.

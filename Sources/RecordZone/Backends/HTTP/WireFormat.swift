@@ -147,8 +147,8 @@ public enum Wire {
         public enum Kind: String, Codable, Sendable {
             /// Client: follow `zones`, each from its token (null: from the zone's beginning).
             case follow
-            /// Server: a page of a followed zone's changes after the token it was followed from
-            /// or last sent, as `GET /v1/zones/{zone}/changes` answers it.
+            /// Server: a page of a followed zone's changes after `since` (the token the zone was
+            /// followed from, or the last page's), as `GET /v1/zones/{zone}/changes` answers it.
             case changes
             /// Server: a followed zone can no longer be followed (`error`: why); the client
             /// falls back to reading it by request.
@@ -168,13 +168,17 @@ public enum Wire {
         public var type: Kind
         public var zones: [String: ChangeToken?]?
         public var zone: String?
+        /// A `changes` frame's starting point (absent: the zone's beginning): a client applies
+        /// the page only where its own token for the zone is this one.
+        public var since: ChangeToken?
         public var changes: Changes?
         public var error: Failure?
 
-        public init(type: Kind, zones: [String: ChangeToken?]? = nil, zone: String? = nil, changes: Changes? = nil, error: Failure? = nil) {
+        public init(type: Kind, zones: [String: ChangeToken?]? = nil, zone: String? = nil, since: ChangeToken? = nil, changes: Changes? = nil, error: Failure? = nil) {
             self.type = type
             self.zones = zones
             self.zone = zone
+            self.since = since
             self.changes = changes
             self.error = error
         }
