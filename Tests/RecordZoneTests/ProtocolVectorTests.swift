@@ -410,8 +410,8 @@ import Testing
         let frames: [(String, Wire.StreamFrame)] = [
             ("follow the speakers directory from its beginning and a conversation from a token", .init(type: .follow, zones: ["speakers": nil, zone: ChangeToken(data: Data([1, 2, 3]))])),
             ("a heartbeat (either side)", .init(type: .ping)),
-            ("a page of the conversation's changes: one record (its bytes here a placeholder: a real one is canonical and signed), then the token to keep", .init(
-                type: .changes, zone: zone, changes: Wire.Changes(records: [Wire.SignedRecord(bytes: record)], token: ChangeToken(data: Data([1, 2, 4])), moreComing: false))),
+            ("a page of the conversation's changes after the token it was followed from: one record (its bytes here a placeholder: a real one is canonical and signed), then the token to keep", .init(
+                type: .changes, zone: zone, since: ChangeToken(data: Data([1, 2, 3])), changes: Wire.Changes(records: [Wire.SignedRecord(bytes: record)], token: ChangeToken(data: Data([1, 2, 4])), moreComing: false))),
             ("the conversation is no longer followed: the identity may not read it", .init(
                 type: .failed, zone: zone, error: Wire.Failure(RecordZoneError(.notAuthorized, "'carol' may not use zone '\(zone)'")))),
         ]

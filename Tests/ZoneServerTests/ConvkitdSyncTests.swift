@@ -20,8 +20,19 @@ import TestSupport
         bob = nil
     }
 
-    func daemon(_ store: String, _ backend: [String]) throws -> ChildProcess {
-        try ChildProcess(try builtProduct("convkitd"), ["sync", "--store", store, "--poll-interval", "1"] + backend)
+    func daemon(_ store: String, _ backend: [String], pollInterval: Int = 1) throws -> ChildProcess {
+        try ChildProcess(try builtProduct("convkitd"), ["sync", "--store", store, "--poll-interval", "\(pollInterval)"] + backend)
+    }
+
+    /// The server's `convkitd_requests_total`, by route (`/metrics` itself left out).
+    func requests(_ port: Int) async throws -> [String: Int] {
+        let text = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text
+        var counts = [String: Int]()
+        for line in text.split(separator: "\n") where line.hasPrefix("convkitd_requests_total{") {
+            guard let route = line.firstMatch(of: /route="([^"]*)"/)?.1, route != "metrics", let value = line.split(separator: " ").last.flatMap({ Int($0) }) else { continue }
+            counts[String(route), default: 0] += value
+        }
+        return counts
     }
 
     func serve(_ data: String, port: Int = 0) async throws -> (ChildProcess, Int) {
@@ -58,10 +69,28 @@ import TestSupport
         let (server, port) = try await serve(directory.path + "/server")
         let url = "http://127.0.0.1:\(port)"
         try await setUp(directory, backend: .server(try #require(URL(string: url))))
-        let daemons = try ["alice", "bob"].map { try daemon(directory.path + "/" + $0, ["--server", url]) }
+        // The database feed looked at every ten minutes: what arrives comes down the streams.
+        let daemons = try ["alice", "bob"].map { try daemon(directory.path + "/" + $0, ["--server", url], pollInterval: 600) }
         for daemon in daemons { #expect(await daemon.waitUntil(seconds: 30) { $0.standardError.contains("syncing") }) }
-        try await Task.sleep(for: .milliseconds(300))
+        var streams = false
+        for _ in 0..<250 where !streams {
+            streams = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text.contains("convkitd_streams_open 2")
+            if !streams { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(streams, "each daemon holds a stream")
         try await exchange(directory, daemons: daemons, text: "live through the server")
+
+        // Counted from outside, by the server: a live message is its save, and the receiver's
+        // Delivery record's (one per message at most: several may share one) — nothing fetched
+        // or polled.
+        let before = try await requests(port)
+        for n in 0..<5 { try await exchange(directory, daemons: daemons, text: "counted \(n)") }
+        try await Task.sleep(for: .milliseconds(500))  // the last Delivery record went out
+        let after = try await requests(port)
+        let asked = after.filter { $0.value != before[$0.key] ?? 0 }.mapValues { $0 }
+        let saves = (after["modify"] ?? 0) - (before["modify"] ?? 0)
+        #expect(Set(asked.keys) == ["modify"], "only saves: \(asked) (before: \(before))")
+        #expect((5...10).contains(saves), "\(saves) saves for 5 messages")
 
         // The server is killed and started again on the same port and data: the daemons catch up.
         server.kill(SIGKILL)

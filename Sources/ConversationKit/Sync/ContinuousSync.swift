@@ -219,9 +219,11 @@ extension ConversationStore {
                                 }
                             case .failed(let zone, let error):
                                 // Read by request from here: at once when it must be read again
-                                // whole; otherwise the polls look at it, and the stream again later.
-                                link.refused(zone)
-                                if error.code == .changeTokenExpired { kicks.kick(.zone(zone, waitedFrom: nil)) }
+                                // whole (and followed again from there); otherwise the polls
+                                // look at it, and the stream again later.
+                                let expired = error.code == .changeTokenExpired
+                                link.unfollow(zone, refused: !expired)
+                                if expired { kicks.kick(.zone(zone, waitedFrom: nil)) }
                                 self.configuration.logger.info("the stream no longer follows \(zone): \(error)")
                             }
                         }
@@ -335,11 +337,12 @@ final class StreamLink: Sendable {
         if !again.isEmpty { try? stream?.follow(again) }
     }
 
-    /// The server no longer follows `zone`.
-    func refused(_ zone: ZoneName) {
+    /// The server no longer follows `zone`: it is followed again after the next round, or —
+    /// `refused` (it may not be read, the storage failed) — not before ``refusedFor``.
+    func unfollow(_ zone: ZoneName, refused: Bool) {
         state.withLock { state in
             state.followed[zone] = nil
-            state.refused[zone] = .now
+            if refused { state.refused[zone] = .now }
         }
     }
 }
