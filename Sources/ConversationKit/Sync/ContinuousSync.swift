@@ -319,7 +319,9 @@ final class StreamLink: Sendable {
         let now = ContinuousClock.now
         let (stream, new) = state.withLock { state -> ((any ChangeStream)?, [ZoneName: ChangeToken?]) in
             state.refused = state.refused.filter { now - $0.value < Self.refusedFor }
-            let new = stored.filter { state.followed[$0.key] == nil && state.refused[$0.key] == nil }
+            // Up to the stream's limit; the zones beyond it are left to the polls.
+            let room = max(0, Wire.StreamFrame.maximumZones - state.followed.count)
+            let new = Dictionary(stored.filter { state.followed[$0.key] == nil && state.refused[$0.key] == nil }.sorted { $0.key < $1.key }.prefix(room).map { ($0.key, $0.value) }) { $1 }
             state.followed.merge(new) { $1 }
             return (state.stream, new)
         }
