@@ -275,6 +275,40 @@ struct PostgresServersTests {
     /// Two servers asked at the same moment to bind one new identity to two keys: exactly one
     /// key wins, on both; two saves pinning one new author with two keys: exactly one is stored,
     /// and both storages refuse the other key afterwards.
+    /// Two servers on one database: a stream held on one pushes what is saved through the other
+    /// (PostgreSQL's notifications wake it), every version once, in the zone's order — as a
+    /// fetch from the start reads it.
+    @Test func aStreamOnOneServerCarriesWhatTheOtherCommitsInOrder() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy()),
+                        try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())]
+        defer { storages.forEach { $0.close() } }
+        let servers = storages.map { ZoneServer(storage: $0, access: ChatZoneAccess()) }
+        let ports = try servers.map { try $0.start(host: "127.0.0.1", port: 0) }
+        let zone = try conversationZone("alice", "bob")
+        let (onA, onB) = (try client(ports[0], "alice", Keys.alice), try client(ports[1], "alice", Keys.alice))
+        try await onA.createZone(zone)
+        let stream = try await client(ports[1], "bob", Keys.bob).openStream()
+        defer { stream.close() }
+        try stream.follow([zone: nil])
+        let events = Pushed(stream)
+        var pushed = [String](), token: ChangeToken?
+        // Thirty messages, most (the last among them) through the other server, saved one by one
+        // while the stream reads.
+        for n in 0..<30 {
+            _ = try await (n % 3 == 1 ? onB : onA).save([try item(zone, "m\(n)")]).map { try $0.get() }
+        }
+        while pushed.count < 30, let event = await events.next(seconds: 15) {
+            guard case .changes(let pushedZone, let since, let page) = event else { Issue.record("\(event)"); return }
+            #expect(pushedZone == zone && since == token, "each page reads on from the one before")
+            pushed += page.records.map(\.id.name)
+            token = page.token
+        }
+        let read = try await onA.fetchChanges(in: zone, since: nil, limit: 100)
+        #expect(pushed.count == 30 && pushed == read.records.map(\.id.name), "pushed \(pushed.count), in the zone's order, none twice")
+        #expect(await events.next(seconds: 0.3) == nil, "nothing pushed again")
+    }
+
     @Test func racingFirstBindingsThroughTwoServersEndWithOneKeyForAll() async throws {
         let database = try await SharedPostgres.freshDatabase()
         let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy()),
