@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The capacity figures (docs/PERFORMANCE.md, "Ten thousand online"): convkit-bench --only capacity
-# against the real convkitd, with the descriptor limit raised to the hard limit. Runs 10,000 online
+# against the real convkitd (its clients each holding a stream; add --long-polls for the older
+# clients), with the descriptor limit raised to the hard limit. Runs 10,000 online
 # clients with senders at 1,000 messages/s for 30 s, then 5,000 with a fifth of them reconnecting
 # every 2-4 s. Extra arguments go to every run (e.g. --window 60).
 # --short: 500 clients for 3 s with churn, on the debug build (what CI runs: the bench exits 1 when

@@ -76,6 +76,41 @@ import ZoneServer
         #expect(released != nil, "the memory of 2,000 closed connections was not given back")
     }
 
+    /// A thousand clients each hold a stream following the same zone: one save is pushed down
+    /// every one of them (one page each, no request), and when they vanish — half reset their
+    /// connection, half close it — the server's streams end at once.
+    @Test func aSaveIsPushedDownAThousandStreamsAndVanishedOnesEnd() async throws {
+        let data = try TemporaryDirectory("convkitd-crowd-streams")
+        let (server, port) = try await startServe(["--data", data.path, "--rate-limit", "1000000"])
+        defer { server.kill(SIGTERM) }
+        let zone = try conversationZone("alice", "bob")
+        let alice = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: "alice", key: Keys.alice, policy: ConversationStore.recordPolicy())
+        try await alice.createZone(zone)
+        let resetting = try Crowd(port: port, members: Self.members(500, zone: zone), streams: true)
+        let closing = try Crowd(port: port, members: Self.members(500, zone: zone, first: 500), streams: true)
+        resetting.start()
+        closing.start()
+        let open = try await Self.waitUntil(seconds: 120) {
+            try await Self.gauge("convkitd_streams_open", port: port) == 1000 && resetting.snapshot.waiting + closing.snapshot.waiting == 1000
+        }
+        #expect(open != nil, "the crowd never held 1000 streams: \(resetting.snapshot), \(closing.snapshot)")
+        try await Task.sleep(for: .milliseconds(300))  // the follows read (nothing to push yet)
+        let requestsBefore = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text
+        _ = try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "to a thousand")]).map { try $0.get() }
+        let delivered = try await Self.waitUntil(seconds: 30) { resetting.snapshot.fetched + closing.snapshot.fetched == 1000 }
+        #expect(delivered != nil, "pushed to \(resetting.snapshot.fetched + closing.snapshot.fetched) of 1000")
+        #expect(resetting.snapshot.errors == 0 && closing.snapshot.errors == 0, "\(resetting.snapshot.firstErrors + closing.snapshot.firstErrors)")
+        let fetches = { (text: String) in text.split(separator: "\n").filter { $0.contains("route=\"zoneChanges\"") || $0.contains("route=\"waitForChanges\"") } }
+        let requestsAfter = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text
+        #expect(fetches(requestsAfter) == fetches(requestsBefore), "no client fetched or polled")
+
+        await resetting.vanish()
+        await closing.stop()
+        let ended = try await Self.waitUntil(seconds: 20) { try await Self.gauge("convkitd_streams_open", port: port) == 0 }
+        let stillOpen = try await Self.gauge("convkitd_streams_open", port: port)
+        #expect(ended != nil, "streams still open: \(stillOpen)")
+    }
+
     /// A reconnect storm: a fifth of a thousand online clients close their connection and open a
     /// new one every half second to second, while messages flow to all of them. No honest
     /// client sees an error (a refused or reset connection, an answer other than 200), and

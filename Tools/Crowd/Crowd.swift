@@ -3,11 +3,13 @@ import Foundation
 import RecordZone
 import Synchronization
 
-/// A crowd of online clients, as a zone server sees them: each holds a long poll on its zone
+/// A crowd of online clients, as a zone server sees them, on one raw connection per client, from
+/// many loopback addresses: each holds a stream (`streams`: what a continuously syncing store
+/// of this version does, docs/PROTOCOL.md §2.4) following its zone, and takes the pages pushed
+/// down it, pinging every 15 s; or, as older stores did, a long poll on its zone
 /// (`GET /v1/zones/{zone}/wait`), and when it answers `changed` fetches what changed and waits
-/// again from the new token — what a continuously syncing store does, on one raw keep-alive
-/// connection per client, from many loopback addresses. One thread and one epoll instance run
-/// them all, so that ten thousand clients cost the machine little besides the server.
+/// again from the new token. One thread and one epoll instance run them all, so that ten
+/// thousand clients cost the machine little besides the server.
 ///
 /// Used by `convkit-bench --only capacity` and by the tests of a server under a crowd.
 public final class Crowd: @unchecked Sendable {
@@ -38,9 +40,10 @@ public final class Crowd: @unchecked Sendable {
 
     /// What the crowd saw so far.
     public struct Stats: Sendable {
-        /// Clients with a poll sent and not yet answered.
+        /// Clients with a poll sent and not yet answered, or a stream open.
         public var waiting = 0
-        /// Polls answered `changed`, and records fetched after them.
+        /// Polls answered `changed` (pages pushed down streams), and records fetched after them
+        /// (pushed).
         public var wakes = 0
         public var fetched = 0
         /// Connections opened (first ones and reconnections).
@@ -66,6 +69,9 @@ public final class Crowd: @unchecked Sendable {
         var fetching = false
         /// A wait sent (or being sent) and not answered.
         var waiting = false
+        /// The stream was opened (its `101` read).
+        var upgraded = false
+        var lastSent = ContinuousClock.now
         var churnAt: ContinuousClock.Instant?
         init(member: Member, index: Int) {
             self.member = member
@@ -74,6 +80,7 @@ public final class Crowd: @unchecked Sendable {
     }
 
     private let port: UInt16
+    private let streams: Bool
     private let waitSeconds: Int
     private let churn: Churn?
     private let clients: [Client]
@@ -89,13 +96,15 @@ public final class Crowd: @unchecked Sendable {
     private let onFetched: @Sendable (Int, Int) -> Void
 
     /// - Parameters:
+    ///   - streams: each client holds a stream, rather than long polls.
     ///   - waitSeconds: each poll's `timeout`.
-    ///   - onFetched: told (on the crowd's thread) of each fetch that brought records.
-    public init(port: Int, members: [Member], waitSeconds: Int = 30, churn: Churn? = nil, onFetched: @escaping @Sendable (Int, Int) -> Void = { _, _ in }) throws {
+    ///   - onFetched: told (on the crowd's thread) of each fetch (push) that brought records.
+    public init(port: Int, members: [Member], streams: Bool = false, waitSeconds: Int = 30, churn: Churn? = nil, onFetched: @escaping @Sendable (Int, Int) -> Void = { _, _ in }) throws {
         let epoll = ccrowd_epoll()
         guard epoll >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: -epoll) ?? .EIO) }
         self.epoll = epoll
         self.port = UInt16(port)
+        self.streams = streams
         self.waitSeconds = waitSeconds
         self.churn = churn
         self.onFetched = onFetched
@@ -162,15 +171,17 @@ public final class Crowd: @unchecked Sendable {
                 let client = clients[Int(data[i])]
                 step(client, ready[i])
             }
-            // Reconnections are due every few seconds: a look at every client ten times a second
-            // is enough (not at each of the loop's thousands of turns).
-            if let churn, churn.share > 0, ContinuousClock.now >= nextChurnLook {
+            // Reconnections and pings are due every few seconds: a look at every client ten
+            // times a second is enough (not at each of the loop's thousands of turns).
+            if (streams || churn.map { $0.share > 0 } == true), ContinuousClock.now >= nextChurnLook {
                 let now = ContinuousClock.now
                 nextChurnLook = now + .milliseconds(100)
                 for client in clients {
-                    if let due = client.churnAt, due <= now {
+                    if let churn, let due = client.churnAt, due <= now {
                         client.churnAt = now + .seconds(Double.random(in: churn.every))
                         reconnect(client)
+                    } else if streams, client.upgraded, client.phase == .reading, now - client.lastSent >= .seconds(Wire.StreamFrame.heartbeatSeconds) {
+                        sendFrame(client, Wire.StreamFrame(type: .ping))
                     }
                 }
             }
@@ -191,10 +202,11 @@ public final class Crowd: @unchecked Sendable {
         }
         client.fd = fd
         client.phase = .connecting
+        client.upgraded = false
         client.buffer.removeAll(keepingCapacity: true)
         stats.withLock { $0.connections += 1 }
         prepare(client, fetching: client.fetching)
-        setWaiting(client, !client.fetching)
+        setWaiting(client, !client.fetching && !streams)
         _ = ccrowd_watch(epoll, fd, 0, 2, UInt64(client.index))
     }
 
@@ -207,8 +219,18 @@ public final class Crowd: @unchecked Sendable {
         connect(client)
     }
 
-    /// The next request's bytes: a wait from the client's token, or a fetch of what changed.
+    /// The next request's bytes: the stream's opening, a wait from the client's token, or a
+    /// fetch of what changed.
     private func prepare(_ client: Client, fetching: Bool) {
+        client.lastSent = .now
+        if streams {
+            let authorization = RequestSignature.authorization(method: "GET", path: "/v1/stream", query: [], body: Data(),
+                                                               identity: client.member.identity, key: client.member.key, now: Date())
+            let text = "GET /v1/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: \(Wire.StreamFrame.protocolName)\r\nAuthorization: \(authorization)\r\n\r\n"
+            client.out = Array(text.utf8)
+            client.sent = 0
+            return
+        }
         client.fetching = fetching
         let path = "/v1/zones/\(client.member.zone.rawValue)/" + (fetching ? "changes" : "wait")
         var query = fetching ? [("limit", "200")] : [("timeout", String(waitSeconds))]
@@ -254,6 +276,7 @@ public final class Crowd: @unchecked Sendable {
             fail(client, n == 0 ? "the server closed the connection before its answer" : "recv: \(String(cString: strerror(errno)))")
             return
         }
+        if streams { return readStream(client) }
         guard let (status, body) = Self.response(in: client.buffer) else { return }
         client.buffer.removeAll(keepingCapacity: true)
         setWaiting(client, false)
@@ -279,6 +302,58 @@ public final class Crowd: @unchecked Sendable {
             if changed { stats.withLock { $0.wakes += 1 } }
             ask(client, fetching: changed)
         }
+    }
+
+    /// A stream's bytes: its `101` (then the client follows its zone from its token), then frames.
+    private func readStream(_ client: Client) {
+        if !client.upgraded {
+            guard let end = client.buffer.firstRange(of: [13, 10, 13, 10]) else { return }
+            let statusLine = String(decoding: client.buffer[..<end.lowerBound], as: UTF8.self).split(separator: "\r\n").first ?? ""
+            guard statusLine.split(separator: " ").dropFirst().first == "101" else {
+                fail(client, "the stream was answered \(statusLine)")
+                return
+            }
+            client.buffer.removeFirst(end.upperBound)
+            client.upgraded = true
+            setWaiting(client, true)
+            let token = client.token.flatMap { Data(base64Encoded: $0) }.map(ChangeToken.init(data:))
+            sendFrame(client, Wire.StreamFrame(type: .follow, zones: [client.member.zone.rawValue: token]))
+        }
+        var offset = 0
+        while client.buffer.count - offset >= 4 {
+            let length = client.buffer[offset..<offset + 4].reduce(0) { $0 << 8 | Int($1) }
+            guard client.buffer.count - offset - 4 >= length else { break }
+            let payload = Data(client.buffer[offset + 4..<offset + 4 + length])
+            offset += 4 + length
+            guard let frame = try? JSONDecoder().decode(Wire.StreamFrame.self, from: payload) else {
+                fail(client, "an unreadable frame")
+                return
+            }
+            switch frame.type {
+            case .changes:
+                guard let changes = frame.changes else { continue }
+                client.token = changes.token.base64
+                stats.withLock {
+                    $0.wakes += 1
+                    $0.fetched += changes.records.count
+                }
+                if !changes.records.isEmpty { onFetched(client.index, changes.records.count) }
+            case .failed:
+                fail(client, "failed: \(frame.error?.message ?? "")", reconnect: frame.zone == nil)
+                if frame.zone == nil { return }
+            case .ping, .follow: continue
+            }
+        }
+        client.buffer.removeFirst(offset)
+    }
+
+    /// Writes a frame down a client's stream (a few bytes: the socket takes them at once).
+    private func sendFrame(_ client: Client, _ frame: Wire.StreamFrame) {
+        guard let payload = try? frame.encoded() else { return }
+        let bytes = Array(Wire.StreamFrame.framed(payload))
+        let written = bytes.withUnsafeBytes { Glibc.send(client.fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        if written != bytes.count { fail(client, "the stream took only \(written) of \(bytes.count) bytes") }
+        client.lastSent = .now
     }
 
     private func ask(_ client: Client, fetching: Bool) {

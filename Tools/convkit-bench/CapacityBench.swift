@@ -12,12 +12,15 @@ struct CapacityOptions {
     var senders = 10
     var churn = 0.0
     var window = 30.0
+    /// Each client holds a stream (what a store of this version does), not long polls.
+    var streams = true
 }
 
-/// `convkitd serve` as a process with a crowd of online clients, each holding a long poll on its
-/// own conversation (with one of the senders) and fetching what arrives: the senders send at a
+/// `convkitd serve` as a process with a crowd of online clients, each holding a stream that
+/// follows its own conversation (with one of the senders; `--long-polls`: a long poll on it, and
+/// a fetch of what arrives): the senders send at a
 /// fixed total rate, one message at a time each; delivery is timed from each message's
-/// scheduled send time to the fetch that brings it to its client, so a sender that falls behind
+/// scheduled send time to the push (fetch) that brings it to its client, so a sender that falls behind
 /// shows in the figures. Reports the rate kept, delivery median / p99, errors an honest client
 /// saw, the server's CPU and its memory per idle client.
 @MainActor func capacityBench(_ reporter: Reporter, _ options: CapacityOptions) async throws {
@@ -53,7 +56,7 @@ struct CapacityOptions {
 
     let idleRSS = try residentKilobytes(of: pid)
     let tally = CapacityTally(clients: members.count)
-    let crowd = try Crowd(port: port, members: members, waitSeconds: 60, churn: options.churn > 0 ? Crowd.Churn(share: options.churn) : nil) { client, count in
+    let crowd = try Crowd(port: port, members: members, streams: options.streams, waitSeconds: 60, churn: options.churn > 0 ? Crowd.Churn(share: options.churn) : nil) { client, count in
         let now = ContinuousClock.now
         let times = tally.scheduled.withLock { lists in
             let taken = Array(lists[client].prefix(count))
@@ -73,8 +76,8 @@ struct CapacityOptions {
     }
     try await Task.sleep(for: .seconds(1))
     let onlineRSS = try residentKilobytes(of: pid)
-    reporter.note(String(format: "capacity: %d clients online (each a long poll) in %.1f s; convkitd resident memory %d MB idle, %d MB with them: %.1f kB per online client",
-                         members.count, secondsIn(ContinuousClock.now - onlineStart), idleRSS / 1024, onlineRSS / 1024,
+    reporter.note(String(format: "capacity: %d clients online (each %@) in %.1f s; convkitd resident memory %d MB idle, %d MB with them: %.1f kB per online client",
+                         members.count, options.streams ? "a stream" : "a long poll", secondsIn(ContinuousClock.now - onlineStart), idleRSS / 1024, onlineRSS / 1024,
                          Double(onlineRSS - idleRSS) / Double(members.count)))
 
     // A save's round trip with the crowd online and nobody else writing (one sender, 200 saves,

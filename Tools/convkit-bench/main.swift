@@ -23,7 +23,8 @@ let command = Command(
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
         .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, console, postgres, or capacity or firstsync (these two run only when asked for)."),
-        .valued("clients", "n", "capacity: clients online, each holding a long poll. (default: 10000)"),
+        .valued("clients", "n", "capacity: clients online, each holding a stream. (default: 10000)"),
+        .flag("long-polls", "capacity: each client holds long polls instead of a stream (as stores before streams did)."),
         .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
         .valued("senders", "n", "capacity: senders, each sending one message at a time. (default: 10)"),
         .valued("churn", "share", "capacity: the share of clients (0 to 1) that reconnect every 2-4 s. (default: 0)"),
@@ -56,6 +57,7 @@ func parseOptions() -> Options {
             guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
         }
+        options.capacity.streams = !parsed.has("long-polls")
         options.capacity.clients = try parsed.int("clients", default: options.capacity.clients, range: 10...100_000)
         options.capacity.rate = try parsed.int("rate", default: options.capacity.rate, range: 1...100_000)
         options.capacity.senders = try parsed.int("senders", default: options.capacity.senders, range: 1...1_000)
