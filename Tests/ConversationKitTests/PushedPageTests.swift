@@ -3,6 +3,7 @@ import Foundation
 import RecordZone
 import Testing
 import TestSupport
+@testable import ZoneServer
 
 /// What the continuous sync does with a page a stream pushed (docs/PROTOCOL.md §2.4, "Applying
 /// a page").
@@ -47,5 +48,38 @@ import TestSupport
         outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: head.token, changes: rest)])
         #expect(outcome.diverged.isEmpty && outcome.report.pulled == 0)
         #expect(try await held() == rest.token)
+    }
+
+    /// A member removed from a group keeps its stream, and the server pushes down it nothing
+    /// said in the group after the removal (the rule of a group's reads, §3.1): not the
+    /// message, not even sealed — while what is said to it elsewhere still comes.
+    @Test(arguments: ChatBackend.allCases.filter(\.isServer))
+    func aRemovedMembersStreamCarriesNothingSaidAfter(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let server = try #require(fixture.zoneServer)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
+        try await syncAll([alice, bob, carol])
+        let group = try await alice.createGroup(name: "Plans", members: ["bob", "carol"])
+        _ = try await alice.send("hello carol", to: "carol")
+        try await syncAll([alice, bob, carol])
+        let running = Task { try await carol.run(pollInterval: .seconds(600)) }
+        defer { running.cancel() }
+        try #require(await until { server.api.streamCounters.open == 1 }, "carol's stream open")
+        let before = try await alice.send("before carol left", toGroup: group.id)
+        try await alice.sync()
+        #expect(await until(seconds: 15) { (try? carol.message(before.id)?.content) == "before carol left" }, "pushed while she is a member")
+
+        try await alice.removeMember("carol", from: group.id)
+        let after = try await alice.send("after carol left", toGroup: group.id)
+        try await alice.sync()
+        // Then something carol may read, in her pair with alice: once it came, the group's
+        // page (had there been one with the message) had come too.
+        let later = try await alice.send("still talking to you", to: "carol")
+        try await alice.sync()
+        #expect(await until(seconds: 15) { (try? carol.message(later.id)) != nil }, "the pair's message pushed")
+        try await bob.sync()
+        #expect(try bob.message(after.id)?.content == "after carol left")
+        #expect(try carol.record(zone: group.id, name: after.id.name) == nil, "the server pushed the removed member a message said after")
+        #expect(try carol.record(zone: group.id, name: before.id.name) != nil)
     }
 }
