@@ -66,6 +66,9 @@ extension ConversationStore {
         while !Task.isCancelled {
             let causes = await kicks.next()
             if Task.isCancelled { return }
+            // Pages taken from the stream and not yet applied: a failed round gives them back
+            // (the stream moved on past them; nothing else would bring them before the next poll).
+            var pages = [PushedPage]()
             do {
                 var report: SyncReport
                 if causes.contains(.poll) {
@@ -105,9 +108,10 @@ extension ConversationStore {
                     }
                 }
                 // What the stream pushed, after the push (whose catch-up may already hold it).
-                let pages = kicks.takePages()
+                pages = kicks.takePages()
                 if !pages.isEmpty {
                     let pushed = try await engine.applyPushed(pages)
+                    pages = []
                     report.pulled += pushed.report.pulled
                     report.quarantined += pushed.report.quarantined
                     report.clocksAhead += pushed.report.clocksAhead
@@ -130,6 +134,7 @@ extension ConversationStore {
                 backoff = 0.5
                 if report != SyncReport() { database.hub.publish([.syncActivity(.synced(report))]) }
             } catch {
+                kicks.giveBack(pages)
                 let refused = error.code == .notAuthenticated || error.code == .deviceRevoked
                 reachability.withLock { $0 = refused }
                 configuration.logger.warning("\(refused ? "the backend does not accept this device" : "backend unreachable"), backing off \(backoff) s: \(error)")
@@ -381,6 +386,12 @@ final class SyncKicks: Sendable {
         }
         kick(.pushed)
         return full
+    }
+
+    /// Pages a failed round could not apply, before any pushed since.
+    func giveBack(_ pages: [PushedPage]) {
+        guard !pages.isEmpty else { return }
+        state.withLock { $0.pages.insert(contentsOf: pages, at: 0) }
     }
 
     /// The pages pushed since the last call, in the order the stream sent them.
