@@ -33,19 +33,19 @@ import TestSupport
         #expect(rest.records.contains { $0.id.name == third.id.name })
 
         // The second page alone does not follow from bob's token: left, the zone to follow again.
-        var outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: head.token, changes: rest)])
+        var outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: head.token, changes: rest)], backend: reader)
         #expect(outcome.report.pulled == 0 && outcome.diverged == [zone: start])
         #expect(try bob.message(third.id) == nil, "a page from a token the store does not hold was applied")
         #expect(try await held() == start)
 
         // Both, in order: applied, and the token the last one ended with kept.
-        outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: start, changes: head), PushedPage(zone: zone, since: head.token, changes: rest)])
+        outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: start, changes: head), PushedPage(zone: zone, since: head.token, changes: rest)], backend: reader)
         #expect(outcome.diverged.isEmpty && outcome.report.pulled == head.records.count + rest.records.count)
         #expect(try bob.message(third.id)?.content == "three")
         #expect(try await held() == rest.token)
 
         // The same page again ends where the store stands: nothing to apply, nothing to follow again.
-        outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: head.token, changes: rest)])
+        outcome = try await bob.engine.applyPushed([PushedPage(zone: zone, since: head.token, changes: rest)], backend: reader)
         #expect(outcome.diverged.isEmpty && outcome.report.pulled == 0)
         #expect(try await held() == rest.token)
     }

@@ -97,34 +97,15 @@ extension ConversationStore {
                             return stored.map { $0 == from } ?? true
                         }.map(\.0))
                     }.sorted()
-                    if !zones.isEmpty {
-                        let pulled = try await engine.pull(zones: zones, backend: backend)
-                        report.pulled += pulled.pulled
-                        report.quarantined += pulled.quarantined
-                        // A device certificate held back with its identity may settle a conflict.
-                        if pulled.quarantined > 0, try await settleResolvedConflicts() > 0 {
-                            report.pushed += try await engine.pushOnly(localSpeaker: local.identifier, backend: backend).pushed
-                        }
-                    }
+                    if !zones.isEmpty { try await absorb(try await engine.pull(zones: zones, backend: backend), into: &report, local, backend) }
                 }
                 // What the stream pushed, after the push (whose catch-up may already hold it).
                 pages = kicks.takePages()
                 if !pages.isEmpty {
-                    let pushed = try await engine.applyPushed(pages)
+                    let pushed = try await engine.applyPushed(pages, backend: backend)
                     pages = []
-                    report.pulled += pushed.report.pulled
-                    report.quarantined += pushed.report.quarantined
-                    report.clocksAhead += pushed.report.clocksAhead
-                    report.blocked += pushed.report.blocked.filter { !report.blocked.contains($0) }
                     link.followAgain(pushed.diverged)
-                    if !pushed.reread.isEmpty {
-                        let again = try await engine.pull(zones: pushed.reread, backend: backend)
-                        report.pulled += again.pulled
-                        report.quarantined += again.quarantined
-                    }
-                    if pushed.report.quarantined > 0, try await settleResolvedConflicts() > 0 {
-                        report.pushed += try await engine.pushOnly(localSpeaker: local.identifier, backend: backend).pushed
-                    }
+                    try await absorb(pushed.report, into: &report, local, backend)
                 }
                 reachability.withLock { $0 = true }
                 if unreachable {
@@ -151,6 +132,18 @@ extension ConversationStore {
     }
 
     private static let roundSignal = ChatRecords.constantZone("round")
+
+    /// What a pull outside a whole sync brought (a zone kicked, pages pushed), added to the
+    /// round's report; a device certificate it held back with its identity may settle a conflict.
+    private func absorb(_ pulled: SyncReport, into report: inout SyncReport, _ local: LocalIdentity, _ backend: any RecordZoneBackend) async throws(ConversationError) {
+        report.pulled += pulled.pulled
+        report.quarantined += pulled.quarantined
+        report.clocksAhead += pulled.clocksAhead
+        report.blocked += pulled.blocked.filter { !report.blocked.contains($0) }
+        if pulled.quarantined > 0, try await settleResolvedConflicts() > 0 {
+            report.pushed += try await engine.pushOnly(localSpeaker: local.identifier, backend: backend).pushed
+        }
+    }
 
     /// Kicks a push after each commit of this process that queued a local change.
     private func watchLocalChanges(_ kicks: SyncKicks) async {

@@ -234,13 +234,14 @@ extension SyncEngine {
     /// applier decides it) — each only where the zone's stored token is the page's `since`. The
     /// push's catch-up or a pull may have taken the zone elsewhere: a page that ends where the
     /// store stands is already held (the store's own versions, pushed back); any other is left,
-    /// and the zone named to be followed again from the store's token.
-    /// - Returns: what was applied; the zones to follow again, each from its stored token; and
-    ///   the groups to read again from their beginning (the local speaker's membership grew).
-    func applyPushed(_ pages: [PushedPage]) async throws(ConversationError) -> (report: SyncReport, diverged: [ZoneName: ChangeToken?], reread: [ZoneName]) {
-        let (applied, diverged, groups) = try await writeRecoverable { applier in
+    /// and the zone named to be followed again from the store's token. A group the local
+    /// speaker's membership of grew is read again from its beginning, by request.
+    /// - Returns: what was applied, and the zones to follow again, each from its stored token.
+    func applyPushed(_ pages: [PushedPage], backend: any RecordZoneBackend) async throws(ConversationError) -> (report: SyncReport, diverged: [ZoneName: ChangeToken?]) {
+        begin(backend)
+        defer { end() }
+        let (applied, diverged) = try await writeRecoverable { applier in
             var applied = [(ZoneChanges, Int, Int)](), diverged = [ZoneName: ChangeToken?]()
-            var quarantined = 0
             for page in pages {
                 let stored = try applier.db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [page.zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) }
                 // A zone this store does not follow (any more), or one being read from its beginning.
@@ -250,19 +251,21 @@ extension SyncEngine {
                     continue
                 }
                 diverged[page.zone] = nil
+                let before = applier.quarantinedCount
                 let count = try Self.apply(page.changes, of: page.zone, applier: &applier)
-                applied.append((page.changes, count, applier.quarantinedCount - quarantined))
-                quarantined = applier.quarantinedCount
+                applied.append((page.changes, count, applier.quarantinedCount - before))
             }
-            return (applied, diverged, Set(applied.isEmpty ? [] : pages.map(\.zone)).filter(ChatRecords.isGroupZone).sorted())
-        }
-        // The transaction's end decided the groups: a token dropped there is read again.
-        let rereadGroups = try await read { db in
-            try groups.filter { zone in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } == true }
+            return (applied, diverged)
         }
         var report = SyncReport()
         for (page, count, held) in applied { note(page, applied: count, quarantined: held, in: &report) }
-        return (report, diverged, rereadGroups)
+        // The transaction's end decided the groups: a token dropped there is read again.
+        let groups = Set(pages.map(\.zone)).filter(ChatRecords.isGroupZone).sorted()
+        let reread = applied.isEmpty ? [] : try await read { db in
+            try groups.filter { zone in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } == true }
+        }
+        for zone in reread { try await pullZone(zone, report: &report) }
+        return (report, diverged)
     }
 }
 

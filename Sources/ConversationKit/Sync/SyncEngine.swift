@@ -75,12 +75,12 @@ actor SyncEngine {
     /// Told of each zone a whole sync pulls.
     var progress: (@Sendable (SyncProgress) -> Void)?
 
-    private func begin(_ backend: any RecordZoneBackend) {
+    func begin(_ backend: any RecordZoneBackend) {
         connected = backend
         callsInProgress += 1
     }
 
-    private func end() {
+    func end() {
         callsInProgress -= 1
         if callsInProgress == 0 { connected = nil }
     }
