@@ -203,6 +203,33 @@ import TestSupport
         #expect(await until { events.error?.code == .networkUnavailable }, "the stream did not end with the server")
     }
 
+    /// A hostile client that asks the server to follow more zones than a stream may: its stream
+    /// ends with the reason, and the server goes on serving it (a new stream) and everyone else.
+    @Test func aFollowOfTooManyZonesEndsThatStreamAlone() async throws {
+        let fixture = try ServerFixture()
+        let bob = fixture.client("bob", key: Keys.bob)
+        let zone = try conversationZone("alice", "bob")
+        try await bob.createZone(zone)
+        let greedy = try await bob.openStream()
+        defer { greedy.close() }
+        let events = Pushed(greedy)
+        let many = try (0...Wire.StreamFrame.maximumZones).map { try ZoneName("s-\(String(format: "%016x", $0))") }
+        try greedy.follow(Dictionary(uniqueKeysWithValues: many.map { ($0, nil) }))
+        #expect(await until { events.error != nil })
+        #expect(events.error?.code == .limitExceeded, "\(String(describing: events.error))")
+        #expect(await until { fixture.server.api.streamCounters.open == 0 }, "the server still holds the greedy stream")
+
+        let next = try await bob.openStream()
+        defer { next.close() }
+        try next.follow([zone: nil])
+        let pushed = Pushed(next)
+        try await fixture.client("alice", key: Keys.alice).save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "still served")]).forEach { _ = try $0.get() }
+        // (The empty zone's first token may come first.)
+        var received = [FieldValue?]()
+        while received.isEmpty, case .changes(_, _, let page)? = await pushed.next() { received = page.records.map { $0.fields["content"] } }
+        #expect(received == [.string("still served")])
+    }
+
     /// A hostile server (or one that was broken into) that pushes what it likes: a forged
     /// record is held back with its reason, as a fetched one is, next to the genuine one; a
     /// frame longer than any page ends the stream with a typed error; a `101` to another
