@@ -7,8 +7,8 @@ import Glibc
 /// and a body) and closes the connection: what a proxy, a load balancer or a server of another
 /// version may send, for testing how a client reads answers ours never gives.
 public final class CannedHTTPServer: Sendable {
-    public let port: Int
-    private let listener: Int32
+    public var port: Int { listener.port }
+    private let listener: LoopbackListener
 
     public convenience init(status: Int, headers: [(String, String)] = [], body: String) throws {
         let head = (["HTTP/1.1 \(status) Canned", "Content-Length: \(body.utf8.count)", "Connection: close"] + headers.map { "\($0): \($1)" })
@@ -19,18 +19,11 @@ public final class CannedHTTPServer: Sendable {
     /// A server that answers every request with `answer`, byte for byte (a head of one's own,
     /// bytes that are not text), then closes the connection.
     public init(answer: Data) throws {
-        let (fd, port) = try listenOnLoopback(backlog: 16)
-        (listener, self.port) = (fd, port)
-        // The thread owns the descriptor and closes it when it is done: closed elsewhere, its
-        // number could be another server's socket by the time this thread's accept runs.
+        let listener = try LoopbackListener(backlog: 16)
+        self.listener = listener
+        // The thread closes the listener when it is done (``LoopbackListener/accept()``).
         Thread.detachNewThread {
-            while true {
-                let client = accept(fd, nil, nil)
-                guard client >= 0 else {
-                    if errno == EINTR || errno == ECONNABORTED { continue }
-                    close(fd)  // shut down (stop or deinit): done
-                    return
-                }
+            while let client = listener.accept() {
                 Self.readRequest(client)
                 answer.withUnsafeBytes { _ = send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
                 close(client)
@@ -57,7 +50,7 @@ public final class CannedHTTPServer: Sendable {
     }
 
     /// Stops accepting (the accepting thread then closes the listener).
-    public func stop() { shutdown(listener, Int32(SHUT_RDWR)) }
+    public func stop() { listener.shutDown() }
 
     deinit { stop() }
 }

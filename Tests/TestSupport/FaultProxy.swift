@@ -12,8 +12,8 @@ import Glibc
 /// application's own deadline notices. Restored, it drops the connections that lost bytes (their
 /// streams are broken) and forwards new ones again.
 public final class FaultProxy: @unchecked Sendable {
-    public let port: Int
-    private let listener: Int32
+    public var port: Int { listener.port }
+    private let listener: LoopbackListener
     private enum Target { case unixSocket(String), tcpPort(Int) }
     private let target: Target
     private struct State {
@@ -47,7 +47,7 @@ public final class FaultProxy: @unchecked Sendable {
 
     private init(_ target: Target) throws {
         self.target = target
-        (listener, port) = try listenOnLoopback(backlog: 64)
+        listener = try LoopbackListener(backlog: 64)
         let thread = Thread { [self] in acceptLoop() }
         thread.start()
     }
@@ -74,18 +74,13 @@ public final class FaultProxy: @unchecked Sendable {
                 shutdown(b, Int32(SHUT_RDWR))
             }
         }
-        shutdown(listener, Int32(SHUT_RDWR))
+        listener.shutDown()
     }
 
     deinit { stop() }
 
     private func acceptLoop() {
-        while true {
-            let client = accept(listener, nil, nil)
-            if client < 0 {
-                if errno == EINTR { continue }
-                break
-            }
+        while let client = listener.accept() {
             let (server, connected) = connectToTarget()
             let admitted = state.withLock { state in
                 guard connected, !state.stopped, state.cut.map({ state.forwarded[$0.direction] < $0.at }) ?? true else { return false }
@@ -99,7 +94,6 @@ public final class FaultProxy: @unchecked Sendable {
             }
             Thread { [self] in pump(client, server) }.start()
         }
-        close(listener)
     }
 
     private func connectToTarget() -> (Int32, Bool) {

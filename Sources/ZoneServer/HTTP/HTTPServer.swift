@@ -104,6 +104,8 @@ public final class HTTPServer: Sendable {
         let pressure: Pressure
         /// nil when it could not start (requests that wait are then not watched).
         let disconnects: DisconnectWatch?
+        /// The listening socket, once quiesced: closed after the daemon stops.
+        var quiescedListener: Int32 = -1
     }
     /// The shim's idle-connection tracking of a daemon (freed with it by ``stopDaemon(_:)``).
     struct Pressure: @unchecked Sendable { let pointer: OpaquePointer }
@@ -340,9 +342,14 @@ public final class HTTPServer: Sendable {
             return state.daemon
         }
         guard let daemon else { return }
-        // Quiescing hands the listening socket back to us: close it, so nobody connects any more.
+        // Quiescing hands the listening socket back to us. Shut down, it refuses whoever connects
+        // now; it is closed only once the daemon has stopped (libmicrohttpd's threads may still
+        // be about to accept on it, and a closed number may be another socket's by then).
         let listener = MHD_quiesce_daemon(daemon.pointer)
-        if listener >= 0 { close(listener) }
+        if listener >= 0 {
+            _ = shutdown(listener, Int32(SHUT_RDWR))
+            state.withLock { $0.daemon?.quiescedListener = listener }
+        }
         stoppingContinuation.finish()
     }
 
@@ -361,6 +368,7 @@ public final class HTTPServer: Sendable {
     private func stopDaemon(_ daemon: Daemon) {
         counters.pressure.withLock { $0 = nil }
         cmhd_stop(daemon.pointer, daemon.pressure.pointer)
+        if daemon.quiescedListener >= 0 { close(daemon.quiescedListener) }
         daemon.disconnects?.stop()
     }
 
