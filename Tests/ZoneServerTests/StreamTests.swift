@@ -261,6 +261,41 @@ import TestSupport
         let elsewhere = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(other.port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
         await #expect(throws: RecordZoneError.self) { _ = try await elsewhere.openStream() }
     }
+
+    /// A link that falls silent — blackholed: each side's kernel still takes the other's bytes,
+    /// nothing arrives — ends the stream within the silence the side that notices keeps, while a
+    /// quiet living link is kept by the pings. Pings every 0.2 s here; the side under test takes
+    /// 1.5 s of silence for the end, the other 45 s (so only the side under test can end it).
+    @Test(arguments: [true, false]) func aBlackholedLinkEndsTheStreamWithinTheSilence(_ serverNotices: Bool) async throws {
+        let quick = Wire.StreamFrame.Timing(heartbeat: .milliseconds(200), silence: .milliseconds(1500))
+        let patient = Wire.StreamFrame.Timing(heartbeat: .milliseconds(200), silence: .seconds(45))
+        let fixture = try ServerFixture { $0.streamTiming = serverNotices ? quick : patient }
+        let proxy = try FaultProxy(tcpPort: fixture.port)
+        defer { proxy.stop() }
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice)
+        try await alice.createZone(zone)
+        let bob = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(proxy.port)")), identity: "bob", key: Keys.bob,
+                              policy: ConversationStore.recordPolicy(), streamTiming: serverNotices ? patient : quick)
+        let stream = try await bob.openStream()
+        defer { stream.close() }
+        try stream.follow([zone: nil])
+        let events = Pushed(stream)
+        guard case .changes? = await events.next() else { Issue.record("the zone's first page was not pushed"); return }
+        // Quiet for twice the silence: the pings keep both ends, and a message still comes.
+        #expect(await events.next(seconds: 3) == nil && events.error == nil, "\(String(describing: events.error))")
+        try await alice.save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "alive")]).forEach { _ = try $0.get() }
+        guard case .changes(_, _, let page)? = await events.next() else { Issue.record("a quiet stream did not go on: \(String(describing: events.error))"); return }
+        #expect(page.records.map { $0.fields["content"] } == [.string("alive")])
+
+        proxy.blackhole(true)
+        if serverNotices {
+            #expect(await until(seconds: 10) { fixture.server.api.streamCounters.open == 0 }, "the server closed the silent client's stream")
+        } else {
+            #expect(await until(seconds: 10) { events.error != nil }, "the client ended the silent server's stream")
+            #expect(events.error?.code == .networkUnavailable && events.error?.message.contains("said nothing") == true, "\(String(describing: events.error))")
+        }
+    }
 }
 
 /// What a stream pushed, collected as it comes.

@@ -58,7 +58,7 @@ extension ZoneAPI {
             let zone = try await typingZone(matched, identity)
             let body = try decode(Wire.SetTyping.self, request, canonical: false)
             guard await storage.setTyping(body.typing, identity: identity, in: zone) else {
-                let after = Double(TypingBoard.minimumInterval.components.attoseconds) / 1e18
+                let after = TypingBoard.minimumInterval.inSeconds
                 throw APIError(.requestRateLimited, "'\(identity)' said it types in '\(zone)' less than \(after) s ago", retryAfter: after)
             }
             return HTTPResponse(status: 204)

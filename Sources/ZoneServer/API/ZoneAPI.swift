@@ -118,7 +118,7 @@ public struct ZoneAPI: HTTPService {
             response = APIError(.internalError, "\(error)").response
         }
         let elapsed = ContinuousClock.now - start
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.inSeconds
         metrics.record(method: request.method, route: matched, status: response.status, seconds: seconds)
         configuration.logger.debug("\(request.method) \(request.path) \(response.status) \(String(format: "%.1f", seconds * 1000)) ms \(identity)")
         if response.status >= 500 { configuration.logger.info("\(request.method) \(request.path) failed: \(response.status)") }

@@ -16,6 +16,9 @@ public struct ZoneServerConfiguration: Sendable {
     public var maximumClockSkew = RequestSignature.maximumClockSkew
     /// The longest long poll a client may ask for.
     public var maximumWait: Duration = .seconds(60)
+    /// How often a stream is pinged, and how long a silent client keeps it: the protocol's,
+    /// unless the clients are set alike.
+    public var streamTiming = Wire.StreamFrame.Timing.standard
     public var now: @Sendable () -> Date = { Date() }
     public var logger = Logger.silent
     /// Peer servers' replicators (`convkitd replicate`), by identity (a name starting with `_`)

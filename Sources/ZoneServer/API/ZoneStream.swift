@@ -11,7 +11,7 @@ import Synchronization
 /// from the stream's token for it when the page before has left this server's memory (the
 /// socket took all but ``ZoneStream/bufferedLimit`` bytes). So a reader that stops reading
 /// costs one page, never a backlog; when it reads again it gets everything from its tokens, and
-/// one that stays silent for ``Wire/StreamFrame/silenceSeconds`` is closed.
+/// one that stays silent (``ZoneServerConfiguration/streamTiming``) is closed.
 final class ZoneStream: Sendable {
     /// Bytes written ahead of the client before the next page is read.
     static let bufferedLimit = 1 << 20
@@ -154,14 +154,15 @@ final class ZoneStream: Sendable {
         }
     }
 
-    /// A ping at least every ``Wire/StreamFrame/heartbeatSeconds``; a client silent for
-    /// ``Wire/StreamFrame/silenceSeconds`` is closed.
+    /// A ping every heartbeat (``ZoneServerConfiguration/streamTiming``); a client silent
+    /// for its silence is closed.
     private func keepAlive() async {
         let ping = (try? Wire.StreamFrame(type: .ping).encoded()) ?? Data()
+        let timing = api.configuration.streamTiming
         while !Task.isCancelled {
-            do { try await Task.sleep(for: .seconds(Wire.StreamFrame.heartbeatSeconds)) } catch { return }
+            do { try await Task.sleep(for: timing.heartbeat) } catch { return }
             let silent = state.withLock { ContinuousClock.now - $0.lastHeard }
-            if silent > .seconds(Wire.StreamFrame.silenceSeconds) {
+            if silent > timing.silence {
                 api.configuration.logger.info("stream of '\(identity)' closed: the client was silent for \(silent)")
                 return
             }

@@ -183,7 +183,7 @@ struct ConsoleService: HTTPService {
         var count: Int { sessions.withLock { $0.count } }
 
         static func seconds(_ duration: Duration) -> TimeInterval {
-            Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+            duration.inSeconds
         }
 
         /// Whether `client` may try one more sign-in this minute.

@@ -35,12 +35,14 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     let maximumRetries: Int
     /// The longest wait before such a retry.
     let maximumRetryDelay: Double
+    /// A stream's pings and the silence that ends it (the server's must be alike).
+    let streamTiming: Wire.StreamFrame.Timing
 
     /// - Parameter deviceCertificate: on a linked device, its ``DeviceCertificate`` (canonical
     ///   bytes): a server binds the device's key from it.
     public init(url: URL, identity: String, key: SigningKey, policy: RecordPolicy = RecordPolicy(), deviceCertificate: Data? = nil,
                 wireForm: WireForm = .binary, caFile: String? = nil, maximumRetries: Int = 2, maximumRetryDelay: Double = 2,
-                now: @escaping @Sendable () -> Date = { Date() }) {
+                streamTiming: Wire.StreamFrame.Timing = .standard, now: @escaping @Sendable () -> Date = { Date() }) {
         baseURL = url
         self.wireForm = wireForm
         self.caFile = caFile
@@ -50,6 +52,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
         self.policy = policy
         self.maximumRetries = maximumRetries
         self.maximumRetryDelay = maximumRetryDelay
+        self.streamTiming = streamTiming
         self.now = now
     }
 
@@ -111,7 +114,7 @@ public final class HTTPBackend: RecordZoneBackend, Sendable {
     /// A long poll's timeout as the server takes it, whole seconds: a shorter wait rounds up,
     /// never down to none.
     private static func wholeSeconds(_ timeout: Duration) -> Int {
-        max(0, Int((Double(timeout.components.attoseconds) / 1e18 + Double(timeout.components.seconds)).rounded(.up)))
+        max(0, Int(timeout.inSeconds.rounded(.up)))
     }
 
     // MARK: Typing

@@ -141,7 +141,7 @@ public final class ServerStream: ChangeStream {
         /// Reads frames and writes queued ones until closed or failed.
         private func carry(_ connection: Connection) throws(RecordZoneError) {
             let ping = (try? Wire.StreamFrame(type: .ping).encoded()) ?? Data()
-            let silence = Double(Wire.StreamFrame.silenceSeconds), heartbeat = Double(Wire.StreamFrame.heartbeatSeconds)
+            let silence = backend.streamTiming.silence.inSeconds, heartbeat = backend.streamTiming.heartbeat.inSeconds
             var lastHeard = Date(), lastSent = Date()
             while true {
                 let (frames, closed) = outgoing.withLock { state in
@@ -161,8 +161,10 @@ public final class ServerStream: ChangeStream {
                 // the server's silence meanwhile is this side's doing.
                 let reading = events.hasRoom
                 if !reading { lastHeard = Date() }
-                let wait = min(heartbeat - Date().timeIntervalSince(lastSent), silence - Date().timeIntervalSince(lastHeard))
-                guard wait > 0 else { throw RecordZoneError(.networkUnavailable, "the server said nothing for \(Int(silence)) s") }
+                // Only the silence ends it (a ping falling due as this is reckoned only shortens the wait).
+                let heard = Date().timeIntervalSince(lastHeard)
+                guard heard < silence else { throw RecordZoneError(.networkUnavailable, "the server said nothing for \(silence) s") }
+                let wait = max(0.001, min(heartbeat - Date().timeIntervalSince(lastSent), silence - heard))
                 for payload in try connection.read(waiting: wait, socket: reading) {
                     lastHeard = Date()
                     try deliver(payload)
@@ -313,7 +315,7 @@ public final class ServerStream: ChangeStream {
             request += "Authorization: \(RequestSignature.authorization(method: "GET", path: path, query: [], body: Data(), identity: backend.identity, key: backend.key, now: backend.now()))\r\n"
             if let certificate = backend.deviceCertificate { request += "\(RequestSignature.deviceHeader): \(certificate.base64EncodedString())\r\n" }
             try sendAll(Data((request + "\r\n").utf8))
-            let deadline = Date().addingTimeInterval(30)
+            let deadline = Date().addingTimeInterval(min(30, backend.streamTiming.silence.inSeconds))
             var head: Range<Data.Index>?
             while head == nil {
                 let left = deadline.timeIntervalSinceNow

@@ -160,6 +160,22 @@ public enum Wire {
         public static let heartbeatSeconds = 15
         /// A side that heard nothing for this long takes the other for dead and closes.
         public static let silenceSeconds = 45
+
+        /// How often one side pings and how long a silence it takes for the other's end. The
+        /// protocol's (``standard``) everywhere but where both ends are set alike: a test of a
+        /// dead link, a network known to be quick.
+        public struct Timing: Sendable, Equatable {
+            public var heartbeat: Duration
+            public var silence: Duration
+
+            public init(heartbeat: Duration, silence: Duration) {
+                self.heartbeat = heartbeat
+                self.silence = silence
+            }
+
+            /// A ping every ``StreamFrame/heartbeatSeconds``, the end after ``StreamFrame/silenceSeconds``.
+            public static let standard = Timing(heartbeat: .seconds(heartbeatSeconds), silence: .seconds(silenceSeconds))
+        }
         /// The protocol named in the opening request's `Upgrade` header and in the `101`.
         public static let protocolName = "convkit-stream/1"
         /// The most zones one stream follows.
