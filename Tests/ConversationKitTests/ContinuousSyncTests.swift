@@ -149,20 +149,29 @@ import TestSupport
         await again.stop(timeout: .seconds(1))
     }
 
-    /// The link to the server is cut in the middle of a pushed batch, and new connections are
-    /// refused for a while: the receiver's stream opens again by itself (its feed is looked at
-    /// only every ten minutes here) from the tokens it kept, and every message arrives exactly
-    /// once — none lost with the cut frame, none added twice.
-    @Test func aStreamCutMidBatchResumesWithNothingLostOrTwice() async throws {
+    /// The link to the server fails under a pushed batch, and new connections get nowhere for a
+    /// while: the receiver's stream opens again by itself (its feed is looked at only every ten
+    /// minutes here) from the tokens it kept, and every message arrives exactly once — none lost
+    /// with what the link swallowed, none added twice. `cut`: the link dies 4 kB into the batch
+    /// coming back (a reset). `blackhole`: it falls silent before the batch (each side's kernel
+    /// still takes the bytes; nothing arrives), which only the stream's silence notices — 1.5 s
+    /// here, pings every 0.2 s at both ends.
+    @Test(arguments: [true, false]) func aStreamCutMidBatchResumesWithNothingLostOrTwice(_ blackholed: Bool) async throws {
         let directory = try TemporaryDirectory("stream-cut")
         let storage = try SQLiteZoneStorage(directory: directory.path + "/server", policy: ConversationStore.recordPolicy(), indexedFields: ConversationStore.queryIndexes)
-        let server = ZoneServer(storage: storage, access: ChatZoneAccess())
+        let timing = Wire.StreamFrame.Timing(heartbeat: .milliseconds(200), silence: .milliseconds(1500))
+        var configuration = ZoneServerConfiguration()
+        configuration.streamTiming = timing
+        let server = ZoneServer(storage: storage, access: ChatZoneAccess(), configuration: configuration)
         let port = try server.start(host: "127.0.0.1", port: 0)
         defer { Task { await server.stop(timeout: .seconds(1)) } }
         let proxy = try FaultProxy(tcpPort: port)
         defer { proxy.stop() }
         let alice = try ConversationStore(directory: directory.path + "/alice", backend: .server(try #require(URL(string: "http://127.0.0.1:\(port)"))))
-        let bob = try ConversationStore(directory: directory.path + "/bob", backend: .server(try #require(URL(string: "http://127.0.0.1:\(proxy.port)"))))
+        let proxied = try #require(URL(string: "http://127.0.0.1:\(proxy.port)"))
+        let bob = try ConversationStore(directory: directory.path + "/bob", backend: .custom { context in
+            HTTPBackend(url: proxied, identity: context.identity, key: context.key, policy: context.policy, streamTiming: timing)
+        })
         try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
         try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
         let hello = try await alice.send("hello", to: "bob")
@@ -176,18 +185,29 @@ import TestSupport
         try #require(await until { server.api.streamCounters.open == 1 }, "bob's stream open")
         try await Task.sleep(for: .milliseconds(200))  // its follows sent (nothing to push: it is up to date)
 
-        // Forty messages in one save; the link dies 4 kB into what comes back to bob.
+        // Forty messages in one save, pushed into the failing link.
         let received = proxy.forwarded.received
-        proxy.cut(after: 4096, sent: false)
+        let pushes = server.api.streamCounters.pushes.load(ordering: .relaxed)
+        if blackholed { proxy.blackhole(true) } else { proxy.cut(after: 4096, sent: false) }
         var sent = [MessageID]()
         for n in 0..<40 { sent.append(try await alice.send("batch \(n) " + String(repeating: "x", count: 200), to: "bob").id) }
         try await alice.sync()
-        try #require(await until { proxy.forwarded.received >= received + 4096 }, "the push began")
-        #expect(await until(seconds: 5) { server.api.streamCounters.open == 0 }, "the cut ended the stream")
+        if blackholed {
+            try #require(await until { server.api.streamCounters.pushes.load(ordering: .relaxed) > pushes }, "the batch was pushed into the silent link")
+        } else {
+            try #require(await until { proxy.forwarded.received >= received + 4096 }, "the push began")
+        }
+        #expect(await until(seconds: 10) { server.api.streamCounters.open == 0 }, "the failure ended the stream")
         let partial = sent.filter { (try? bob.message($0)) != nil }.count
-        #expect(partial < sent.count, "the cut came before the whole batch was applied (\(partial))")
-        try await Task.sleep(for: .milliseconds(700))  // a reconnection or two refused
-        proxy.restore()
+        #expect(partial < sent.count, "the failure came before the whole batch was applied (\(partial))")
+        if blackholed {
+            // Bob's own end notices the silence too, and his new openings get nowhere meanwhile.
+            try await Task.sleep(for: .seconds(2))
+            proxy.blackhole(false)
+        } else {
+            try await Task.sleep(for: .milliseconds(700))  // a reconnection or two refused
+            proxy.restore()
+        }
 
         #expect(await until(seconds: 30) { sent.allSatisfy { (try? bob.message($0)) != nil } }, "every message arrived after the cut")
         #expect(server.api.streamCounters.opened.load(ordering: .relaxed) >= 2, "through a new stream")
