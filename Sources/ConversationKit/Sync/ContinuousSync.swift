@@ -7,11 +7,13 @@ extension ConversationStore {
     /// Keeps the store in step with its backend until the calling task is cancelled (as
     /// CKSyncEngine schedules sync for its apps): a local change is pushed as soon as it is
     /// committed — by this process, or by another one writing the same store (seen through
-    /// SQLite's `data_version`, every 250 ms); a remote change is pulled as soon as the backend
-    /// announces it: a long poll per followed zone (`longPolls`, the default for HTTP and
-    /// in-memory backends), inotify on a folder (where the kernel and file system give it), and a
-    /// look at the database feed every `pollInterval` for zones that are new (a conversation
-    /// someone else started) and for folders whose changes inotify does not see. While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
+    /// SQLite's `data_version`, every 250 ms); a remote change arrives as soon as the backend
+    /// tells of it (``LiveChanges``): a zone server pushes it down one stream, memory and a
+    /// folder's inotify say which zones moved. A backend that cannot tell (an older server: no
+    /// stream; a file system without notifications) is long-polled, one wait per followed zone
+    /// (`longPolls`, the default but for folders). And the database feed is looked at every
+    /// `pollInterval`, for zones that are new (a conversation someone else started) and for
+    /// folders whose changes inotify does not see. While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
     /// catches up when it answers; ``StoreEvent/syncActivity(_:)`` reports each round and each
     /// change of reachability.
     /// - Throws: only what stops it for good — ``ConversationError/Code/noLocalSpeaker``, a
@@ -32,26 +34,15 @@ extension ConversationStore {
                     do { try await Task.sleep(for: pollInterval) } catch { return }
                 }
             }
-            if useLongPolls {
-                if let live = backend as? any LiveChanges {
-                    group.addTask { await self.followStream(live, kicks: kicks, rounds: rounds, link: link) }
-                } else {
-                    group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
-                }
+            // A backend that tells of its changes is followed; one that cannot (an older
+            // server, a file system without notifications) is long-polled, or left to the polls.
+            if let live = backend as? any LiveChanges {
+                group.addTask { await self.followStream(live, kicks: kicks, rounds: rounds, link: link, longPolls: useLongPolls) }
+            } else if useLongPolls {
+                group.addTask { await self.watchZones(backend, kicks: kicks, rounds: rounds) }
             }
             if configuration.sharesPresence, backend.carriesTyping {
                 group.addTask { await self.sayOnline(local, backend) }
-            }
-            // A folder tells of its changes through inotify where it can (the poll stays, for
-            // network file systems that never report remote writes).
-            if let folder = backend as? FileSystemBackend, let (stop, events) = folder.changeNotifications() {
-                group.addTask {
-                    await withTaskCancellationHandler {
-                        for await _ in events { kicks.kick(.poll) }
-                    } onCancel: {
-                        stop()
-                    }
-                }
             }
             await self.runRounds(local, backend, kicks: kicks, rounds: rounds, link: link)
             group.cancelAll()
@@ -172,11 +163,12 @@ extension ConversationStore {
     }
 
     /// One stream for every followed zone (the speakers' own zones and the conversations, from
-    /// their stored tokens): what it pushes waits for the next round, which applies it; the
-    /// zones are followed again after every round (new ones, and those the stream took elsewhere).
-    /// A server without streams is long-polled instead; a stream cut is opened again (backing
-    /// off 0.5 s doubling to 30 s), from the tokens the store keeps: nothing is missed.
-    private func followStream(_ backend: any LiveChanges, kicks: SyncKicks, rounds: ChangeWaiters, link: StreamLink) async {
+    /// their stored tokens): what it pushes waits for the next round, which applies it, and a
+    /// zone it says moved is pulled by that round; the zones are followed again after every
+    /// round (new ones, and those the stream took elsewhere). A backend without a stream after
+    /// all is long-polled instead (`longPolls`) or left to the polls; a stream cut is opened
+    /// again (backing off 0.5 s doubling to 30 s), from the tokens the store keeps: nothing is missed.
+    private func followStream(_ backend: any LiveChanges, kicks: SyncKicks, rounds: ChangeWaiters, link: StreamLink, longPolls: Bool) async {
         var backoff = 0.5
         while !Task.isCancelled {
             let stream: any ChangeStream
@@ -184,8 +176,9 @@ extension ConversationStore {
                 stream = try await backend.openChangeStream()
             } catch {
                 if error.code == .routeNotFound {
-                    configuration.logger.notice("the server has no streams: long polls instead")
-                    return await watchZones(backend, kicks: kicks, rounds: rounds)
+                    configuration.logger.notice("no stream (\(error.message)): \(longPolls ? "long polls" : "the polls") instead")
+                    if longPolls { await watchZones(backend, kicks: kicks, rounds: rounds) }
+                    return
                 }
                 configuration.logger.info("no stream (\(error)), again in \(backoff) s")
                 do { try await Task.sleep(for: .milliseconds(Int(backoff * 1000))) } catch { return }
@@ -215,6 +208,8 @@ extension ConversationStore {
                                 if kicks.push(PushedPage(zone: zone, since: since, changes: changes)) {
                                     _ = await rounds.wait(for: Self.roundSignal, after: round, timeout: .seconds(30))
                                 }
+                            case .moved(let zone):
+                                kicks.kick(zone.map { .zone($0, waitedFrom: nil) } ?? .poll)
                             case .failed(let zone, let error):
                                 // Read by request from here: at once when it must be read again
                                 // whole (and followed again from there); otherwise the polls

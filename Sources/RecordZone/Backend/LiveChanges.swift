@@ -1,9 +1,13 @@
-/// A backend that pushes its zones' new versions down a connection it holds, rather than being
-/// asked (a zone server's stream, docs/PROTOCOL.md §2.4): the continuous sync follows its zones
-/// there, and fetches only what the stream cannot carry.
+import Synchronization
+
+/// A backend that tells of its zones' changes as they happen, rather than being asked: a zone
+/// server pushes the new versions themselves down its stream (docs/PROTOCOL.md §2.4); memory
+/// and a watched folder (inotify) say which zones moved, and the reader reads them. The
+/// continuous sync follows its zones there and fetches only what the stream does not carry.
 public protocol LiveChanges: RecordZoneBackend {
     /// Opens a stream. - Throws: the backend's refusal, ``RecordZoneError/Code/routeNotFound``
-    /// where this backend has no stream after all (an older server: ask instead).
+    /// where this backend has no stream after all (an older server, a folder on a file system
+    /// without notifications: ask instead).
     func openChangeStream() async throws(RecordZoneError) -> any ChangeStream
 }
 
@@ -29,4 +33,91 @@ public enum LiveChange: Sendable {
     /// The backend no longer follows this zone for this stream (why: the error); read it by
     /// request from here on.
     case failed(ZoneName, RecordZoneError)
+    /// This zone moved (nil: any zone may have, new ones too): read it by request. What a
+    /// backend says that does not carry the changes themselves.
+    case moved(ZoneName?)
+}
+
+/// A ``ChangeStream`` that says which zones moved and carries nothing else (``LiveChange/moved(_:)``):
+/// moves not yet taken are gathered, so a burst of writes to a zone is one event.
+final class MovedZones: ChangeStream {
+    private struct State {
+        var zones: [ZoneName] = []
+        var any = false
+        var closed = false
+        var waiter: CheckedContinuation<LiveChange?, Never>?
+    }
+    private let state = Mutex(State())
+    private let followed: @Sendable (MovedZones, [ZoneName: ChangeToken?]) -> Void
+    private let closing: @Sendable () -> Void
+
+    /// - Parameters:
+    ///   - followed: told of each follow, to watch those zones (and say which moved already).
+    ///   - closing: told once, when the stream is closed.
+    init(followed: @escaping @Sendable (MovedZones, [ZoneName: ChangeToken?]) -> Void = { _, _ in }, closing: @escaping @Sendable () -> Void) {
+        self.followed = followed
+        self.closing = closing
+    }
+
+    deinit { close() }
+
+    /// `zone` moved (nil: any may have).
+    func moved(_ zone: ZoneName?) {
+        let waiter = state.withLock { state -> CheckedContinuation<LiveChange?, Never>? in
+            guard !state.closed else { return nil }
+            if let waiter = state.waiter {
+                state.waiter = nil
+                return waiter
+            }
+            if let zone {
+                if !state.zones.contains(zone) { state.zones.append(zone) }
+            } else {
+                state.any = true
+            }
+            return nil
+        }
+        waiter?.resume(returning: .moved(zone))
+    }
+
+    func follow(_ zones: [ZoneName: ChangeToken?]) throws(RecordZoneError) {
+        guard !state.withLock({ $0.closed }) else { throw RecordZoneError(.networkUnavailable, "the stream is closed") }
+        followed(self, zones)
+    }
+
+    func next() async throws -> LiveChange? {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state -> LiveChange?? in
+                    if state.closed || Task.isCancelled { return .some(nil) }
+                    if state.any {
+                        state.any = false
+                        state.zones = []
+                        return .moved(nil)
+                    }
+                    if !state.zones.isEmpty { return .moved(state.zones.removeFirst()) }
+                    state.waiter = continuation
+                    return nil
+                }
+                if let now { continuation.resume(returning: now) }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state in
+                defer { state.waiter = nil }
+                return state.waiter
+            }
+            waiter?.resume(returning: nil)
+        }
+    }
+
+    func close() {
+        let (waiter, first) = state.withLock { state -> (CheckedContinuation<LiveChange?, Never>?, Bool) in
+            defer {
+                state.closed = true
+                state.waiter = nil
+            }
+            return (state.waiter, !state.closed)
+        }
+        waiter?.resume(returning: nil)
+        if first { closing() }
+    }
 }

@@ -102,11 +102,19 @@ final class FolderWatcher: Sendable {
     }
 }
 
-extension FileSystemBackend {
-    /// Notifications of changes in the folder (inotify), for a caller that would otherwise poll;
-    /// nil where inotify is not available. Call `stop` when done: the stream then finishes.
-    public nonisolated func changeNotifications() -> (stop: @Sendable () -> Void, events: AsyncStream<Void>)? {
-        guard let (watcher, events) = FolderWatcher.start(root: layout.root) else { return nil }
-        return ({ watcher.stop() }, events)
+extension FileSystemBackend: LiveChanges {
+    /// The folder's notifications as a stream: any change in the tree is
+    /// ``LiveChange/moved(_:)`` of any zone (nil), and the reader looks at the whole folder.
+    /// - Throws: ``RecordZoneError/Code/routeNotFound`` where the file system gives none
+    ///   (the reader polls instead).
+    public nonisolated func openChangeStream() async throws(RecordZoneError) -> any ChangeStream {
+        guard let (watcher, events) = FolderWatcher.start(root: layout.root) else {
+            throw RecordZoneError(.routeNotFound, "the file system of \(layout.root) gives no change notifications")
+        }
+        let stream = MovedZones(closing: { watcher.stop() })
+        Task { [weak stream] in
+            for await _ in events { stream?.moved(nil) }
+        }
+        return stream
     }
 }

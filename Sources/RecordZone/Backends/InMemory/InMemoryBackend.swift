@@ -37,7 +37,7 @@ public actor InMemoryBackend: RecordZoneBackend {
     private var deletedAt: [ZoneName: UInt64] = [:]
     var databaseSequence: UInt64 = 0
     private var assets: [Data: Data] = [:]
-    private let waiters = ChangeWaiters()
+    nonisolated let waiters = ChangeWaiters()
     var injected = 0
 
     /// - Parameter policy: the checks applied to every record saved and read.
@@ -244,6 +244,19 @@ public actor InMemoryBackend: RecordZoneBackend {
 
     func wake(_ zone: ZoneName) { waiters.wake(zone) }
 
+    /// Which zones move, as they do (``LiveChanges``): each followed zone is watched, and one
+    /// that moved past the token it was followed from is said at once.
+    nonisolated func movedZones() -> MovedZones {
+        let id = UUID()
+        let waiters = self.waiters
+        return MovedZones(followed: { [weak self] stream, zones in
+            waiters.observe(zones.keys, as: id) { [weak stream] zone in stream?.moved(zone) }
+            Task { [weak stream] in
+                for (zone, token) in zones where (try? await self?.hasChanges(zone, since: token)) ?? true { stream?.moved(zone) }
+            }
+        }, closing: { waiters.stopObserving(id) })
+    }
+
     private static func firstIndex(in log: [Entry], after sequence: UInt64) -> Int {
         var low = 0, high = log.count
         while low < high {
@@ -276,7 +289,7 @@ package enum AssetChecks {
 }
 
 /// One client's view of an ``InMemoryBackend``: reads are verified with the client's policy.
-public struct InMemoryConnection: RecordZoneBackend {
+public struct InMemoryConnection: LiveChanges {
     public let backend: InMemoryBackend
     public let reader: RecordPolicy
 
@@ -305,6 +318,7 @@ public struct InMemoryConnection: RecordZoneBackend {
     public func waitForChanges(in zone: ZoneName, since token: ChangeToken?, timeout: Duration) async throws(RecordZoneError) -> Bool {
         try await backend.waitForChanges(in: zone, since: token, timeout: timeout)
     }
+    public func openChangeStream() async throws(RecordZoneError) -> any ChangeStream { backend.movedZones() }
     public var carriesTyping: Bool { true }
     public func setTyping(_ typing: Bool, in zone: ZoneName, as identity: String) async throws(RecordZoneError) {
         try await backend.setTyping(typing, in: zone, as: identity)
