@@ -82,7 +82,8 @@ import TestSupport
 
         // Counted from outside, by the server: a live message is its save, and the receiver's
         // Delivery record's (one per message at most: several may share one) — nothing fetched
-        // or polled.
+        // or polled. (From once the first message's Delivery record went out.)
+        #expect(await daemons[1].waitUntil(seconds: 10) { $0.standardError.contains("synced pushed=1") })
         let before = try await requests(port)
         for n in 0..<5 { try await exchange(directory, daemons: daemons, text: "counted \(n)") }
         try await Task.sleep(for: .milliseconds(500))  // the last Delivery record went out

@@ -32,8 +32,10 @@ extension HTTPService {
 
 /// Gauges of an HTTP server, shared with whoever reports them.
 public final class HTTPCounters: Sendable {
-    let inFlight = Atomic<Int>(0)
-    let handlers = Atomic<Int>(0)
+    /// Answers on their way out (from a complete request until libmicrohttpd has sent its answer).
+    let answers = ServerWork()
+    /// Requests handed to their handlers.
+    let handlers = ServerWork()
     let abandoned = Atomic<Int>(0)
     let memoryReleases = Atomic<Int>(0)
     /// The listening daemon's idle-connection tracking (nil when not listening).
@@ -56,16 +58,16 @@ public final class HTTPCounters: Sendable {
     }
 
     /// Requests being handled or answered now (counted until their answer has been sent).
-    public var inFlightCount: Int { inFlight.load(ordering: .acquiring) }
+    public var inFlightCount: Int { answers.count }
     /// Requests handed to a handler and not yet answered by it (a long poll waiting, say).
-    public var runningHandlerCount: Int { handlers.load(ordering: .acquiring) }
+    public var runningHandlerCount: Int { handlers.count }
 }
 
 /// An HTTP/1.1 server on libmicrohttpd. Its internal polling thread (epoll) accepts, parses and
 /// writes; each complete request is handed, its connection suspended, to a task of its own on the
 /// server's handler threads — so a slow handler (a long poll) never holds the polling thread, a
 /// slow client holds nobody but itself, a long poll whose client goes away is cancelled at once
-/// (``DisconnectWatch``), and every handler ends before the server does.
+/// (``DisconnectWatch``), and every handler and stream ends before the server does (``ServerWork``).
 ///
 /// ```swift
 /// let server = HTTPServer(service: MyService())
@@ -92,8 +94,6 @@ public final class HTTPServer: Sendable {
         let exchange: Exchange
         let request: HTTPRequest
         let connection: OpaquePointer
-        /// Its key in ``running``.
-        let id: UInt64
     }
     /// Ends when the server begins stopping.
     private let stopping: AsyncStream<Void>
@@ -119,18 +119,12 @@ public final class HTTPServer: Sendable {
         var stoppedWaiters: [CheckedContinuation<Void, Never>] = []
     }
     private let state = Mutex(State())
-    /// Whether requests are handed to handlers (from listening until the stop begins). The daemon
-    /// is stopped only once every handler has resumed its connection, so none touches a
-    /// connection the daemon has freed.
+    /// Whether the server listens and has not begun stopping (streams are adopted only then).
+    /// The daemon is stopped only once every handler has resumed its connection (the handlers'
+    /// ``ServerWork``, closed by the stop), so none touches a connection the daemon has freed.
     private let accepting = Atomic(false)
-    /// The handlers running, each an unstructured task (a task group's children would cost
-    /// O(children) each to remove: with ten thousand long polls waiting, every answer walked
-    /// them all), for cancelling at the stop deadline or when a client goes away.
-    private struct Running {
-        var tasks: [UInt64: Task<Void, Never>] = [:]
-        var nextID: UInt64 = 0
-    }
-    private let running = Mutex(Running())
+    /// The streams' tasks (each until its connection closes), ended before the server is.
+    private let streamWork = ServerWork()
 
     public init(service: any HTTPService, limits: HTTPLimits = HTTPLimits(), logger: Logger = .silent, counters: HTTPCounters = HTTPCounters()) {
         self.service = service
@@ -271,19 +265,12 @@ public final class HTTPServer: Sendable {
         // Streams end at once (their clients resume from their tokens elsewhere or later).
         await streams?.stop()
         let deadline = state.withLock { $0.deadline }
-        while counters.runningHandlerCount > 0, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(5))
-        }
-        let late = running.withLock { Array($0.tasks.values) }
-        if !late.isEmpty {
-            logger.info("handlers still running at the stop deadline were cancelled")
-            late.forEach { $0.cancel() }
-            while counters.runningHandlerCount > 0 { try? await Task.sleep(for: .milliseconds(5)) }
+        for work in [counters.handlers, streamWork] where await !work.waitUntilEmpty(until: deadline) {
+            logger.info("\(work.cancelAll()) \(work === streamWork ? "streams" : "handlers") still running at the stop deadline were cancelled")
+            await work.waitUntilEmpty()
         }
         // The answers of the last handlers are on their way out: give them the rest of the time.
-        while counters.inFlightCount > 0, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(5))
-        }
+        await counters.answers.waitUntilEmpty(until: deadline)
         let (daemon, waiters) = state.withLock { state in
             defer {
                 state.daemon = nil
@@ -312,23 +299,21 @@ public final class HTTPServer: Sendable {
         }
     }
 
-    private func handle(_ pending: Pending) async {
+    /// Answers a request: `id` is its handler's in the handlers' ``ServerWork`` (``HTTPCounters``).
+    private func handle(_ pending: Pending, id: UInt64) async {
         let request = pending.request
         // A request that may wait long (a long poll) is cancelled if its client goes away.
         let watch = service.mayWait(method: request.method, path: request.path) ? state.withLock({ $0.daemon?.disconnects }) : nil
-        let watched = watch?.add(pending.connection, id: pending.id)
+        let watched = watch?.add(pending.connection, id: id)
         pending.exchange.response = await service.respond(to: request)
         if let watched { watch?.remove(watched) }
-        running.withLock { _ = $0.tasks.removeValue(forKey: pending.id) }
         MHD_resume_connection(pending.connection)
-        counters.handlers.subtract(1, ordering: .sequentiallyConsistent)
     }
 
     /// The client of request `id` went away: its handler is cancelled.
     fileprivate func clientGone(_ id: UInt64) {
-        guard let task = running.withLock({ $0.tasks[id] }) else { return }
         counters.abandoned.add(1, ordering: .relaxed)
-        task.cancel()
+        counters.handlers.cancel(id)
     }
 
     /// Stops accepting and tells the serving loop, which then finishes the stop.
@@ -341,6 +326,9 @@ public final class HTTPServer: Sendable {
             state.deadline = ContinuousClock.now.advanced(by: timeout)
             return state.daemon
         }
+        // No handler or stream starts from now on: new requests on open connections get 503.
+        counters.handlers.close()
+        streamWork.close()
         guard let daemon else { return }
         // Quiescing hands the listening socket back to us. Shut down, it refuses whoever connects
         // now; it is closed only once the daemon has stopped (libmicrohttpd's threads may still
@@ -384,6 +372,8 @@ public final class HTTPServer: Sendable {
         /// The body size at which ``HTTPService/checkBody(method:path:prefix:)`` looks next.
         var nextCheck = 8 << 10
         var started = false
+        /// Its ID among the answers on their way out, once complete.
+        var answer: UInt64?
         var response: HTTPResponse?
 
         init(method: String, path: String, headers: [String: String]) {
@@ -431,21 +421,14 @@ public final class HTTPServer: Sendable {
         }
         let request = HTTPRequest(method: method, path: url, query: values(connection, .GET_ARGUMENT_KIND),
                                   headers: exchange.headers, body: exchange.body, client: client)
-        counters.inFlight.add(1, ordering: .relaxed)
-        // Counted before the check, the stop after its flag (both in one total order): either
-        // the stop waits for this handler, or this request sees the stop and is refused.
-        counters.handlers.add(1, ordering: .sequentiallyConsistent)
-        let handed = accepting.load(ordering: .sequentiallyConsistent)
-        if handed {
-            MHD_suspend_connection(connection)
-            running.withLock { running in
-                running.nextID &+= 1
-                let pending = Pending(exchange: exchange, request: request, connection: connection, id: running.nextID)
-                // Under the lock: the handler removes itself under it too, so never before this.
-                running.tasks[pending.id] = Task(executorPreference: executor) { await self.handle(pending) }
-            }
-        } else {
-            counters.handlers.subtract(1, ordering: .sequentiallyConsistent)
+        exchange.answer = counters.answers.begin()
+        // Either the stop (which closes the handlers' work) waits for this handler, or this
+        // request is refused: never neither.
+        let pending = Pending(exchange: exchange, request: request, connection: connection)
+        let handed = counters.handlers.start(on: executor, prepare: { MHD_suspend_connection(connection) }) { id in
+            await self.handle(pending, id: id)
+        }
+        if handed == nil {
             exchange.response = Self.error(503, .serviceUnavailable, "the server is stopping", headers: [("Retry-After", "1"), ("Connection", "close")])
             return queue(exchange.response ?? HTTPResponse(status: 503), on: connection)
         }
@@ -527,12 +510,12 @@ public final class HTTPServer: Sendable {
             _ = cmhd_upgrade_close(handle)
             return
         }
-        Task(executorPreference: executor) { await stream(connection) }
+        if streamWork.start(on: executor, { _ in await stream(connection) }) == nil { connection.close() }
     }
 
     /// Called by libmicrohttpd when a request is over, its answer sent or its connection gone.
     fileprivate func completed(_ exchange: Exchange) {
-        if exchange.started { counters.inFlight.subtract(1, ordering: .relaxed) }
+        if let answer = exchange.answer { counters.answers.end(answer) }
     }
 }
 
