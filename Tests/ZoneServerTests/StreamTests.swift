@@ -1,7 +1,7 @@
 import ConversationKit
 import Foundation
 import Synchronization
-import RecordZone
+@testable import RecordZone
 import Testing
 import TestSupport
 @testable import ZoneServer
@@ -260,6 +260,49 @@ import TestSupport
         defer { other.stop() }
         let elsewhere = HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(other.port)")), identity: "bob", key: Keys.bob, policy: ConversationStore.recordPolicy())
         await #expect(throws: RecordZoneError.self) { _ = try await elsewhere.openStream() }
+    }
+
+    /// A hostile client that floods its stream with frames that are not the protocol's has that
+    /// stream ended with `malformed` on the first, and the server goes on serving: the same
+    /// key's next stream is followed and pushed to.
+    @Test func aFloodOfMalformedFramesEndsThatStreamAlone() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        try await fixture.client("alice", key: Keys.alice).createZone(zone)
+        let bob = fixture.client("bob", key: Keys.bob)
+        let hostile = try await bob.openStream()
+        defer { hostile.close() }
+        let ended = Pushed(hostile)
+        try hostile.core.queue(try Wire.StreamFrame(type: .changes, zone: zone.rawValue).encoded())  // a server's kind of frame
+        for n in 0..<2_000 { try? hostile.core.queue(Data("not a frame \(n) \(String(repeating: "{", count: n % 64))".utf8)) }
+        #expect(await until { ended.error != nil })
+        #expect(ended.error?.code == .malformed, "\(String(describing: ended.error))")
+        #expect(await until { fixture.server.api.streamCounters.open == 0 })
+
+        let next = try await bob.openStream()
+        defer { next.close() }
+        try next.follow([zone: nil])
+        let pushed = Pushed(next)
+        guard case .changes(let followed, _, _)? = await pushed.next() else { Issue.record("the server did not serve on: \(String(describing: pushed.error))"); return }
+        #expect(followed == zone)
+    }
+
+    /// A client that sends faster than its stream is served is held back (the server stops
+    /// reading its socket while 256 frames wait), not cut off: after 5,000 pings at once, its
+    /// follow is still honoured.
+    @Test func aClientSendingFasterThanServedIsHeldBackNotCut() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        try await fixture.client("alice", key: Keys.alice).createZone(zone)
+        let stream = try await fixture.client("bob", key: Keys.bob).openStream()
+        defer { stream.close() }
+        let pushed = Pushed(stream)
+        let ping = try Wire.StreamFrame(type: .ping).encoded()
+        for _ in 0..<5_000 { try stream.core.queue(ping) }
+        try stream.follow([zone: nil])
+        guard case .changes(let followed, _, _)? = await pushed.next() else { Issue.record("the stream was cut: \(String(describing: pushed.error))"); return }
+        #expect(followed == zone)
+        #expect(fixture.server.api.streamCounters.open == 1)
     }
 
     /// A link that falls silent — blackholed: each side's kernel still takes the other's bytes,

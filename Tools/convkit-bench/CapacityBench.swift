@@ -27,7 +27,7 @@ struct CapacityOptions {
     raiseDescriptorLimit()
     let root = FileManager.default.temporaryDirectory.path + "/convkit-capacity-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
-    guard let started = try startConvkitd(data: root, reporter: reporter, purpose: "capacity", extra: ["--max-wait", "60"]) else { return }
+    guard let started = try startConvkitd(data: root, reporter: reporter, purpose: "capacity", extra: ["--max-wait", "60", "--max-connections", "\(max(16_384, options.clients + 1_024))"]) else { return }
     let (process, url) = started
     defer { process.terminate() }
     guard let port = url.port else { throw RawError("no port in \(url)") }

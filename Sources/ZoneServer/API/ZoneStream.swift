@@ -56,21 +56,13 @@ final class ZoneStream: Sendable {
             signalContinuation.finish()
             group.cancelAll()
         }
-        // What was said last (why the stream ends) leaves first, if the client reads within a second.
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.connection.drained(below: 1) }
-            group.addTask {
-                try? await Task.sleep(for: .seconds(1))
-                self.connection.close()
-            }
-            await group.next()
-            group.cancelAll()
-        }
+        // What was said last (why the stream ends) reaches the client, if it reads within a second.
+        await connection.finish(by: .now + .seconds(1))
     }
 
     /// The client's frames, until it closes.
     private func readFrames() async {
-        for await payload in connection.frames {
+        while let payload = await connection.nextFrame() {
             state.withLock { $0.lastHeard = .now }
             guard let frame = try? JSONDecoder().decode(Wire.StreamFrame.self, from: payload) else {
                 return fail(RecordZoneError(.malformed, "a stream frame is a JSON object with a known type"))
@@ -176,6 +168,7 @@ final class ZoneStream: Sendable {
     }
 
     private func fail(_ failure: Wire.Failure) {
+        connection.discardIncoming()
         if let frame = try? Wire.StreamFrame(type: .failed, error: failure).encoded() { connection.send(frame) }
     }
 }

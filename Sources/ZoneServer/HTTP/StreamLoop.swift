@@ -13,8 +13,9 @@ import Synchronization
 final class StreamLoop: Sendable {
     /// The largest frame a client may send (its frames are small: follow lists, pings).
     static let maximumIncomingFrame = 1 << 20
-    /// Frames read and not yet taken by the stream's handler, beyond which the client is
-    /// sending faster than its stream is served: the connection is closed.
+    /// Frames read and not yet taken by the stream's handler at which the socket is no longer
+    /// read (a client sending faster than its stream is served waits: TCP holds it back), until
+    /// half of them are taken.
     static let maximumQueuedFrames = 256
 
     private let epoll: Int32
@@ -88,11 +89,11 @@ final class StreamLoop: Sendable {
     }
 
     static let reading = EPOLLIN.rawValue | EPOLLRDHUP.rawValue
-    static let readingAndWriting = reading | EPOLLOUT.rawValue
 
-    /// Watches `fd` for writing too (its connection holds bytes the socket did not take), or no longer.
-    func watchWriting(_ fd: Int32, _ writing: Bool) {
-        var event = epoll_event(events: writing ? Self.readingAndWriting : Self.reading, data: epoll_data_t(fd: fd))
+    /// Watches `fd` for reading (unless its connection holds as many frames as it takes) and
+    /// for writing (while it holds bytes the socket did not take).
+    func watch(_ fd: Int32, reading: Bool, writing: Bool) {
+        var event = epoll_event(events: (reading ? Self.reading : 0) | (writing ? EPOLLOUT.rawValue : 0), data: epoll_data_t(fd: fd))
         _ = epoll_ctl(epoll, EPOLL_CTL_MOD, fd, &event)
     }
 
@@ -143,30 +144,63 @@ final class StreamLoop: Sendable {
     }
 }
 
-/// One stream's socket: frames in (``frames``), frames out (``send(_:)``), and what is still
-/// to be written (``buffered``), held in memory until the socket takes it.
+/// One stream's socket: frames in (``nextFrame()``), frames out (``send(_:)``), and what is
+/// still to be written (``buffered``), held in memory until the socket takes it.
 final class StreamConnection: Sendable {
     private struct State {
         var closed = false
         var outgoing = Data()
         var incoming = Data()
         var writing = false
+        /// The client's frames not yet taken, and the taker waiting for one.
+        var frames: [Data] = []
+        var frameWaiter: CheckedContinuation<Data?, Never>?
+        /// The socket is not read: ``StreamLoop/maximumQueuedFrames`` wait to be taken.
+        var paused = false
+        /// The stream is ending: what the client sends is read and dropped (``discardIncoming()``).
+        var discarding = false
         var drainWaiters: [(limit: Int, continuation: CheckedContinuation<Void, Never>)] = []
+        var closeWaiters: [CheckedContinuation<Void, Never>] = []
     }
     private let fd: Int32
     private struct Handle: @unchecked Sendable { let pointer: OpaquePointer }
     private let handle: Handle
     private unowned let loop: StreamLoop
     private let state = Mutex(State())
-    /// The client's frames, in order; ends when the connection closes.
-    let frames: AsyncStream<Data>
-    private let framesContinuation: AsyncStream<Data>.Continuation
 
     fileprivate init(fd: Int32, handle: OpaquePointer, loop: StreamLoop) {
         self.fd = fd
         self.handle = Handle(pointer: handle)
         self.loop = loop
-        (frames, framesContinuation) = AsyncStream.makeStream(bufferingPolicy: .bufferingOldest(StreamLoop.maximumQueuedFrames))
+    }
+
+    /// The client's next frame, in order; nil once the connection is closed, the stream ending
+    /// (``discardIncoming()``) or the caller cancelled.
+    func nextFrame() async -> Data? {
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state -> Data?? in
+                    if !state.frames.isEmpty {
+                        let frame = state.frames.removeFirst()
+                        if state.paused, state.frames.count <= StreamLoop.maximumQueuedFrames / 2 {
+                            state.paused = false
+                            loop.watch(fd, reading: true, writing: state.writing)
+                        }
+                        return .some(frame)
+                    }
+                    if state.closed || state.discarding || Task.isCancelled { return .some(nil) }
+                    state.frameWaiter = continuation
+                    return nil
+                }
+                if let now { continuation.resume(returning: now) }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state in
+                defer { state.frameWaiter = nil }
+                return state.frameWaiter
+            }
+            waiter?.resume(returning: nil)
+        }
     }
 
     /// Whether the connection is closed.
@@ -201,20 +235,78 @@ final class StreamConnection: Sendable {
         }
     }
 
+    /// From now on what the client sends is read and dropped, not queued in ``frames``: the
+    /// stream is ending, and a socket closed with unread bytes sends a reset, which may destroy
+    /// the last frames before the client reads them.
+    func discardIncoming() {
+        let waiter = state.withLock { state in
+            state.discarding = true
+            state.frames = []
+            if state.paused, !state.closed {
+                state.paused = false
+                loop.watch(fd, reading: true, writing: state.writing)
+            }
+            defer { state.frameWaiter = nil }
+            return state.frameWaiter
+        }
+        waiter?.resume(returning: nil)
+    }
+
+    /// Ends the connection so that what was said last reaches the client: incoming bytes are
+    /// dropped, the queue is written out, the sending side is shut (the client reads the end
+    /// after the last frame), and the socket is closed once the client has closed its side — or
+    /// at `deadline` at the latest.
+    func finish(by deadline: ContinuousClock.Instant) async {
+        discardIncoming()
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await self.drained(below: 1)
+                self.state.withLock { state in
+                    if !state.closed { _ = shutdown(self.fd, Int32(SHUT_WR)) }
+                }
+                await self.closedByEitherSide()
+            }
+            group.addTask {
+                try? await Task.sleep(until: deadline, clock: .continuous)
+                self.close()
+            }
+            await group.next()
+            group.cancelAll()
+        }
+        close()
+    }
+
+    /// Returns once the connection is closed (by the client's end or by ``close()``).
+    private func closedByEitherSide() async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Bool in
+                if state.closed { return true }
+                state.closeWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
     /// Closes the connection (once): libmicrohttpd closes the socket.
     func close() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>]? in
+        let woken = state.withLock { state -> (waiters: [CheckedContinuation<Void, Never>], taker: CheckedContinuation<Data?, Never>?)? in
             guard !state.closed else { return nil }
             state.closed = true
             state.outgoing = Data()
-            defer { state.drainWaiters = [] }
-            return state.drainWaiters.map(\.continuation)
+            state.frames = []
+            defer {
+                state.drainWaiters = []
+                state.closeWaiters = []
+                state.frameWaiter = nil
+            }
+            return (state.drainWaiters.map(\.continuation) + state.closeWaiters, state.frameWaiter)
         }
-        guard let waiters else { return }
+        guard let woken else { return }
         loop.forget(fd)
         _ = cmhd_upgrade_close(handle.pointer)
-        framesContinuation.finish()
-        waiters.forEach { $0.resume() }
+        woken.taker?.resume(returning: nil)
+        woken.waiters.forEach { $0.resume() }
     }
 
     /// Writes what it can of the queue (under the lock, so a closed socket's number is never
@@ -233,7 +325,7 @@ final class StreamConnection: Sendable {
         let writing = !state.outgoing.isEmpty
         if writing != state.writing {
             state.writing = writing
-            loop.watchWriting(fd, writing)
+            loop.watch(fd, reading: !state.paused, writing: writing)
         }
         if state.outgoing.isEmpty { state.outgoing = Data() }
         return true
@@ -257,10 +349,11 @@ final class StreamConnection: Sendable {
     fileprivate func readable() {
         var buffer = [UInt8](repeating: 0, count: 64 << 10)
         while true {
-            let read = state.withLock { state -> Int in
-                guard !state.closed else { return 0 }
+            let read = state.withLock { state -> Int? in
+                guard !state.closed, !state.paused else { return nil }
                 return buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
             }
+            guard let read else { return }  // closed, or holding as many frames as it takes
             if read > 0 {
                 received(Data(buffer[0..<read]))
                 if read < buffer.count { return }
@@ -273,29 +366,37 @@ final class StreamConnection: Sendable {
         }
     }
 
-    /// Bytes from the client: every complete frame goes to ``frames``.
+    /// Bytes from the client: every complete frame is queued for ``nextFrame()`` (or handed to
+    /// its waiting taker); with as many queued as it takes, the socket is no longer read.
     fileprivate func received(_ bytes: Data) {
-        let (parsed, violation) = state.withLock { state -> ([Data], Bool) in
-            guard !state.closed else { return ([], false) }
+        let (taker, first, violation) = state.withLock { state -> (CheckedContinuation<Data?, Never>?, Data?, Bool) in
+            guard !state.closed, !state.discarding else { return (nil, nil, false) }
             state.incoming.append(bytes)
-            var parsed = [Data]()
+            var violation = false
             while state.incoming.count >= 4 {
                 let start = state.incoming.startIndex
                 let length = state.incoming[start..<start + 4].reduce(0) { $0 << 8 | Int($1) }
-                guard length <= StreamLoop.maximumIncomingFrame else { return (parsed, true) }
+                guard length <= StreamLoop.maximumIncomingFrame else {
+                    violation = true
+                    break
+                }
                 guard state.incoming.count >= 4 + length else { break }
-                parsed.append(Data(state.incoming[start + 4..<start + 4 + length]))
+                state.frames.append(Data(state.incoming[start + 4..<start + 4 + length]))
                 state.incoming.removeFirst(4 + length)
             }
             if state.incoming.isEmpty { state.incoming = Data() }
-            return (parsed, false)
-        }
-        for frame in parsed {
-            if case .dropped = framesContinuation.yield(frame) {
-                close()
-                return
+            var handed: (CheckedContinuation<Data?, Never>, Data)?
+            if let waiter = state.frameWaiter, !state.frames.isEmpty {
+                state.frameWaiter = nil
+                handed = (waiter, state.frames.removeFirst())
             }
+            if !state.paused, state.frames.count >= StreamLoop.maximumQueuedFrames {
+                state.paused = true
+                loop.watch(fd, reading: false, writing: state.writing)
+            }
+            return (handed?.0, handed?.1, violation)
         }
+        taker?.resume(returning: first)
         if violation { close() }
     }
 }
