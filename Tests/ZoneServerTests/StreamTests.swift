@@ -305,6 +305,36 @@ import TestSupport
         #expect(fixture.server.api.streamCounters.open == 1)
     }
 
+    /// Open streams are never idle connections: when the server is past the mark where idle
+    /// connections give way to new ones, it is the idle ones that go, and every stream stays.
+    @Test func openStreamsNeverGiveWayAsIdle() async throws {
+        let fixture = try ServerFixture { $0.limits.idleConnectionsGiveWayAt = 8 }
+        let zone = try conversationZone("alice", "bob")
+        try await fixture.client("alice", key: Keys.alice).createZone(zone)
+        let bob = fixture.client("bob", key: Keys.bob)
+        var streams = [ServerStream]()
+        for _ in 0..<12 {
+            let stream = try await bob.openStream()
+            try stream.follow([zone: nil])
+            streams.append(stream)
+        }
+        defer { streams.forEach { $0.close() } }
+        let pushed = streams.map { Pushed($0) }
+        try #require(await until { fixture.server.api.streamCounters.open == 12 })
+        // Idle connections come and go past the mark.
+        var idle = [RawConnection]()
+        for _ in 0..<6 { idle.append(try RawConnection(port: fixture.port)) }
+        try await fixture.client("alice", key: Keys.alice).save([try message(zone, "m1", from: "alice", to: "bob", key: Keys.alice, text: "to all")]).forEach { _ = try $0.get() }
+        for events in pushed {
+            var got = false
+            while !got, case .changes(_, _, let page)? = await events.next() { got = page.records.map { $0.fields["content"] } == [.string("to all")] }
+            #expect(got, "a stream was given way: \(String(describing: events.error))")
+        }
+        #expect(fixture.server.api.streamCounters.open == 12)
+        #expect(fixture.server.http.counters.idleConnectionsGivenWayCount > 0, "the idle connections gave way")
+        _ = idle
+    }
+
     /// A link that falls silent — blackholed: each side's kernel still takes the other's bytes,
     /// nothing arrives — ends the stream within the silence the side that notices keeps, while a
     /// quiet living link is kept by the pings. Pings every 0.2 s here; the side under test takes
