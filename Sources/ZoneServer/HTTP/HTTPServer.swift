@@ -30,7 +30,9 @@ extension HTTPService {
     public func needsClient(path: String) -> Bool { false }
 }
 
-/// Gauges of an HTTP server, shared with whoever reports them.
+/// Gauges of one HTTP server, shared with whoever reports them. They hold the server's work
+/// itself (its handlers, its answers on their way out), which its stop closes: give each
+/// server counters of its own.
 public final class HTTPCounters: Sendable {
     /// Answers on their way out (from a complete request until libmicrohttpd has sent its answer).
     let answers = ServerWork()
@@ -312,8 +314,7 @@ public final class HTTPServer: Sendable {
 
     /// The client of request `id` went away: its handler is cancelled.
     fileprivate func clientGone(_ id: UInt64) {
-        counters.abandoned.add(1, ordering: .relaxed)
-        counters.handlers.cancel(id)
+        if counters.handlers.cancel(id) { counters.abandoned.add(1, ordering: .relaxed) }
     }
 
     /// Stops accepting and tells the serving loop, which then finishes the stop.

@@ -67,10 +67,12 @@ final class ServerWork: Sendable {
         waiters.forEach { $0.resume() }
     }
 
-    /// Cancels work `id`'s task (its client went away).
-    func cancel(_ id: UInt64) {
-        let task = state.withLock { $0.items[id] ?? nil }
-        task?.cancel()
+    /// Cancels work `id`'s task (its client went away). - Returns: whether it was running.
+    @discardableResult
+    func cancel(_ id: UInt64) -> Bool {
+        guard let task = state.withLock({ $0.items[id] ?? nil }) else { return false }
+        task.cancel()
+        return true
     }
 
     /// No work starts from now on (``start(on:prepare:_:)`` refuses it).

@@ -235,7 +235,7 @@ final class StreamConnection: Sendable {
         }
     }
 
-    /// From now on what the client sends is read and dropped, not queued in ``frames``: the
+    /// From now on what the client sends is read and dropped, not queued for ``nextFrame()``: the
     /// stream is ending, and a socket closed with unread bytes sends a reset, which may destroy
     /// the last frames before the client reads them.
     func discardIncoming() {
