@@ -120,6 +120,11 @@ public struct PostgresRows: Sendable {
 /// access. Statements take parameters (`$1`, `$2`, …); bytes go in binary, never spliced into SQL.
 public final class PostgresConnection {
     private let connection: OpaquePointer
+    /// A descriptor of our own for the connection's socket (a duplicate), for ``cut()`` from
+    /// another thread: libpq may close its own descriptor at any moment (a failing link), and
+    /// a number it closed may be another socket's by the time a shutdown reaches it. Ours stays
+    /// the same socket until this connection is gone.
+    private let cutHandle: Int32
     /// Statements prepared on this connection, by their SQL and parameter types.
     private var statements = [String: String]()
 
@@ -142,11 +147,15 @@ public final class PostgresConnection {
             throw PostgresError(sqlState: "", message: "cannot connect: \(message)")
         }
         self.connection = connection
+        cutHandle = fcntl(PQsocket(connection), F_DUPFD_CLOEXEC, 0)
         // Notices ("relation already exists, skipping") are not errors: libpq would print them.
         PQsetNoticeProcessor(connection, { _, _ in }, nil)
     }
 
-    deinit { PQfinish(connection) }
+    deinit {
+        PQfinish(connection)
+        if cutHandle >= 0 { close(cutHandle) }
+    }
 
     /// The value a connection option (`keepalives_idle`, `dbname`…) has on this connection.
     public func option(_ keyword: String) -> String? {
@@ -168,8 +177,7 @@ public final class PostgresConnection {
     /// stopped answering on a link the kernel still calls alive (a stalled proxy, a hung
     /// backend), which neither keepalives nor `tcp_user_timeout` notice.
     public func cut() {
-        let socket = PQsocket(connection)
-        if socket >= 0 { shutdown(socket, Int32(SHUT_RDWR)) }
+        if cutHandle >= 0 { shutdown(cutHandle, Int32(SHUT_RDWR)) }
     }
 
     /// Whether an idle connection (one that is not listening) may be used again, looked at
