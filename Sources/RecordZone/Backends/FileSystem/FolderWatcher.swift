@@ -107,7 +107,8 @@ extension FileSystemBackend: LiveChanges {
     /// ``LiveChange/moved(_:)`` of any zone (nil), and the reader looks at the whole folder.
     /// - Throws: ``RecordZoneError/Code/routeNotFound`` where the file system gives none
     ///   (the reader polls instead).
-    public nonisolated func openChangeStream() async throws(RecordZoneError) -> any ChangeStream {
+    /// Isolated: the walk of the tree that sets the watches runs on the folder's own queue.
+    public func openChangeStream() async throws(RecordZoneError) -> any ChangeStream {
         guard let (watcher, events) = FolderWatcher.start(root: layout.root) else {
             throw RecordZoneError(.routeNotFound, "the file system of \(layout.root) gives no change notifications")
         }

@@ -141,8 +141,11 @@ public final class ServerStream: ChangeStream {
         /// Reads frames and writes queued ones until closed or failed.
         private func carry(_ connection: Connection) throws(RecordZoneError) {
             let ping = (try? Wire.StreamFrame(type: .ping).encoded()) ?? Data()
-            let silence = backend.streamTiming.silence.inSeconds, heartbeat = backend.streamTiming.heartbeat.inSeconds
-            var lastHeard = Date(), lastSent = Date()
+            let silence = backend.streamTiming.silence, heartbeat = backend.streamTiming.heartbeat
+            // The monotonic clock: a wall clock set back or forward (NTP, a user) neither stops
+            // the pings nor ends the stream as silent.
+            let clock = ContinuousClock()
+            var lastHeard = clock.now, lastSent = clock.now
             while true {
                 let (frames, closed) = outgoing.withLock { state in
                     defer { state.frames = [] }
@@ -151,22 +154,22 @@ public final class ServerStream: ChangeStream {
                 if closed { return }
                 for frame in frames {
                     try connection.write(frame)
-                    lastSent = Date()
+                    lastSent = clock.now
                 }
-                if Date().timeIntervalSince(lastSent) >= heartbeat {
+                if clock.now - lastSent >= heartbeat {
                     try connection.write(ping)
-                    lastSent = Date()
+                    lastSent = clock.now
                 }
                 // A reader behind: read nothing until it takes some (its taking wakes this thread);
                 // the server's silence meanwhile is this side's doing.
                 let reading = events.hasRoom
-                if !reading { lastHeard = Date() }
+                if !reading { lastHeard = clock.now }
                 // Only the silence ends it (a ping falling due as this is reckoned only shortens the wait).
-                let heard = Date().timeIntervalSince(lastHeard)
-                guard heard < silence else { throw RecordZoneError(.networkUnavailable, "the server said nothing for \(silence) s") }
-                let wait = max(0.001, min(heartbeat - Date().timeIntervalSince(lastSent), silence - heard))
+                let heard = clock.now - lastHeard
+                guard heard < silence else { throw RecordZoneError(.networkUnavailable, "the server said nothing for \(silence)") }
+                let wait = max(0.001, min((heartbeat - (clock.now - lastSent)).inSeconds, (silence - heard).inSeconds))
                 for payload in try connection.read(waiting: wait, socket: reading) {
-                    lastHeard = Date()
+                    lastHeard = clock.now
                     try deliver(payload)
                 }
             }
@@ -315,10 +318,10 @@ public final class ServerStream: ChangeStream {
             request += "Authorization: \(RequestSignature.authorization(method: "GET", path: path, query: [], body: Data(), identity: backend.identity, key: backend.key, now: backend.now()))\r\n"
             if let certificate = backend.deviceCertificate { request += "\(RequestSignature.deviceHeader): \(certificate.base64EncodedString())\r\n" }
             try sendAll(Data((request + "\r\n").utf8))
-            let deadline = Date().addingTimeInterval(min(30, backend.streamTiming.silence.inSeconds))
+            let deadline = ContinuousClock.now + min(.seconds(30), backend.streamTiming.silence)
             var head: Range<Data.Index>?
             while head == nil {
-                let left = deadline.timeIntervalSinceNow
+                let left = (deadline - .now).inSeconds
                 guard left > 0, incoming.count < 64 << 10 else { throw RecordZoneError(.networkUnavailable, "the server did not answer the stream's opening") }
                 try receive(waiting: left)
                 head = incoming.range(of: Data("\r\n\r\n".utf8))
@@ -341,8 +344,8 @@ public final class ServerStream: ChangeStream {
                 guard parts.count == 2, parts[0].lowercased() == "content-length" else { return nil }
                 return Int(parts[1].trimmingCharacters(in: .whitespaces))
             }.first ?? 0
-            while incoming.count < min(length, 64 << 10), deadline.timeIntervalSinceNow > 0 {
-                try receive(waiting: deadline.timeIntervalSinceNow)
+            while incoming.count < min(length, 64 << 10), deadline > .now {
+                try receive(waiting: (deadline - .now).inSeconds)
             }
             let failure = try? JSONDecoder().decode(Wire.ErrorBody.self, from: incoming).error
             // A server without streams answers `routeNotFound` (404), as for any unknown route.
