@@ -287,6 +287,25 @@ import TestSupport
         #expect(followed == zone)
     }
 
+    /// A stream the server ends waits for the client to read why and close, but not for ever:
+    /// a client that reads nothing more (its queue of events full) is closed within a second
+    /// or so of the end, and holds nothing on the server.
+    @Test func aClientThatNeverReadsTheEndIsClosedWithinASecond() async throws {
+        let fixture = try ServerFixture()
+        let bob = fixture.client("bob", key: Keys.bob)
+        let zone = try conversationZone("alice", "bob")
+        try await bob.createZone(zone)
+        let deaf = try await bob.openStream(bufferedEvents: 1)
+        defer { deaf.close() }
+        try deaf.follow([zone: nil])  // its first page fills the client's queue: it reads no more
+        try #require(await until { fixture.server.api.streamCounters.pushes.load(ordering: .relaxed) == 1 })
+        let many = try (0...Wire.StreamFrame.maximumZones).map { try ZoneName("s-\(String(format: "%016x", $0))") }
+        try deaf.follow(Dictionary(uniqueKeysWithValues: many.map { ($0, nil) }))  // refused: the server ends the stream
+        let ended = ContinuousClock.now
+        #expect(await until(seconds: 10) { fixture.server.api.streamCounters.open == 0 }, "the server still holds a stream whose client reads nothing")
+        #expect(ContinuousClock.now - ended < .seconds(5))
+    }
+
     /// A client that sends faster than its stream is served is held back (the server stops
     /// reading its socket while 256 frames wait), not cut off: after 5,000 pings at once, its
     /// follow is still honoured.
