@@ -39,6 +39,17 @@ public struct ChatZoneAccess: ZoneAccessPolicy {
 
     public var governance: (any ZoneGovernance)? { ChatGovernance() }
 
+    /// A pair's two participants (by their speaker zones, which the pair's name holds); a group's
+    /// members are told by its governing records (``GroupAccess``), and the directory and the
+    /// speakers' zones concern those who follow them already.
+    public func audience(of zone: ZoneName) -> [String] {
+        ChatRecords.speakerZones(of: zone).map(\.rawValue)
+    }
+
+    public func audienceKey(of identity: String) -> String? {
+        ChatRecords.isValidIdentifier(identity) ? ChatRecords.speakerZone(identity).rawValue : nil
+    }
+
     /// A speaker's recovery record: fetched before its reader holds any key (without the code,
     /// nothing in it is readable).
     public func isPublic(_ id: RecordID) -> Bool {

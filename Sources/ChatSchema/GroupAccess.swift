@@ -65,6 +65,9 @@ public struct GroupAccess: ZoneGovernance {
             return nil
         }
 
+        /// Every member, past and present (each reads the versions of its time in the group).
+        var readers: [String] { group.map { Array($0.runs.keys) } ?? [] }
+
         func readable(by identity: String) -> ReadableVersions? {
             guard let group else { return nil }
             guard group.runs[identity] != nil else {

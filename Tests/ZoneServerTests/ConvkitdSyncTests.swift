@@ -107,6 +107,48 @@ import TestSupport
         _ = await again.wait()
     }
 
+    /// A running daemon asks nothing while nobody writes to it (the stream tells it when to
+    /// read the database feed); a conversation someone else starts with it, and a group it is
+    /// let into, reach it down the stream at once, not at the next look at the feed (once a
+    /// minute).
+    @Test func newConversationsReachARunningDaemonWithNoPollOfTheFeed() async throws {
+        let directory = try TemporaryDirectory("ckd-sync-feed")
+        let (server, port) = try await serve(directory.path + "/server")
+        let backend = BackendFactory.server(try #require(URL(string: "http://127.0.0.1:\(port)")))
+        try await setUp(directory, backend: backend)
+        let carol = try ConversationStore(directory: directory.path + "/carol", backend: backend)
+        try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
+        try await carol.sync()
+        let bob = try daemon(directory.path + "/bob", ["--server", "http://127.0.0.1:\(port)"])
+        #expect(await bob.waitUntil(seconds: 30) { $0.standardError.contains("syncing") })
+        var streams = false
+        for _ in 0..<250 where !streams {
+            streams = try await RawConnection.exchange(port: port, method: "GET", path: "/metrics").text.contains("convkitd_stream_feeds_total 1")
+            if !streams { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(streams, "the stream told of the feed once, when asked")
+        // Three of its 1-second ticks go by: not one request (an older store polled the feed at each).
+        try await Task.sleep(for: .milliseconds(500))  // the first round's requests are counted
+        let before = try await requests(port)
+        try await Task.sleep(for: .milliseconds(3200))
+        let idle = try await requests(port)
+        #expect(idle == before, "an idle daemon asked: \(idle.filter { $0.value != before[$0.key] ?? 0 }) (before: \(before))")
+
+        let sent = try await carol.send("a new conversation", to: "bob")
+        try await carol.sync()
+        let start = ContinuousClock.now
+        #expect(await bob.waitUntil(seconds: 5) { $0.standardError.contains("message added \(sent.id.conversation)/\(sent.id.name)") },
+                "reached bob within 5 s (took \(ContinuousClock.now - start)): \(bob.standardError)")
+        let group = try await carol.createGroup(name: "Trip", members: ["bob"])
+        let said = try await carol.send("a new group", toGroup: group.id)
+        try await carol.sync()
+        #expect(await bob.waitUntil(seconds: 5) { $0.standardError.contains("message added \(said.id.conversation)/\(said.id.name)") },
+                "the group reached bob within 5 s: \(bob.standardError)")
+        await stop([bob])
+        server.kill(SIGTERM)
+        _ = await server.wait()
+    }
+
     @Test func twoDaemonsThroughAFolder() async throws {
         let directory = try TemporaryDirectory("ckd-sync-folder")
         let folder = directory.path + "/shared"

@@ -309,6 +309,35 @@ struct PostgresServersTests {
         #expect(await events.next(seconds: 0.3) == nil, "nothing pushed again")
     }
 
+    /// A group made through one server, with bob in it: bob's stream on the other server is
+    /// told to read the feed (the commit's notification says the group's readers moved), as it
+    /// is of a conversation started with him there.
+    @Test func aMemberLetIntoAGroupThroughOneServerIsToldOnTheOther() async throws {
+        let database = try await SharedPostgres.freshDatabase()
+        let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy()),
+                        try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())]
+        defer { storages.forEach { $0.close() } }
+        let servers = storages.map { ZoneServer(storage: $0, access: ChatZoneAccess()) }
+        let ports = try servers.map { try $0.start(host: "127.0.0.1", port: 0) }
+        let directory = try TemporaryDirectory("pg-feed")
+        let carol = try ConversationStore(directory: directory.path + "/carol", backend: .server(try #require(URL(string: "http://127.0.0.1:\(ports[0])"))))
+        try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
+        try await carol.sync()
+        let stream = try await client(ports[1], "bob", Keys.bob).openStream()
+        defer { stream.close() }
+        try stream.followFeed()
+        let events = Pushed(stream)
+        guard case .feed? = await events.next() else { Issue.record("the feed was not told at once"); return }
+
+        try await carol.createGroup(name: "Trip", members: ["bob"])
+        try await carol.sync()
+        guard case .feed? = await events.next(seconds: 10) else { Issue.record("the group bob was let into was not told on the other server"); return }
+        let onA = try client(ports[0], "alice", Keys.alice), zone = try conversationZone("alice", "bob")
+        try await onA.createZone(zone)
+        _ = try await onA.save([try item(zone, "m1")]).map { try $0.get() }
+        guard case .feed? = await events.next(seconds: 10) else { Issue.record("a conversation started with bob on the other server was not told"); return }
+    }
+
     @Test func racingFirstBindingsThroughTwoServersEndWithOneKeyForAll() async throws {
         let database = try await SharedPostgres.freshDatabase()
         let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 4, policy: ConversationStore.recordPolicy()),

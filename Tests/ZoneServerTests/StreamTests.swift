@@ -58,6 +58,45 @@ import TestSupport
         #expect(await events.next(seconds: 0.5) == nil)
     }
 
+    /// A stream that asked for the feed is told at once, then whenever a zone it does not follow
+    /// moves for its identity (a conversation started with it, one deleted) — never for a zone
+    /// it follows (its pages say it) nor for others' conversations.
+    @Test func theFeedIsToldOfZonesTheStreamDoesNotFollowAlone() async throws {
+        let fixture = try ServerFixture()
+        let followed = try conversationZone("alice", "bob"), started = try conversationZone("carol", "bob"), others = try conversationZone("alice", "carol")
+        let alice = fixture.client("alice", key: Keys.alice), carol = fixture.client("carol", key: Keys.carol)
+        try await alice.createZone(followed)
+        try await alice.createZone(others)
+
+        let stream = try await fixture.client("bob", key: Keys.bob).openStream()
+        defer { stream.close() }
+        try stream.followFeed()
+        let events = Pushed(stream)
+        guard case .feed? = await events.next() else { Issue.record("the feed was not told at once"); return }
+        try stream.follow([followed: nil])
+        guard case .changes? = await events.next() else { Issue.record("the followed zone was not read"); return }
+        // A followed zone's message comes as its page alone; others' conversations say nothing.
+        try await alice.save([try message(followed, "m1", from: "alice", to: "bob", key: Keys.alice, text: "followed")]).forEach { _ = try $0.get() }
+        guard case .changes(let zone, _, _)? = await events.next() else { Issue.record("the message was not pushed"); return }
+        #expect(zone == followed)
+        try await alice.save([try message(others, "m1", from: "alice", to: "carol", key: Keys.alice, text: "not bob's")]).forEach { _ = try $0.get() }
+        #expect(await events.next(seconds: 0.5) == nil, "nothing told of a conversation bob takes no part in")
+        // A conversation started with bob, then deleted: the feed each time.
+        try await carol.createZone(started)
+        try await carol.save([try message(started, "m1", from: "carol", to: "bob", key: Keys.carol, text: "new")]).forEach { _ = try $0.get() }
+        guard case .feed? = await events.next() else { Issue.record("a new conversation was not told"); return }
+        try await carol.deleteZone(started)
+        guard case .feed? = await events.next() else { Issue.record("a deleted conversation was not told"); return }
+        // A followed zone deleted: the stream ends it (not found), and tells of the feed.
+        try await alice.deleteZone(followed)
+        guard case .failed(let gone, let error)? = await events.next() else { Issue.record("the followed zone's deletion was not said"); return }
+        #expect(gone == followed && error.code == .zoneNotFound)
+        guard case .feed? = await events.next() else { Issue.record("a deleted followed zone did not tell of the feed"); return }
+        #expect(await events.next(seconds: 0.3) == nil)
+        let metrics = try await fixture.signed("GET", "/metrics", identity: "bob", key: Keys.bob)
+        #expect(metrics.text.contains("convkitd_stream_feeds_total 4"), "\(metrics.text)")
+    }
+
     @Test func anOutsidersFollowFailsForThatZoneAlone() async throws {
         let fixture = try ServerFixture()
         let zone = try conversationZone("alice", "bob"), own = try conversationZone("carol", "bob")

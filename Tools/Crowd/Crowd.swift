@@ -317,7 +317,7 @@ public final class Crowd: @unchecked Sendable {
             client.upgraded = true
             setWaiting(client, true)
             let token = client.token.flatMap { Data(base64Encoded: $0) }.map(ChangeToken.init(data:))
-            sendFrame(client, Wire.StreamFrame(type: .follow, zones: [client.member.zone.rawValue: token]))
+            sendFrame(client, Wire.StreamFrame(type: .follow, zones: [client.member.zone.rawValue: token], feed: true))
         }
         var offset = 0
         while client.buffer.count - offset >= 4 {
@@ -341,7 +341,7 @@ public final class Crowd: @unchecked Sendable {
             case .failed:
                 fail(client, "failed: \(frame.error?.message ?? "")", reconnect: frame.zone == nil)
                 if frame.zone == nil { return }
-            case .ping, .follow: continue
+            case .ping, .follow, .feed: continue
             }
         }
         client.buffer.removeFirst(offset)

@@ -11,9 +11,13 @@ extension ConversationStore {
     /// tells of it (``LiveChanges``): a zone server pushes it down one stream, memory and a
     /// folder's inotify say which zones moved. A backend that cannot tell (an older server: no
     /// stream; a file system without notifications) is long-polled, one wait per followed zone
-    /// (`longPolls`, the default but for folders). And the database feed is looked at every
-    /// `pollInterval`, for zones that are new (a conversation someone else started) and for
-    /// folders whose changes inotify does not see. While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
+    /// (`longPolls`, the default but for folders). Zones that are new (a conversation someone
+    /// else started, a group the local speaker was let into) or deleted are in the database feed:
+    /// a zone server's stream says when to read it (``LiveChange/feed``); otherwise (memory, a
+    /// folder, an older server) the feed is looked at every `pollInterval`. With the stream telling,
+    /// `pollInterval` only pushes what is due in the outbox, and the feed is looked at once a
+    /// minute (``StreamLink/feedCheck``) for what a server cannot tell (a followed zone made later).
+    /// While the backend cannot be reached it backs off (0.5 s doubling to 30 s) and
     /// catches up when it answers; ``StoreEvent/syncActivity(_:)`` reports each round and each
     /// change of reachability.
     /// - Throws: only what stops it for good — ``ConversationError/Code/noLocalSpeaker``, a
@@ -29,8 +33,15 @@ extension ConversationStore {
             group.addTask { await self.watchLocalChanges(kicks) }
             group.addTask { await self.watchOtherProcesses(kicks) }
             group.addTask {
+                var checked = ContinuousClock.now
                 while !Task.isCancelled {
-                    kicks.kick(.poll)
+                    // The feed is looked at each time unless the stream tells when to.
+                    if !link.carriesFeed || ContinuousClock.now - checked >= StreamLink.feedCheck {
+                        kicks.kick(.poll)
+                        checked = .now
+                    } else {
+                        kicks.kick(.tick)
+                    }
                     do { try await Task.sleep(for: pollInterval) } catch { return }
                 }
             }
@@ -77,7 +88,9 @@ extension ConversationStore {
                     }
                 } else {
                     report = SyncReport()
-                    if causes.contains(.localChange) { report = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend) }
+                    var push = causes.contains(.localChange)
+                    if !push, causes.contains(.tick) { push = try await engine.outboxDue() }
+                    if push { report = try await engine.pushOnly(localSpeaker: local.identifier, backend: backend) }
                     // A zone whose token moved since its poll woke (a push's catch-up took it past
                     // this store's own versions) is not fetched: its poll asks again from there.
                     let kicked = causes.compactMap { if case .zone(let zone, let from) = $0 { (zone, from) } else { nil } }
@@ -186,6 +199,7 @@ extension ConversationStore {
                 continue
             }
             link.attach(stream)
+            try? stream.followFeed()
             let opened = ContinuousClock.now
             await withTaskGroup(of: Void.self) { group in
                 group.addTask {
@@ -210,6 +224,9 @@ extension ConversationStore {
                                 }
                             case .moved(let zone):
                                 kicks.kick(zone.map { .zone($0, waitedFrom: nil) } ?? .poll)
+                            case .feed:
+                                link.heardFeed()
+                                kicks.kick(.poll)
                             case .failed(let zone, let error):
                                 // Read by request from here: at once when it must be read again
                                 // whole (and followed again from there); otherwise the polls
@@ -295,17 +312,29 @@ final class StreamLink: Sendable {
         var followed: [ZoneName: ChangeToken?] = [:]
         /// Zones the server would not follow, and when it said so.
         var refused: [ZoneName: ContinuousClock.Instant] = [:]
+        /// The stream said it tells of the database feed (``LiveChange/feed``).
+        var carriesFeed = false
     }
     private let state = Mutex(State())
     /// How long a zone the server would not follow is left to the polls before it is asked again.
     static let refusedFor = Duration.seconds(30)
+    /// How often the feed is looked at while the stream tells of it: for what a server cannot
+    /// tell (a followed zone made after it was found missing, a server that failed to read who
+    /// may read a group).
+    static let feedCheck = Duration.seconds(60)
 
     func attach(_ stream: (any ChangeStream)?) {
         state.withLock { state in
             state.stream = stream
             state.followed = [:]
+            state.carriesFeed = false
         }
     }
+
+    /// Whether the stream attached tells of the database feed.
+    var carriesFeed: Bool { state.withLock { $0.carriesFeed } }
+
+    func heardFeed() { state.withLock { $0.carriesFeed = true } }
 
     /// Follows the zones of `stored` the stream does not follow yet, each from its token.
     func follow(stored: [ZoneName: ChangeToken?]) {
@@ -350,7 +379,10 @@ enum SyncCause: Sendable, Hashable {
     case zone(ZoneName, waitedFrom: ChangeToken?)
     /// The stream pushed pages (``SyncKicks/takePages()``).
     case pushed
+    /// A whole sync if the database feed moved, else a push of what is due.
     case poll
+    /// A push of what is due in the outbox, if anything (asks the backend nothing otherwise).
+    case tick
 }
 
 /// Kicks gathered until the round loop takes them all at once: many commits while a round runs

@@ -27,6 +27,8 @@ public final class ChangeWaiters: Sendable {
         var observers: [UUID: @Sendable (ZoneName?) -> Void] = [:]
         var observing: [ZoneName: Set<UUID>] = [:]
         var observedBy: [UUID: Set<ZoneName>] = [:]
+        /// Observers of every zone (``observeEvery(as:_:)``).
+        var everyObservers: [UUID: @Sendable (Wake) -> Void] = [:]
 
         func generation(of zone: ZoneName) -> UInt64 { (generations[zone] ?? 0) &+ epoch &* 0x1_0000_0000 }
         func generation(of zones: [ZoneName]) -> UInt64 { zones.reduce(epoch &* 0x1_0000_0000) { $0 &+ (generations[$1] ?? 0) } }
@@ -98,15 +100,33 @@ public final class ChangeWaiters: Sendable {
 
     /// Wakes everyone waiting for `zone`, tells its observers, and moves its generation on.
     public func wake(_ zone: ZoneName) {
-        let (woken, told) = state.withLock { state in
+        let (woken, told, every) = state.withLock { state in
             state.generations[zone, default: 0] &+= 1
-            return ((state.waiting[zone] ?? []).map { state.remove($0) }, (state.observing[zone] ?? []).compactMap { state.observers[$0] })
+            return ((state.waiting[zone] ?? []).map { state.remove($0) }, (state.observing[zone] ?? []).compactMap { state.observers[$0] },
+                    Array(state.everyObservers.values))
         }
         for (continuation, timer) in woken {
             timer?.cancel()
             continuation?.resume(returning: true)
         }
         for observer in told { observer(zone) }
+        for observer in every { observer(.zone(zone)) }
+    }
+
+    /// Tells the observers of every zone that who may read `zone` may have changed (its
+    /// governing records moved, on any server sharing the storage): nobody waits for that.
+    public func wakeReaders(of zone: ZoneName) {
+        for observer in state.withLock({ Array($0.everyObservers.values) }) { observer(.readers(zone)) }
+    }
+
+    /// What an observer of every zone is told (``observeEvery(as:_:)``).
+    public enum Wake: Sendable {
+        /// A commit to the zone.
+        case zone(ZoneName)
+        /// Who may read the zone may have changed (``wakeReaders(of:)``).
+        case readers(ZoneName)
+        /// Any zone may have moved (``wakeAll()``, ``releaseAll()``).
+        case all
     }
 
     /// Tells `observer` of every later wake of `zones` (their name), and of every ``wakeAll()``
@@ -122,10 +142,17 @@ public final class ChangeWaiters: Sendable {
         }
     }
 
-    /// Ends an observation (``observe(_:as:_:)``).
+    /// Tells `observer` of every later wake of any zone, as ``observe(_:as:_:)`` does of some:
+    /// what a server's audience (who must hear of a zone it does not follow) listens to.
+    public func observeEvery(as id: UUID, _ observer: @escaping @Sendable (Wake) -> Void) {
+        state.withLock { $0.everyObservers[id] = observer }
+    }
+
+    /// Ends an observation (``observe(_:as:_:)``, ``observeEvery(as:_:)``).
     public func stopObserving(_ id: UUID) {
         state.withLock { state in
             state.observers[id] = nil
+            state.everyObservers[id] = nil
             for zone in state.observedBy.removeValue(forKey: id) ?? [] {
                 state.observing[zone]?.remove(id)
                 if state.observing[zone]?.isEmpty == true { state.observing[zone] = nil }
@@ -136,28 +163,30 @@ public final class ChangeWaiters: Sendable {
     /// Wakes everyone, and moves every zone's generation on (changes may have been missed: a
     /// notification connection was lost and is back).
     public func wakeAll() {
-        let (woken, told) = state.withLock { state in
+        let (woken, told, every) = state.withLock { state in
             state.epoch &+= 1
-            return (Array(state.continuations.keys).map { state.remove($0) }, Array(state.observers.values))
+            return (Array(state.continuations.keys).map { state.remove($0) }, Array(state.observers.values), Array(state.everyObservers.values))
         }
         for (continuation, timer) in woken {
             timer?.cancel()
             continuation?.resume(returning: true)
         }
         for observer in told { observer(nil) }
+        for observer in every { observer(.all) }
     }
 
     /// Releases every waiter with false, and answers every later wait at once (a server stopping).
     public func releaseAll() {
-        let (woken, told) = state.withLock { state in
+        let (woken, told, every) = state.withLock { state in
             state.released = true
-            return (Array(state.continuations.keys).map { state.remove($0) }, Array(state.observers.values))
+            return (Array(state.continuations.keys).map { state.remove($0) }, Array(state.observers.values), Array(state.everyObservers.values))
         }
         for (continuation, timer) in woken {
             timer?.cancel()
             continuation?.resume(returning: false)
         }
         for observer in told { observer(nil) }
+        for observer in every { observer(.all) }
     }
 
     /// Whether ``releaseAll()`` was called (a stream ends rather than observe on).

@@ -16,6 +16,9 @@ public protocol ChangeStream: Sendable {
     /// Follows `zones`, each from its token (nil: from its beginning); following a zone again
     /// starts it again from the token given.
     func follow(_ zones: [ZoneName: ChangeToken?]) throws(RecordZoneError)
+    /// Asks to be told (``LiveChange/feed``) when the database feed may name a zone this stream
+    /// does not follow. A stream that cannot tell ignores it (its reader polls the feed).
+    func followFeed() throws(RecordZoneError)
     /// The next change, in the order the backend sent them; nil once the stream was closed;
     /// throws what ended it otherwise (``RecordZoneError/Code/networkUnavailable``, or the
     /// backend's reason).
@@ -36,6 +39,15 @@ public enum LiveChange: Sendable {
     /// This zone moved (nil: any zone may have, new ones too): read it by request. What a
     /// backend says that does not carry the changes themselves.
     case moved(ZoneName?)
+    /// The database feed may name a zone this stream does not follow (a conversation started
+    /// with this identity, a group it was let into, a zone deleted): read the feed. Only after
+    /// ``ChangeStream/followFeed()``, first at once (it may have moved before the stream opened);
+    /// a reader that had it may stop polling the feed while the stream stands.
+    case feed
+}
+
+extension ChangeStream {
+    public func followFeed() throws(RecordZoneError) {}
 }
 
 /// A ``ChangeStream`` that says which zones moved and carries nothing else (``LiveChange/moved(_:)``):

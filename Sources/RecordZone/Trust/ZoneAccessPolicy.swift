@@ -16,10 +16,21 @@ public protocol ZoneAccessPolicy: Sendable {
     /// (`GET /v1/public/{zone}/{name}`): what a person needs before holding any key, as a
     /// recovery record. False unless a policy says otherwise.
     func isPublic(_ id: RecordID) -> Bool
+    /// Who must hear at once that `zone` moved even where they do not follow it yet (a
+    /// conversation started with them, a zone of theirs deleted): the audience keys
+    /// (``audienceKey(of:)``) of the identities its name alone says may read it. A stream that
+    /// asked for the feed is told (docs/PROTOCOL.md §2.4, `feed`); anyone else learns of the zone
+    /// from the database feed when it next reads it. None unless a policy says otherwise.
+    func audience(of zone: ZoneName) -> [String]
+    /// The key under which `identity` hears of zones that concern it (``audience(of:)``, and a
+    /// governed zone's readers, ``GovernedZone/readers``); nil: it hears of none.
+    func audienceKey(of identity: String) -> String?
 }
 
 extension ZoneAccessPolicy {
     public func isPublic(_ id: RecordID) -> Bool { false }
+    public func audience(of zone: ZoneName) -> [String] { [] }
+    public func audienceKey(of identity: String) -> String? { nil }
 }
 
 /// Any authenticated identity may read and write any zone; only record ownership limits writes.
@@ -52,6 +63,8 @@ public struct ReplicatingZoneAccess: ZoneAccessPolicy {
     /// in whatever order it comes, and every reader decides it by the rule.
     public var governance: (any ZoneGovernance)? { base.governance }
     public func isPublic(_ id: RecordID) -> Bool { base.isPublic(id) }
+    public func audience(of zone: ZoneName) -> [String] { base.audience(of: zone) }
+    public func audienceKey(of identity: String) -> String? { replicators.contains(identity) ? nil : base.audienceKey(of: identity) }
     public func isReplicator(_ identity: String) -> Bool { replicators.contains(identity) }
 }
 
@@ -81,10 +94,15 @@ public protocol GovernedZone: Sendable {
     /// What the governing records decide, for a person (an operator's console): a label and a
     /// value per line.
     var summary: [(label: String, value: String)] { get }
+    /// Everyone who may read some version of the zone (a group's members, past and present):
+    /// told when its governing records change, since one of them may have just been let in
+    /// (``ZoneAccessPolicy/audienceKey(of:)``). None unless a state says otherwise.
+    var readers: [String] { get }
 }
 
 extension GovernedZone {
     public var summary: [(label: String, value: String)] { [] }
+    public var readers: [String] { [] }
 }
 
 /// Which versions of a zone one reader may read, by their type and clock (what a server's rows

@@ -12,6 +12,8 @@ public struct ZoneAPI: HTTPService {
     let authenticator: Authenticator
     let metrics = Metrics()
     let streamCounters = StreamCounters()
+    /// The streams told of zones they do not follow (the database feed).
+    let audience: StreamAudience
     /// The saves refused since start (the newest), for the console.
     public let refusals = RefusalLog()
     /// The transport's gauges, reported by `/metrics`.
@@ -28,6 +30,7 @@ public struct ZoneAPI: HTTPService {
         self.access = replicators.isEmpty ? access : ReplicatingZoneAccess(access, replicators: Set(replicators.keys))
         self.configuration = configuration
         self.counters = counters
+        audience = StreamAudience(storage: storage, access: self.access, logger: configuration.logger)
         authenticator = Authenticator(policy: storage.policy, now: configuration.now, maximumSkew: configuration.maximumClockSkew,
                                       requestsPerSecond: configuration.requestsPerSecond, burst: configuration.burst)
     }

@@ -20,6 +20,9 @@ final class ZoneStream: Sendable {
         var tokens: [ZoneName: ChangeToken?] = [:]
         var dirty: Set<ZoneName> = []
         var lastHeard = ContinuousClock.now
+        /// The client asked for the feed (``StreamAudience``), and a `feed` frame is due.
+        var feed = false
+        var feedDue = false
     }
     private let api: ZoneAPI
     private let identity: String
@@ -45,6 +48,7 @@ final class ZoneStream: Sendable {
         api.streamCounters.opened.add(1, ordering: .relaxed)
         defer {
             api.storage.waiters.stopObserving(id)
+            if let key = api.access.audienceKey(of: identity) { api.audience.leave(key, as: id) }
             connection.close()
             api.streamCounters.closed.add(1, ordering: .relaxed)
         }
@@ -71,7 +75,8 @@ final class ZoneStream: Sendable {
             case .ping: continue
             case .follow:
                 do { try follow(frame.zones ?? [:]) } catch { return fail(error) }
-            case .changes, .failed:
+                if frame.feed == true { followFeed() }
+            case .changes, .failed, .feed:
                 return fail(RecordZoneError(.malformed, "a client does not send '\(frame.type.rawValue)' frames"))
             }
         }
@@ -95,6 +100,30 @@ final class ZoneStream: Sendable {
         signalContinuation.yield()
     }
 
+    /// Tells the client of the database feed from now on: at once (it may have moved while the
+    /// client was away), then whenever a zone the stream does not follow moves for its identity
+    /// (``StreamAudience``). Nothing at all where the policy names no audience for the identity.
+    private func followFeed() {
+        // An identity the policy names no audience for is told nothing (it polls the feed).
+        guard let key = api.access.audienceKey(of: identity), state.withLock({ state in
+            defer { state.feed = true }
+            return !state.feed
+        }) else { return }
+        api.audience.join(key, as: id) { [weak self] zone in self?.feedMoved(zone) }
+        feedMoved(nil)
+    }
+
+    /// A zone of the identity's audience moved (nil: any may have): the client reads the feed,
+    /// unless the stream follows that zone (its changes come down the stream).
+    private func feedMoved(_ zone: ZoneName?) {
+        let due = state.withLock { state in
+            guard state.feed, zone.map({ state.tokens[$0] == nil }) ?? true else { return false }
+            state.feedDue = true
+            return true
+        }
+        if due { signalContinuation.yield() }
+    }
+
     /// A followed zone moved (nil: any may have).
     private func moved(_ zone: ZoneName?) {
         state.withLock { state in
@@ -105,7 +134,15 @@ final class ZoneStream: Sendable {
 
     /// Sends each moved zone's changes, a page at a time, until the stream ends.
     private func push() async {
+        let feed = (try? Wire.StreamFrame(type: .feed).encoded()) ?? Data()
         for await _ in signal {
+            if state.withLock({ state in
+                defer { state.feedDue = false }
+                return state.feedDue
+            }) {
+                guard connection.send(feed) else { return }
+                api.streamCounters.feeds.add(1, ordering: .relaxed)
+            }
             while let zone = state.withLock({ $0.dirty.popFirst() }) {
                 await connection.drained(below: Self.bufferedLimit)
                 guard !connection.isClosed else { return }
@@ -140,6 +177,8 @@ final class ZoneStream: Sendable {
                         state.tokens[zone] = nil
                         state.dirty.remove(zone)
                     }
+                    // A zone deleted: its deletion is in the feed.
+                    if failure.code == RecordZoneError.Code.zoneNotFound.rawValue { feedMoved(zone) }
                     guard connection.send((try? Wire.StreamFrame(type: .failed, zone: zone.rawValue, error: failure).encoded()) ?? Data()) else { return }
                 }
             }
@@ -179,6 +218,7 @@ final class StreamCounters: Sendable {
     let closed = Atomic(0)
     let pushes = Atomic(0)
     let records = Atomic(0)
+    let feeds = Atomic(0)
 
     var open: Int { opened.load(ordering: .relaxed) - closed.load(ordering: .relaxed) }
 
@@ -196,7 +236,71 @@ final class StreamCounters: Sendable {
         # HELP convkitd_stream_records_total Records pushed down streams.
         # TYPE convkitd_stream_records_total counter
         convkitd_stream_records_total \(records.load(ordering: .relaxed))
+        # HELP convkitd_stream_feeds_total Streams told to read the database feed (a zone they do not follow moved).
+        # TYPE convkitd_stream_feeds_total counter
+        convkitd_stream_feeds_total \(feeds.load(ordering: .relaxed))
 
         """
+    }
+}
+
+/// The streams that asked for the database feed (docs/PROTOCOL.md §2.4, `feed`), each under its
+/// identity's audience key (``ZoneAccessPolicy/audienceKey(of:)``). Every commit is told here
+/// once, on the committing thread (on any server sharing the storage); its zone's audience
+/// (``ZoneAccessPolicy/audience(of:)``: a pair's two participants) is looked up by name, and only
+/// their streams hear of it — each then says `feed` unless it follows the zone. A governed zone
+/// whose governing records moved is told to its readers (a group's members: one who was just
+/// let in). So a new conversation reaches its other side at once, for one lookup per commit,
+/// not one per stream.
+final class StreamAudience: Sendable {
+    private let streams = Mutex<[String: [UUID: @Sendable (ZoneName?) -> Void]]>([:])
+    private let storage: any ZoneStorage
+    private let id = UUID()
+
+    init(storage: any ZoneStorage, access: any ZoneAccessPolicy, logger: Logger) {
+        self.storage = storage
+        storage.waiters.observeEvery(as: id) { [weak self] wake in
+            guard let self else { return }
+            switch wake {
+            case .zone(let zone): self.tell(access.audience(of: zone), zone)
+            case .all: self.tellEveryone()
+            case .readers(let zone):
+                guard let governance = access.governance, self.isHeard else { return }
+                Task {
+                    do {
+                        guard let state = try await storage.governed([zone], by: governance)[zone] else { return }
+                        self.tell(state.readers.compactMap(access.audienceKey(of:)), zone)
+                    } catch {
+                        // Its readers learn of it from the feed when they next read it.
+                        logger.warning("who may read \(zone) now could not be read (its new readers are not told at once): \(error)")
+                    }
+                }
+            }
+        }
+    }
+
+    deinit { storage.waiters.stopObserving(id) }
+
+    private var isHeard: Bool { streams.withLock { !$0.isEmpty } }
+
+    func join(_ key: String, as stream: UUID, _ told: @escaping @Sendable (ZoneName?) -> Void) {
+        streams.withLock { $0[key, default: [:]][stream] = told }
+    }
+
+    func leave(_ key: String, as stream: UUID) {
+        streams.withLock { streams in
+            streams[key]?[stream] = nil
+            if streams[key]?.isEmpty == true { streams[key] = nil }
+        }
+    }
+
+    private func tell(_ keys: [String], _ zone: ZoneName) {
+        guard !keys.isEmpty else { return }
+        let told = streams.withLock { streams in keys.flatMap { streams[$0].map { Array($0.values) } ?? [] } }
+        for tell in told { tell(zone) }
+    }
+
+    private func tellEveryone() {
+        for tell in streams.withLock({ $0.values.flatMap(\.values) }) { tell(nil) }
     }
 }

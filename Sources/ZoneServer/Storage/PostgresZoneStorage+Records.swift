@@ -98,6 +98,9 @@ extension PostgresZoneStorage {
                 }
                 catchUp.zones.append(ZoneAdvance(zone: zone, from: before == 0 ? nil : token(before), to: token(to)))
             }
+            // Zones whose governing records moved: every server tells their readers (`+<zone>`).
+            let governing = Set(gate?.zonesChangingGovernance(of: records) ?? []).intersection(catchUp.zones.map(\.zone)).map(\.rawValue).sorted()
+            if !governing.isEmpty { writes.append(("SELECT pg_notify('ck_changes', '+' || z) FROM unnest($1::text[]) AS z", [.textArray(governing)])) }
             let feed = feedSince.map { (Self.feedStatement, [PostgresValue.int($0)]) }
             let wrote = try db.pipeline(writes + (feed.map { [$0] } ?? []) + [("COMMIT", [])])
             if let feedSince, wrote.count >= 2 { catchUp.database = try? self.feed(wrote[wrote.count - 2], since: feedSince, isInitial: false) }

@@ -182,7 +182,13 @@ public final class PostgresZoneStorage: ZoneStorage, Sendable {
         let waiters = self.waiters, typing = self.typing, presence = self.presence, source = typingSource
         await listener.run { event in
             switch event {
-            case .zone(let name): if let zone = try? ZoneName(name) { waiters.wake(zone) }
+            case .zone(let name):
+                // `+<zone>`: a commit moved the zone's governing records (who may read it).
+                if name.hasPrefix("+") {
+                    if let zone = try? ZoneName(String(name.dropFirst())) { waiters.wakeReaders(of: zone) }
+                } else if let zone = try? ZoneName(name) {
+                    waiters.wake(zone)
+                }
             case .typing(let payload):
                 // Another server's typist: `"<1|0> <server> <zone> <identity>"` (this one's own are skipped).
                 let parts = payload.split(separator: " ", maxSplits: 3)

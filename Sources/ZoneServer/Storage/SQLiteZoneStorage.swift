@@ -336,6 +336,7 @@ public final class SQLiteZoneStorage: ZoneStorage, Sendable {
             return (SaveAnswer(results: results, catchUp: catchUp), touched, plan.pins, keepStates)
         }, afterCommit: { policy.pins.publish($0.2); $0.3() }, commitsAlone: { !$0.2.isEmpty })
         touched.forEach(waiters.wake)
+        for zone in gate?.zonesChangingGovernance(of: records) ?? [] where touched.contains(zone) { waiters.wakeReaders(of: zone) }
         return SaveAnswer(results: answer.results, catchUp: answer.catchUp.filteringFeed(isVisible))
     }
 

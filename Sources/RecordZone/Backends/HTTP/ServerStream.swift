@@ -57,6 +57,15 @@ public final class ServerStream: ChangeStream {
         try core.queue(payload)
     }
 
+    /// Asks to be told of the database feed (``LiveChange/feed``): at once, then whenever a
+    /// zone this stream does not follow moves for this identity (docs/PROTOCOL.md §2.4).
+    public func followFeed() throws(RecordZoneError) {
+        guard let payload = try? Wire.StreamFrame(type: .follow, zones: [:], feed: true).encoded() else {
+            throw RecordZoneError(.invalidArguments, "cannot encode the ask for the feed")
+        }
+        try core.queue(payload)
+    }
+
     /// Closes the stream; ``events`` ends.
     public func close() { core.close() }
 
@@ -183,6 +192,7 @@ public final class ServerStream: ChangeStream {
             let event: Event
             switch frame.type {
             case .ping: return
+            case .feed: event = .feed
             case .follow: throw RecordZoneError(.malformed, "the server sent a 'follow' frame")
             case .changes:
                 guard let name = frame.zone, let zone = try? ZoneName(name), let changes = frame.changes else {

@@ -145,7 +145,8 @@ public enum Wire {
     /// says which of the other fields it has.
     public struct StreamFrame: Codable, Sendable {
         public enum Kind: String, Codable, Sendable {
-            /// Client: follow `zones`, each from its token (null: from the zone's beginning).
+            /// Client: follow `zones`, each from its token (null: from the zone's beginning);
+            /// with `feed` true, be told of the database feed too (``feed``).
             case follow
             /// Server: a page of a followed zone's changes after `since` (the token the zone was
             /// followed from, or the last page's), as `GET /v1/zones/{zone}/changes` answers it.
@@ -155,6 +156,11 @@ public enum Wire {
             case failed
             /// Either side, at least every ``StreamFrame/heartbeatSeconds``.
             case ping
+            /// Server, to a stream that asked for it (`follow` with `feed`): the database feed may
+            /// name a zone the stream does not follow (a conversation started with the client, a
+            /// group it was let into, a zone deleted): read the feed. Sent at once when asked (the
+            /// feed may have moved while the client was away), then whenever it applies.
+            case feed
         }
         /// The longest either side stays silent: a ping is sent at the latest then.
         public static let heartbeatSeconds = 15
@@ -189,10 +195,15 @@ public enum Wire {
         public var since: ChangeToken?
         public var changes: Changes?
         public var error: Failure?
+        /// A `follow` frame's ask to be told of the database feed (``Kind/feed``): once true, for
+        /// the stream's life.
+        public var feed: Bool?
 
-        public init(type: Kind, zones: [String: ChangeToken?]? = nil, zone: String? = nil, since: ChangeToken? = nil, changes: Changes? = nil, error: Failure? = nil) {
+        public init(type: Kind, zones: [String: ChangeToken?]? = nil, feed: Bool? = nil, zone: String? = nil, since: ChangeToken? = nil, changes: Changes? = nil,
+                    error: Failure? = nil) {
             self.type = type
             self.zones = zones
+            self.feed = feed
             self.zone = zone
             self.since = since
             self.changes = changes
