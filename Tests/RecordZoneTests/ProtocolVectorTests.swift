@@ -409,7 +409,9 @@ import Testing
         let record = try #require(Data(hexString: "00"))
         let frames: [(String, Wire.StreamFrame)] = [
             ("follow the speakers directory from its beginning and a conversation from a token", .init(type: .follow, zones: ["speakers": nil, zone: ChangeToken(data: Data([1, 2, 3]))])),
+            ("ask to be told of the database feed (following no more zones)", .init(type: .follow, zones: [:], feed: true)),
             ("a heartbeat (either side)", .init(type: .ping)),
+            ("read the database feed: it may name a zone the stream does not follow", .init(type: .feed)),
             ("a page of the conversation's changes after the token it was followed from: one record (its bytes here a placeholder: a real one is canonical and signed), then the token to keep", .init(
                 type: .changes, zone: zone, since: ChangeToken(data: Data([1, 2, 3])), changes: Wire.Changes(records: [Wire.SignedRecord(bytes: record)], token: ChangeToken(data: Data([1, 2, 4])), moreComing: false))),
             ("the conversation is no longer followed: the identity may not read it", .init(

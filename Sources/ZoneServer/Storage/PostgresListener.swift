@@ -4,7 +4,7 @@ import RecordZone
 import Synchronization
 
 /// The connection that listens for other servers' notifications (`ck_changes` with a zone's
-/// name, `ck_pins`, `ck_typing`, `ck_presence`), on a thread of its own, reconnecting with a short pause when it fails.
+/// name, or `+` and the name of one whose readers moved; `ck_pins`, `ck_typing`, `ck_presence`), on a thread of its own, reconnecting with a short pause when it fails.
 /// It listens only while ``run(_:)`` runs: the thread starts with it and has ended when it
 /// returns.
 final class Listener: Sendable {

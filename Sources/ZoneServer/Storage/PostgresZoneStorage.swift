@@ -19,8 +19,9 @@ import Synchronization
 ///   used with the database's: a chain changed through another server sends the save round
 ///   again with the new chain. Binding on first use inserts a row; the first server wins.
 /// - **Nonces** are rows (`ck_nonces`): a request replayed on another server is refused.
-/// - **Wake-ups.** A commit notifies `ck_changes` with its zone; every server's listener
-///   (``run()``) wakes its long polls. A lost listener connection wakes every poll when it is
+/// - **Wake-ups.** A commit notifies `ck_changes` with its zone (and `+<zone>` for a zone whose
+///   governing records it moved: who may read it); every server's listener (``run()``) wakes its
+///   long polls and streams. A lost listener connection wakes every poll when it is
 ///   back; each looks at its zone again and answers only if it moved.
 /// - **Assets** are rows of 1 MiB chunks: backing up the database backs up everything.
 ///
