@@ -4,6 +4,7 @@ import RecordZone
 import Synchronization
 import Testing
 import TestSupport
+@testable import ZoneServer
 
 /// Typing indicators (docs/PROTOCOL.md §2, "Typing"): live through a zone server (and memory),
 /// never stored, gone when the typist stops saying it, nothing over a folder.
@@ -38,6 +39,33 @@ import TestSupport
         #expect(try await seenByAlice.next(within: 30) == ["bob"])
         try await bob.setTyping(false, in: conversation)
         #expect(try await seenByAlice.next(within: 30) == [])
+    }
+
+    /// With their continuous syncs running, typing and presence come down the streams the
+    /// syncs hold: the server answers no typing or presence long poll (PostgreSQL: alice on one
+    /// server, bob on the other, the state passed between them).
+    @Test(arguments: [ChatBackend.http, .postgres].filter(ChatBackend.allCases.contains))
+    func typingAndPresenceComeDownTheRunningSyncsStream(_ kind: ChatBackend) async throws {
+        let (fixture, alice, bob, conversation) = try await Self.pair(kind)
+        defer { withExtendedLifetime(fixture) {} }
+        let apis = [fixture.zoneServer, fixture.secondServer].compactMap { $0?.api }
+        let runs = [alice, bob].map { store in Task { try await store.run() } }
+        defer { runs.forEach { $0.cancel() } }
+        // Each stream asked for the feed once it carried the watches: both are in place.
+        #expect(await until(seconds: 20) { apis.map { $0.streamCounters.feeds.load(ordering: .relaxed) }.reduce(0, +) >= 2 })
+        let typing = Taken(bob.typingSpeakers(in: conversation)), presence = Taken(bob.presence(in: conversation))
+        #expect(try await typing.next() == [], "nobody types at first")
+        try await alice.setTyping(true, in: conversation)
+        #expect(try await typing.next(within: 30) == ["alice"])
+        try await alice.setTyping(false, in: conversation)
+        #expect(try await typing.next(within: 30) == [])
+        // Alice's sync said she is online: bob sees it (at once, or at the change).
+        var shown = try await presence.next(within: 30)
+        while shown.first?.isOnline != true { shown = try await presence.next(within: 30) }
+        #expect(shown.map(\.identity) == ["alice"])
+        let polls = apis.map { $0.metrics.answered(.typing) + $0.metrics.answered(.presence) }.reduce(0, +)
+        #expect(polls == 0, "\(polls) typing or presence long polls answered")
+        #expect(apis.map { $0.streamCounters.lives.load(ordering: .relaxed) }.reduce(0, +) >= 3, "live frames pushed")
     }
 
     /// A typist that stops saying it (its app gone) is gone within the lifetime, for every reader.

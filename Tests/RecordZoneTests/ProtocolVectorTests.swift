@@ -412,6 +412,10 @@ import Testing
             ("ask to be told of the database feed (following no more zones)", .init(type: .follow, zones: [:], feed: true)),
             ("a heartbeat (either side)", .init(type: .ping)),
             ("read the database feed: it may name a zone the stream does not follow", .init(type: .feed)),
+            ("watch the conversation: who types there, and whether bob is online", .init(type: .watch, zone: zone, of: ["bob"])),
+            ("the watched conversation now: bob types, and is online (last seen 2023-11-14T22:13:20Z)", .init(
+                type: .live, zone: zone, typing: ["bob"], presence: [Wire.PresenceList.Entry(Presence(identity: "bob", isOnline: true, lastSeen: Date(timeIntervalSince1970: 1_700_000_000)))])),
+            ("stop watching the conversation", .init(type: .unwatch, zone: zone)),
             ("a page of the conversation's changes after the token it was followed from: one record (its bytes here a placeholder: a real one is canonical and signed), then the token to keep", .init(
                 type: .changes, zone: zone, since: ChangeToken(data: Data([1, 2, 3])), changes: Wire.Changes(records: [Wire.SignedRecord(bytes: record)], token: ChangeToken(data: Data([1, 2, 4])), moreComing: false))),
             ("the conversation is no longer followed: the identity may not read it", .init(

@@ -97,6 +97,51 @@ import TestSupport
         #expect(metrics.text.contains("convkitd_stream_feeds_total 4"), "\(metrics.text)")
     }
 
+    /// A watch of a zone tells who types there and the presence of those asked about, at once
+    /// and at each change, by the rules of the typing and presence routes; an outsider's watch is
+    /// refused alone; after an unwatch nothing more comes.
+    @Test func aWatchTellsTypingAndPresenceAtEachChange() async throws {
+        let fixture = try ServerFixture()
+        let zone = try conversationZone("alice", "bob")
+        let alice = fixture.client("alice", key: Keys.alice)
+        try await alice.createZone(zone)
+        let stream = try await fixture.client("bob", key: Keys.bob).openStream()
+        defer { stream.close() }
+        #expect(stream.canWatch, "the 101 offered watches")
+        let events = Pushed(stream)
+        func live() async -> LiveState? {
+            guard case .live(let told, .success(let state))? = await events.next() else { return nil }
+            return told == zone ? state : nil
+        }
+        try stream.watch(zone, presenceOf: ["alice", "carol"])
+        let first = await live()
+        #expect(first?.typing == [] && first?.presence.map(\.identity) == ["alice"] && first?.presence.first?.isOnline == false,
+                "carol takes no part: left out; \(String(describing: first))")
+        try await alice.setTyping(true, in: zone, as: "alice")
+        #expect(await live()?.typing == ["alice"])
+        try await alice.setPresence(true, as: "alice")
+        let online = await live()
+        #expect(online?.presence.first?.isOnline == true && online?.presence.first?.lastSeen != nil)
+        // Bob's own typing is never told to him (and a state that did not change is not told again).
+        try await fixture.client("bob", key: Keys.bob).setTyping(true, in: zone, as: "bob")
+        #expect(await events.next(seconds: 0.5) == nil)
+        // An outsider's watch is refused alone.
+        let outsider = try await fixture.client("carol", key: Keys.carol).openStream()
+        defer { outsider.close() }
+        let refused = Pushed(outsider)
+        try outsider.watch(zone, presenceOf: [])
+        guard case .live(_, .failure(let error))? = await refused.next() else { Issue.record("an outsider's watch was not refused"); return }
+        #expect(error.code == .notAuthorized)
+        // Frames are read in order: once another zone's watch is answered, the unwatch was read.
+        let other = try conversationZone("bob", "carol")
+        try stream.unwatch(zone)
+        try stream.watch(other, presenceOf: [])
+        guard case .live(other, .success)? = await events.next() else { Issue.record("the other watch was not answered"); return }
+        try await alice.setTyping(false, in: zone, as: "alice")
+        #expect(await events.next(seconds: 0.5) == nil, "nothing after the unwatch")
+        #expect(fixture.server.api.metrics.answered(.typing) + fixture.server.api.metrics.answered(.presence) == 0)
+    }
+
     @Test func anOutsidersFollowFailsForThatZoneAlone() async throws {
         let fixture = try ServerFixture()
         let zone = try conversationZone("alice", "bob"), own = try conversationZone("carol", "bob")

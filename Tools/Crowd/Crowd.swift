@@ -341,7 +341,7 @@ public final class Crowd: @unchecked Sendable {
             case .failed:
                 fail(client, "failed: \(frame.error?.message ?? "")", reconnect: frame.zone == nil)
                 if frame.zone == nil { return }
-            case .ping, .follow, .feed: continue
+            case .ping, .follow, .feed, .watch, .unwatch, .live: continue
             }
         }
         client.buffer.removeFirst(offset)

@@ -37,7 +37,8 @@ extension ConversationStore {
     }
 
     /// Whether the others in a conversation are online and when each was last seen: now, then
-    /// at every change (a long poll of the backend's live channel) — a pair's other speaker, a
+    /// at every change (down the continuous sync's stream while it holds one that carries it,
+    /// otherwise a long poll of the backend's live channel) — a pair's other speaker, a
     /// group's members now, but the local speaker and those it blocks. One empty list and the
     /// end for a backend that carries none (a folder). The stream ends when its consumer stops.
     public func presence(in conversation: String) -> AsyncStream<[Presence]> {
@@ -51,6 +52,16 @@ extension ConversationStore {
                 }
                 var version: UInt64?, shown: [Presence]?
                 while !Task.isCancelled {
+                    if liveWatches.isCarried {
+                        // What was shown stays while a refused watch says nothing new.
+                        await followLive(zone, asking: others) { told in
+                            guard case .success(let state) = told, state.presence != shown else { return }
+                            continuation.yield(state.presence)
+                            shown = state.presence
+                        }
+                        version = nil
+                        continue
+                    }
                     do {
                         let state = try await backend.presence(of: others, in: zone, since: version, timeout: .seconds(25))
                         if state.presence != shown {

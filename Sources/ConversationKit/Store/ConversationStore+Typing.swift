@@ -33,9 +33,11 @@ extension ConversationStore {
         }
     }
 
-    /// The others typing in a conversation, sorted (but those the local speaker blocks): now, then at every change (a long poll of the
-    /// backend's live channel). One empty list and the end for a backend that carries no typing
-    /// (a folder). The stream ends when its consumer stops.
+    /// The others typing in a conversation, sorted (but those the local speaker blocks): now,
+    /// then at every change — told down the continuous sync's stream while ``run(pollInterval:longPolls:)``
+    /// holds one that carries it, otherwise by a long poll of the backend's live channel. One
+    /// empty list and the end for a backend that carries no typing (a folder). The stream ends
+    /// when its consumer stops.
     public func typingSpeakers(in conversation: String) -> AsyncStream<[String]> {
         AsyncStream { continuation in
             let task = Task {
@@ -45,15 +47,23 @@ extension ConversationStore {
                     return
                 }
                 var version: UInt64?, shown: [String]?
+                func show(_ typing: [String]) async {
+                    let hidden = Set((try? await loadBlockedSpeakers()) ?? []).union([local.identifier])
+                    let others = typing.filter { !hidden.contains($0) }
+                    if others != shown {
+                        continuation.yield(others)
+                        shown = others
+                    }
+                }
                 while !Task.isCancelled {
+                    if liveWatches.isCarried {
+                        await followLive(zone, asking: []) { told in await show((try? told.get())?.typing ?? []) }
+                        version = nil
+                        continue
+                    }
                     do {
                         let state = try await backend.typing(in: zone, since: version, timeout: .seconds(25))
-                        let hidden = Set((try? await loadBlockedSpeakers()) ?? []).union([local.identifier])
-                        let others = state.identities.filter { !hidden.contains($0) }
-                        if others != shown {
-                            continuation.yield(others)
-                            shown = others
-                        }
+                        await show(state.identities)
                         version = state.version
                     } catch {
                         // Unreachable for now: nobody is shown typing, and it asks again.
@@ -69,6 +79,19 @@ extension ConversationStore {
             }
             continuation.onTermination = { _ in task.cancel() }
         }
+    }
+
+    /// Shows what the stream tells of `zone` (`show`, at once with what it told last, then at
+    /// each change) until the stream goes or the task is cancelled.
+    func followLive(_ zone: ZoneName, asking: [String], _ show: (Result<LiveState, RecordZoneError>) async -> Void) async {
+        let view = UUID()
+        liveWatches.begin(zone, view: view, asking: asking)
+        while !Task.isCancelled, liveWatches.isCarried {
+            let (told, generation) = liveWatches.current(zone)
+            if let told { await show(told) }
+            await liveWatches.wait(zone, after: generation)
+        }
+        liveWatches.end(zone, view: view)
     }
 
     /// A send ends the local speaker's typing in its conversation.

@@ -26,6 +26,8 @@ public final class ConversationStore: Sendable {
     let reachability = Mutex<Bool?>(nil)
     /// When "typing" was last said per conversation (absent: not typing), ``setTyping(_:in:)``.
     let typingSaid = Mutex<[String: ContinuousClock.Instant]>([:])
+    /// Typing and presence carried by the continuous sync's stream.
+    let liveWatches = LiveWatches()
     let configuration: StoreConfiguration
     let clock: HybridLogicalClock
     let engine: SyncEngine

@@ -199,6 +199,7 @@ extension ConversationStore {
                 continue
             }
             link.attach(stream)
+            liveWatches.attach(stream)
             try? stream.followFeed()
             let opened = ContinuousClock.now
             await withTaskGroup(of: Void.self) { group in
@@ -227,6 +228,8 @@ extension ConversationStore {
                             case .feed:
                                 link.heardFeed()
                                 kicks.kick(.poll)
+                            case .live(let zone, let told):
+                                self.liveWatches.received(zone, told)
                             case .failed(let zone, let error):
                                 // Read by request from here: at once when it must be read again
                                 // whole (and followed again from there); otherwise the polls
@@ -246,6 +249,7 @@ extension ConversationStore {
             }
             stream.close()
             link.attach(nil)
+            liveWatches.attach(nil)
             // A stream that stood a while is opened again at once; one that keeps failing, later.
             if ContinuousClock.now - opened > .seconds(Double(Wire.StreamFrame.silenceSeconds)) { backoff = 0.5 }
             do { try await Task.sleep(for: .milliseconds(Int(backoff * 1000))) } catch { return }

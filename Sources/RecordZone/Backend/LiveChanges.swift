@@ -19,6 +19,14 @@ public protocol ChangeStream: Sendable {
     /// Asks to be told (``LiveChange/feed``) when the database feed may name a zone this stream
     /// does not follow. A stream that cannot tell ignores it (its reader polls the feed).
     func followFeed() throws(RecordZoneError)
+    /// Whether ``watch(_:presenceOf:)`` may be asked (the backend carries typing and presence
+    /// down this stream).
+    var canWatch: Bool { get }
+    /// Watches a zone's live state — who types there, and the presence of `presenceOf` — told
+    /// as ``LiveChange/live(_:_:)``, at once and at each change; replaces an earlier watch of it.
+    func watch(_ zone: ZoneName, presenceOf: [String]) throws(RecordZoneError)
+    /// Stops watching `zone`.
+    func unwatch(_ zone: ZoneName) throws(RecordZoneError)
     /// The next change, in the order the backend sent them; nil once the stream was closed;
     /// throws what ended it otherwise (``RecordZoneError/Code/networkUnavailable``, or the
     /// backend's reason).
@@ -44,10 +52,30 @@ public enum LiveChange: Sendable {
     /// ``ChangeStream/followFeed()``, first at once (it may have moved before the stream opened);
     /// a reader that had it may stop polling the feed while the stream stands.
     case feed
+    /// A watched zone's live state (``ChangeStream/watch(_:presenceOf:)``), or why the watch
+    /// was refused (it then ends).
+    case live(ZoneName, Result<LiveState, RecordZoneError>)
+}
+
+/// Who types in a zone (the reader left out) and the presence of those it asked about who take
+/// part in it now, in the order asked.
+public struct LiveState: Sendable, Hashable {
+    public var typing: [String]
+    public var presence: [Presence]
+
+    public init(typing: [String], presence: [Presence]) {
+        self.typing = typing
+        self.presence = presence
+    }
 }
 
 extension ChangeStream {
     public func followFeed() throws(RecordZoneError) {}
+    public var canWatch: Bool { false }
+    public func watch(_ zone: ZoneName, presenceOf: [String]) throws(RecordZoneError) {
+        throw RecordZoneError(.routeNotFound, "this stream carries no typing or presence")
+    }
+    public func unwatch(_ zone: ZoneName) throws(RecordZoneError) {}
 }
 
 /// A ``ChangeStream`` that says which zones moved and carries nothing else (``LiveChange/moved(_:)``):

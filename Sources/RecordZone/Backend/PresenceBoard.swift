@@ -112,6 +112,16 @@ public final class PresenceBoard: Sendable {
         return current(of: identities)
     }
 
+    /// Tells `observer` of every later change of the online state of `identities` (by name; nil:
+    /// any of them may have changed), until ``stopObserving(_:)`` (a stream's watches); calling it
+    /// again for `id` adds some.
+    public func observe(_ identities: [String], as id: UUID, _ observer: @escaping @Sendable (String?) -> Void) {
+        let shared = Self.key("")
+        waiters.observe(identities.map(Self.key), as: id) { key in observer(key == shared ? nil : key?.rawValue) }
+    }
+
+    public func stopObserving(_ id: UUID) { waiters.stopObserving(id) }
+
     /// How many identities are online now (for metrics and tests).
     public var onlineCount: Int {
         let now = ContinuousClock.now

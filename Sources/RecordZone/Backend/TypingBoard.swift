@@ -89,6 +89,14 @@ public final class TypingBoard: Sendable {
         return current(in: zone)
     }
 
+    /// Tells `observer` of every later change of who types in `zones`, until
+    /// ``stopObserving(_:)`` (a stream's watches); calling it again for `id` adds zones.
+    public func observe(_ zones: some Sequence<ZoneName>, as id: UUID, _ observer: @escaping @Sendable (ZoneName) -> Void) {
+        waiters.observe(zones, as: id) { zone in if let zone { observer(zone) } }
+    }
+
+    public func stopObserving(_ id: UUID) { waiters.stopObserving(id) }
+
     /// How many zones have someone typing (for metrics and tests).
     public var activeZoneCount: Int { state.withLock { $0.zones.count } }
 

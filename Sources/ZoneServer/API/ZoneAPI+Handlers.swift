@@ -46,7 +46,7 @@ extension ZoneAPI {
             guard let key = request.headers["authorization"].flatMap(RequestSignature.parse)?.publicKey else {
                 throw APIError(.notAuthenticated, "missing Authorization header", authentication: .missingSignature)
             }
-            return .switching(to: Wire.StreamFrame.protocolName) { connection in
+            return .switching(to: Wire.StreamFrame.protocolName, headers: [(Wire.StreamFrame.framesHeader, Wire.StreamFrame.offeredFrames)]) { connection in
                 await ZoneStream(api: self, identity: identity, key: key, connection: connection).run()
             }
         case .waitForChanges:
@@ -260,7 +260,12 @@ extension ZoneAPI {
     /// A zone `identity` takes part in now, for typing: one it may read, and in a governed zone
     /// (a group) one whose present it may read (a member now, not one removed).
     private func typingZone(_ matched: Route.Matched, _ identity: String) async throws -> ZoneName {
-        let (zone, versions) = try await readableZone(matched, identity)
+        try await takingPartNow(try zoneParameter(matched), identity)
+    }
+
+    @discardableResult
+    func takingPartNow(_ zone: ZoneName, _ identity: String) async throws -> ZoneName {
+        let (zone, versions) = try await readableZone(zone, identity)
         guard versions.map({ $0.allows("", serverClock) }) ?? true else { throw forbidden(identity, zone) }
         return zone
     }
@@ -288,7 +293,7 @@ extension ZoneAPI {
 
     /// Those of `identities` who take part in `zone` now: who may read it, and in a governed
     /// zone (a group) read its present — as ``typingZone(_:_:)`` decides for the caller.
-    private func takingPart(_ identities: [String], in zone: ZoneName) async throws(RecordZoneError) -> [String] {
+    func takingPart(_ identities: [String], in zone: ZoneName) async throws(RecordZoneError) -> [String] {
         let readers = identities.filter { access.canRead(zone: zone, as: $0) }
         guard let governance = access.governance, governance.governsReads(of: zone), !readers.isEmpty else { return readers }
         guard let state = try await storage.governed([zone], by: governance)[zone] else { return [] }

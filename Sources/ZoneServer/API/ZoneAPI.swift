@@ -83,6 +83,15 @@ public struct ZoneAPI: HTTPService {
         return try await storage.changes(in: zone, since: token, limit: 200, readable: versions)
     }
 
+    /// A watched zone's live state for a stream, by exactly the rules of the typing and presence
+    /// routes: `identity` takes part in `zone` now (403 otherwise); who types there but it; the
+    /// presence of those of `identities` who take part now, in their order.
+    func liveState(in zone: ZoneName, of identities: [String], identity: String) async throws -> LiveState {
+        try await takingPartNow(zone, identity)
+        let present = try await takingPart(identities.filter { $0 != identity }, in: zone)
+        return LiveState(typing: storage.typing.current(in: zone).identities.filter { $0 != identity }, presence: storage.presence.current(of: present).presence)
+    }
+
     /// Handles one request: the whole API, as a function.
     public func respond(to request: HTTPRequest) async -> HTTPResponse {
         let start = ContinuousClock.now

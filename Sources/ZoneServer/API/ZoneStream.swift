@@ -5,7 +5,9 @@ import Synchronization
 /// One client's stream (docs/PROTOCOL.md §2, "The stream"): the zones it follows, each from its
 /// token, and a push of each zone's new versions as soon as they are committed — read by
 /// exactly the rules of `GET /v1/zones/{zone}/changes` (who may read the zone, which versions of
-/// a group), one page at a time.
+/// a group), one page at a time; when asked, a `feed` frame when a zone it does not follow moves
+/// for its identity (``StreamAudience``), and a `live` frame with the typing and presence of each
+/// zone it watches, at each change.
 ///
 /// Nothing is queued ahead of the client: a zone that moves is marked, and its changes are read
 /// from the stream's token for it when the page before has left this server's memory (the
@@ -23,6 +25,12 @@ final class ZoneStream: Sendable {
         /// The client asked for the feed (``StreamAudience``), and a `feed` frame is due.
         var feed = false
         var feedDue = false
+        /// The zones watched (typing and presence), each with the identities asked about, and
+        /// those whose `live` frame is due.
+        var watches: [ZoneName: [String]] = [:]
+        var liveDue: Set<ZoneName> = []
+        /// What the last `live` frame of each watch said (a state that did not change is not told again).
+        var told: [ZoneName: LiveState] = [:]
     }
     private let api: ZoneAPI
     private let identity: String
@@ -48,6 +56,8 @@ final class ZoneStream: Sendable {
         api.streamCounters.opened.add(1, ordering: .relaxed)
         defer {
             api.storage.waiters.stopObserving(id)
+            api.storage.typing.stopObserving(id)
+            api.storage.presence.stopObserving(id)
             if let key = api.access.audienceKey(of: identity) { api.audience.leave(key, as: id) }
             connection.close()
             api.streamCounters.closed.add(1, ordering: .relaxed)
@@ -76,7 +86,20 @@ final class ZoneStream: Sendable {
             case .follow:
                 do { try follow(frame.zones ?? [:]) } catch { return fail(error) }
                 if frame.feed == true { followFeed() }
-            case .changes, .failed, .feed:
+            case .watch, .unwatch:
+                guard let name = frame.zone, let zone = try? ZoneName(name) else {
+                    return fail(RecordZoneError(.malformed, "a '\(frame.type.rawValue)' frame names a zone"))
+                }
+                if frame.type == .watch {
+                    guard await watch(zone, of: frame.of ?? []) else { return }
+                } else {
+                    state.withLock { state in
+                        state.watches[zone] = nil
+                        state.liveDue.remove(zone)
+                        state.told[zone] = nil
+                    }
+                }
+            case .changes, .failed, .feed, .live:
                 return fail(RecordZoneError(.malformed, "a client does not send '\(frame.type.rawValue)' frames"))
             }
         }
@@ -104,7 +127,6 @@ final class ZoneStream: Sendable {
     /// client was away), then whenever a zone the stream does not follow moves for its identity
     /// (``StreamAudience``). Nothing at all where the policy names no audience for the identity.
     private func followFeed() {
-        // An identity the policy names no audience for is told nothing (it polls the feed).
         guard let key = api.access.audienceKey(of: identity), state.withLock({ state in
             defer { state.feed = true }
             return !state.feed
@@ -120,6 +142,48 @@ final class ZoneStream: Sendable {
             guard state.feed, zone.map({ state.tokens[$0] == nil }) ?? true else { return false }
             state.feedDue = true
             return true
+        }
+        if due { signalContinuation.yield() }
+    }
+
+    /// Watches a zone's typing and the presence of `asked` there: a `live` frame at once, then
+    /// at each change. Each watch is a request's worth of the key's allowance (it waits when
+    /// spent); one the server cannot take is refused in a `live` frame with the error.
+    /// - Returns: false when the stream ends meanwhile.
+    private func watch(_ zone: ZoneName, of asked: [String]) async -> Bool {
+        while let after = api.authenticator.spend(key) {
+            do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return false }
+        }
+        var seen = Set<String>()
+        let identities = asked.filter { seen.insert($0).inserted }
+        guard identities.count <= Wire.StreamFrame.maximumPresenceIdentities, identities.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 256 }) else {
+            return refuse(zone, RecordZoneError(.invalidArguments, "a watch asks the presence of 0–\(Wire.StreamFrame.maximumPresenceIdentities) identities, none empty"))
+        }
+        let taken = state.withLock { state -> Bool in
+            guard state.watches[zone] != nil || state.watches.count < Wire.StreamFrame.maximumWatches else { return false }
+            state.watches[zone] = identities
+            state.liveDue.insert(zone)
+            state.told[zone] = nil
+            return true
+        }
+        guard taken else { return refuse(zone, RecordZoneError(.limitExceeded, "a stream watches at most \(Wire.StreamFrame.maximumWatches) zones")) }
+        api.storage.typing.observe([zone], as: id) { [weak self] moved in self?.liveMoved { watched, _ in watched == moved } }
+        api.storage.presence.observe(identities, as: id) { [weak self] identity in self?.liveMoved { _, asked in identity.map(asked.contains) ?? true } }
+        signalContinuation.yield()
+        return true
+    }
+
+    /// A watch refused: said in its `live` frame. - Returns: whether the stream still stands.
+    private func refuse(_ zone: ZoneName, _ error: RecordZoneError) -> Bool {
+        connection.send((try? Wire.StreamFrame(type: .live, zone: zone.rawValue, error: Wire.Failure(error)).encoded()) ?? Data())
+    }
+
+    /// Typing or presence moved for the watches `affected` picks (by zone, and identities asked).
+    private func liveMoved(_ affected: (ZoneName, [String]) -> Bool) {
+        let due = state.withLock { state in
+            let zones = state.watches.filter { affected($0.key, $0.value) }.keys
+            state.liveDue.formUnion(zones)
+            return !zones.isEmpty
         }
         if due { signalContinuation.yield() }
     }
@@ -143,17 +207,30 @@ final class ZoneStream: Sendable {
                 guard connection.send(feed) else { return }
                 api.streamCounters.feeds.add(1, ordering: .relaxed)
             }
+            while let (zone, asked) = state.withLock({ state in state.liveDue.popFirst().flatMap { zone in state.watches[zone].map { (zone, $0) } } }) {
+                guard keyAllowed() else { return }
+                let frame: Wire.StreamFrame
+                do {
+                    let live = try await api.liveState(in: zone, of: asked, identity: identity)
+                    guard state.withLock({ state in
+                        defer { state.told[zone] = live }
+                        return state.told[zone] != live
+                    }) else { continue }
+                    frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, typing: live.typing, presence: live.presence.map(Wire.PresenceList.Entry.init))
+                } catch {
+                    // No longer one it takes part in (a group it left): the watch ends.
+                    state.withLock { _ = $0.watches.removeValue(forKey: zone) }
+                    frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, error: (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)")))
+                }
+                guard connection.send((try? frame.encoded()) ?? Data()) else { return }
+                api.streamCounters.lives.add(1, ordering: .relaxed)
+            }
             while let zone = state.withLock({ $0.dirty.popFirst() }) {
                 await connection.drained(below: Self.bufferedLimit)
                 guard !connection.isClosed else { return }
                 guard let token = state.withLock({ $0.tokens[zone] }) else { continue }
-                // What a request would be refused, a stream is too: a key revoked (a lost device)
-                // or replaced since it opened ends it; each zone read is a request's worth of the
-                // key's rate allowance.
-                guard api.storage.policy.pins.chain(for: identity)?.allowsNow(key) == true else {
-                    let why = api.authenticator.keyFailure(identity: identity, key: key, chain: api.storage.policy.pins.chain(for: identity))
-                    return fail(why.map { APIError($0).failure } ?? Wire.Failure(RecordZoneError(.notAuthenticated, "the stream's key is no longer allowed")))
-                }
+                // Each zone read is a request's worth of the key's rate allowance.
+                guard keyAllowed() else { return }
                 while let after = api.authenticator.spend(key) {
                     do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return }
                 }
@@ -183,6 +260,16 @@ final class ZoneStream: Sendable {
                 }
             }
         }
+    }
+
+    /// What a request would be refused, a stream is too: a key revoked (a lost device) or
+    /// replaced since it opened ends it, before anything more is pushed.
+    /// - Returns: false when it ended the stream.
+    private func keyAllowed() -> Bool {
+        guard api.storage.policy.pins.chain(for: identity)?.allowsNow(key) != true else { return true }
+        let why = api.authenticator.keyFailure(identity: identity, key: key, chain: api.storage.policy.pins.chain(for: identity))
+        fail(why.map { APIError($0).failure } ?? Wire.Failure(RecordZoneError(.notAuthenticated, "the stream's key is no longer allowed")))
+        return false
     }
 
     /// A ping every heartbeat (``ZoneServerConfiguration/streamTiming``); a client silent
@@ -219,6 +306,7 @@ final class StreamCounters: Sendable {
     let pushes = Atomic(0)
     let records = Atomic(0)
     let feeds = Atomic(0)
+    let lives = Atomic(0)
 
     var open: Int { opened.load(ordering: .relaxed) - closed.load(ordering: .relaxed) }
 
@@ -239,6 +327,9 @@ final class StreamCounters: Sendable {
         # HELP convkitd_stream_feeds_total Streams told to read the database feed (a zone they do not follow moved).
         # TYPE convkitd_stream_feeds_total counter
         convkitd_stream_feeds_total \(feeds.load(ordering: .relaxed))
+        # HELP convkitd_stream_live_total Typing and presence states pushed down streams (live frames).
+        # TYPE convkitd_stream_live_total counter
+        convkitd_stream_live_total \(lives.load(ordering: .relaxed))
 
         """
     }

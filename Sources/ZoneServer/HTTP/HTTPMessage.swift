@@ -40,8 +40,8 @@ public struct HTTPResponse: Sendable {
     }
 
     /// A `101 Switching Protocols` to `protocolName`: the connection then goes to `stream`.
-    static func switching(to protocolName: String, _ stream: @escaping @Sendable (StreamConnection) async -> Void) -> HTTPResponse {
-        var response = HTTPResponse(status: 101, headers: [("Upgrade", protocolName), ("Connection", "Upgrade")])
+    static func switching(to protocolName: String, headers: [(String, String)] = [], _ stream: @escaping @Sendable (StreamConnection) async -> Void) -> HTTPResponse {
+        var response = HTTPResponse(status: 101, headers: [("Upgrade", protocolName), ("Connection", "Upgrade")] + headers)
         response.upgrade = stream
         return response
     }

@@ -66,6 +66,24 @@ public final class ServerStream: ChangeStream {
         try core.queue(payload)
     }
 
+    /// Whether the server reads `watch` frames (its `101` named them, ``Wire/StreamFrame/framesHeader``).
+    public var canWatch: Bool { core.offersWatch.withLock { $0 } }
+
+    public func watch(_ zone: ZoneName, presenceOf identities: [String]) throws(RecordZoneError) {
+        guard canWatch else { throw RecordZoneError(.routeNotFound, "this server's stream carries no typing or presence") }
+        try send(Wire.StreamFrame(type: .watch, zone: zone.rawValue, of: identities))
+    }
+
+    public func unwatch(_ zone: ZoneName) throws(RecordZoneError) {
+        guard canWatch else { return }
+        try send(Wire.StreamFrame(type: .unwatch, zone: zone.rawValue))
+    }
+
+    private func send(_ frame: Wire.StreamFrame) throws(RecordZoneError) {
+        guard let payload = try? frame.encoded() else { throw RecordZoneError(.invalidArguments, "cannot encode a '\(frame.type.rawValue)' frame") }
+        try core.queue(payload)
+    }
+
     /// Closes the stream; ``events`` ends.
     public func close() { core.close() }
 
@@ -92,6 +110,8 @@ public final class ServerStream: ChangeStream {
         private let outgoing = Mutex<(frames: [Data], closed: Bool)>(([], false))
         /// Written to wake the thread (a frame to send, a close).
         private let wakeup: Int32
+        /// The server's `101` offered `watch` frames.
+        let offersWatch = Mutex(false)
 
         init(backend: HTTPBackend, bufferedEvents: Int) throws(RecordZoneError) {
             self.backend = backend
@@ -133,7 +153,8 @@ public final class ServerStream: ChangeStream {
             let connection = Connection(handle: handle, wakeup: wakeup)
             do {
                 try connection.connect(backend)
-                try connection.open(backend)
+                let frames = try connection.open(backend)
+                offersWatch.withLock { $0 = frames.contains("watch") }
             } catch {
                 return opened.resume(returning: .failure(error))
             }
@@ -193,6 +214,14 @@ public final class ServerStream: ChangeStream {
             switch frame.type {
             case .ping: return
             case .feed: event = .feed
+            case .live:
+                guard let name = frame.zone, let zone = try? ZoneName(name) else { throw RecordZoneError(.malformed, "a 'live' frame without its zone") }
+                if let error = frame.error {
+                    event = .live(zone, .failure(error.error()))
+                } else {
+                    event = .live(zone, .success(LiveState(typing: frame.typing ?? [], presence: (frame.presence ?? []).map(\.presence))))
+                }
+            case .watch, .unwatch: throw RecordZoneError(.malformed, "the server sent a '\(frame.type.rawValue)' frame")
             case .follow: throw RecordZoneError(.malformed, "the server sent a 'follow' frame")
             case .changes:
                 guard let name = frame.zone, let zone = try? ZoneName(name), let changes = frame.changes else {
@@ -319,7 +348,8 @@ public final class ServerStream: ChangeStream {
         }
 
         /// Sends the signed opening request and reads the answer: `101`, or the refusal.
-        func open(_ backend: HTTPBackend) throws(RecordZoneError) {
+        /// - Returns: the client frames the server offers beyond `follow` and `ping`.
+        func open(_ backend: HTTPBackend) throws(RecordZoneError) -> Set<String> {
             let path = "/v1/stream"
             var host = backend.baseURL.host ?? "localhost"
             if host.contains(":") { host = "[\(host)]" }
@@ -336,7 +366,7 @@ public final class ServerStream: ChangeStream {
                 try receive(waiting: left)
                 head = incoming.range(of: Data("\r\n\r\n".utf8))
             }
-            guard let head else { return }
+            guard let head else { return [] }
             let lines = String(decoding: incoming[..<head.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
             incoming.removeSubrange(..<head.upperBound)
             let status = lines.first.flatMap { $0.split(separator: " ").dropFirst().first }.flatMap { Int($0) } ?? 0
@@ -346,7 +376,9 @@ public final class ServerStream: ChangeStream {
                 guard upgrade?.lowercased() == Wire.StreamFrame.protocolName else {
                     throw RecordZoneError(.malformed, "the server switched to '\(upgrade ?? "")', not \(Wire.StreamFrame.protocolName)")
                 }
-                return
+                let header = Wire.StreamFrame.framesHeader.lowercased() + ":"
+                let offered = lines.dropFirst().first { $0.lowercased().hasPrefix(header) }.map { $0.dropFirst(header.count) } ?? ""
+                return Set(offered.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
             }
             // A refusal: its body (by its length) says why, as any answer's.
             let length = lines.dropFirst().compactMap { line -> Int? in

@@ -161,6 +161,15 @@ public enum Wire {
             /// group it was let into, a zone deleted): read the feed. Sent at once when asked (the
             /// feed may have moved while the client was away), then whenever it applies.
             case feed
+            /// Client: watch `zone`'s live state — who types there, and the presence of `of`
+            /// (0–256 identities) — replacing an earlier watch of it. Only to a server that offers
+            /// it (``StreamFrame/framesHeader``).
+            case watch
+            /// Client: stop watching `zone`.
+            case unwatch
+            /// Server: a watched zone's live state (`typing`, `presence`), at once and at each
+            /// change; with `error` instead, the watch is refused and ended.
+            case live
         }
         /// The longest either side stays silent: a ping is sent at the latest then.
         public static let heartbeatSeconds = 15
@@ -186,6 +195,14 @@ public enum Wire {
         public static let protocolName = "convkit-stream/1"
         /// The most zones one stream follows.
         public static let maximumZones = 10_000
+        /// The most zones one stream watches (``Kind/watch``) at a time.
+        public static let maximumWatches = 64
+        /// The most identities a watch asks the presence of.
+        public static let maximumPresenceIdentities = 256
+        /// The `101`'s header naming the client frames a server reads beyond `follow` and `ping`.
+        public static let framesHeader = "ConvKit-Stream-Frames"
+        /// What this version's servers name there.
+        public static let offeredFrames = "watch, unwatch"
 
         public var type: Kind
         public var zones: [String: ChangeToken?]?
@@ -198,12 +215,21 @@ public enum Wire {
         /// A `follow` frame's ask to be told of the database feed (``Kind/feed``): once true, for
         /// the stream's life.
         public var feed: Bool?
+        /// A `watch` frame's identities whose presence it asks.
+        public var of: [String]?
+        /// A `live` frame's typists (the client left out) and presence (of those watched who
+        /// take part in the zone now, in the order asked).
+        public var typing: [String]?
+        public var presence: [PresenceList.Entry]?
 
         public init(type: Kind, zones: [String: ChangeToken?]? = nil, feed: Bool? = nil, zone: String? = nil, since: ChangeToken? = nil, changes: Changes? = nil,
-                    error: Failure? = nil) {
+                    error: Failure? = nil, of: [String]? = nil, typing: [String]? = nil, presence: [PresenceList.Entry]? = nil) {
             self.type = type
             self.zones = zones
             self.feed = feed
+            self.of = of
+            self.typing = typing
+            self.presence = presence
             self.zone = zone
             self.since = since
             self.changes = changes
@@ -302,18 +328,25 @@ public enum Wire {
             public var online: Bool
             /// Milliseconds since 1970; absent when the server has not heard of them since it started.
             public var lastSeen: Int64?
+
+            public init(_ presence: Presence) {
+                identity = presence.identity
+                online = presence.isOnline
+                lastSeen = presence.lastSeen.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }
+            }
+
+            public var presence: Presence {
+                Presence(identity: identity, isOnline: online, lastSeen: lastSeen.map { Date(timeIntervalSince1970: Double($0) / 1000) })
+            }
         }
         public var presence: [Entry]
         public var version: String
         public init(_ state: PresenceState) {
-            presence = state.presence.map { Entry(identity: $0.identity, online: $0.isOnline, lastSeen: $0.lastSeen.map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }) }
+            presence = state.presence.map(Entry.init)
             version = String(state.version)
         }
         public var state: PresenceState? {
-            UInt64(version).map { version in
-                PresenceState(presence: presence.map { Presence(identity: $0.identity, isOnline: $0.online, lastSeen: $0.lastSeen.map { Date(timeIntervalSince1970: Double($0) / 1000) }) },
-                              version: version)
-            }
+            UInt64(version).map { version in PresenceState(presence: presence.map(\.presence), version: version) }
         }
     }
 
