@@ -196,70 +196,95 @@ final class ZoneStream: Sendable {
         signalContinuation.yield()
     }
 
-    /// Sends each moved zone's changes, a page at a time, until the stream ends.
+    /// Says `feed` when due, then each watched zone's live state that moved, then each moved
+    /// zone's changes, a page at a time, until the stream ends.
     private func push() async {
-        let feed = (try? Wire.StreamFrame(type: .feed).encoded()) ?? Data()
         for await _ in signal {
-            if state.withLock({ state in
-                defer { state.feedDue = false }
-                return state.feedDue
-            }) {
-                guard connection.send(feed) else { return }
-                api.streamCounters.feeds.add(1, ordering: .relaxed)
-            }
+            guard sayFeed() else { return }
             while let (zone, asked) = state.withLock({ state in state.liveDue.popFirst().flatMap { zone in state.watches[zone].map { (zone, $0) } } }) {
-                guard keyAllowed() else { return }
-                let frame: Wire.StreamFrame
-                do {
-                    let live = try await api.liveState(in: zone, of: asked, identity: identity)
-                    guard state.withLock({ state in
-                        defer { state.told[zone] = live }
-                        return state.told[zone] != live
-                    }) else { continue }
-                    frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, typing: live.typing, presence: live.presence.map(Wire.PresenceList.Entry.init))
-                } catch {
-                    // No longer one it takes part in (a group it left): the watch ends.
-                    state.withLock { _ = $0.watches.removeValue(forKey: zone) }
-                    frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, error: (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)")))
-                }
-                guard connection.send((try? frame.encoded()) ?? Data()) else { return }
-                api.streamCounters.lives.add(1, ordering: .relaxed)
+                guard await pushLive(zone, asked) else { return }
             }
             while let zone = state.withLock({ $0.dirty.popFirst() }) {
-                await connection.drained(below: Self.bufferedLimit)
-                guard !connection.isClosed else { return }
-                guard let token = state.withLock({ $0.tokens[zone] }) else { continue }
-                // Each zone read is a request's worth of the key's rate allowance.
-                guard keyAllowed() else { return }
-                while let after = api.authenticator.spend(key) {
-                    do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return }
-                }
-                do {
-                    let changes = try await api.streamChanges(in: zone, since: token, identity: identity)
-                    guard !changes.records.isEmpty || !changes.rejected.isEmpty || changes.token != token else { continue }
-                    let frame = Wire.StreamFrame(type: .changes, zone: zone.rawValue, since: token, changes: changes)
-                    guard connection.send(try frame.encoded()) else { return }
-                    api.streamCounters.pushes.add(1, ordering: .relaxed)
-                    api.streamCounters.records.add(changes.records.count, ordering: .relaxed)
-                    state.withLock { state in
-                        // Followed again meanwhile from another token: that one stands.
-                        if state.tokens[zone] == token { state.tokens[zone] = changes.token }
-                        if changes.moreComing { state.dirty.insert(zone) }
-                    }
-                } catch {
-                    // The zone is no longer followed, and the client told why (a token the
-                    // storage cannot serve, a zone it may not read, a storage failure).
-                    let failure = (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)"))
-                    state.withLock { state in
-                        state.tokens[zone] = nil
-                        state.dirty.remove(zone)
-                    }
-                    // A zone deleted: its deletion is in the feed.
-                    if failure.code == RecordZoneError.Code.zoneNotFound.rawValue { feedMoved(zone) }
-                    guard connection.send((try? Wire.StreamFrame(type: .failed, zone: zone.rawValue, error: failure).encoded()) ?? Data()) else { return }
-                }
+                guard await pushPage(zone) else { return }
             }
         }
+    }
+
+    /// Sends the zone's changes after the stream's token for it, a page (more to come: marked
+    /// again); a zone that can no longer be followed is dropped, and the client told why.
+    /// (Out of ``push()``: an async function's frame is allocated per stream while it waits, so
+    /// the loop that waits keeps a small one.) - Returns: false when the stream ended.
+    private func pushPage(_ zone: ZoneName) async -> Bool {
+        await connection.drained(below: Self.bufferedLimit)
+        guard !connection.isClosed else { return false }
+        guard let token = state.withLock({ $0.tokens[zone] }) else { return true }
+        // Each zone read is a request's worth of the key's rate allowance.
+        guard keyAllowed() else { return false }
+        while let after = api.authenticator.spend(key) {
+            do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return false }
+        }
+        do {
+            let changes = try await api.streamChanges(in: zone, since: token, identity: identity)
+            guard !changes.records.isEmpty || !changes.rejected.isEmpty || changes.token != token else { return true }
+            let frame = Wire.StreamFrame(type: .changes, zone: zone.rawValue, since: token, changes: changes)
+            guard connection.send(try frame.encoded()) else { return false }
+            api.streamCounters.pushes.add(1, ordering: .relaxed)
+            api.streamCounters.records.add(changes.records.count, ordering: .relaxed)
+            state.withLock { state in
+                // Followed again meanwhile from another token: that one stands.
+                if state.tokens[zone] == token { state.tokens[zone] = changes.token }
+                if changes.moreComing { state.dirty.insert(zone) }
+            }
+        } catch {
+            // The zone is no longer followed, and the client told why (a token the storage
+            // cannot serve, a zone it may not read, a storage failure).
+            let failure = (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)"))
+            state.withLock { state in
+                state.tokens[zone] = nil
+                state.dirty.remove(zone)
+            }
+            // A zone deleted: its deletion is in the feed.
+            if failure.code == RecordZoneError.Code.zoneNotFound.rawValue { feedMoved(zone) }
+            return connection.send((try? Wire.StreamFrame(type: .failed, zone: zone.rawValue, error: failure).encoded()) ?? Data())
+        }
+        return true
+    }
+
+    private static let feedFrame = (try? Wire.StreamFrame(type: .feed).encoded()) ?? Data()
+
+    /// Sends a `feed` frame if one is due. - Returns: false when the connection is closed.
+    private func sayFeed() -> Bool {
+        guard state.withLock({ state in
+            defer { state.feedDue = false }
+            return state.feedDue
+        }) else { return true }
+        guard connection.send(Self.feedFrame) else { return false }
+        api.streamCounters.feeds.add(1, ordering: .relaxed)
+        return true
+    }
+
+    /// Sends a watched zone's live state, unless it is what was sent last; a watch no longer
+    /// allowed (a group left) ends with the reason. - Returns: false when the stream ended.
+    private func pushLive(_ zone: ZoneName, _ asked: [String]) async -> Bool {
+        guard keyAllowed() else { return false }
+        let frame: Wire.StreamFrame
+        do {
+            let live = try await api.liveState(in: zone, of: asked, identity: identity)
+            guard state.withLock({ state in
+                defer { state.told[zone] = live }
+                return state.told[zone] != live
+            }) else { return true }
+            frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, typing: live.typing, presence: live.presence.map(Wire.PresenceList.Entry.init))
+        } catch {
+            state.withLock { state in
+                state.watches[zone] = nil
+                state.told[zone] = nil
+            }
+            frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, error: (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)")))
+        }
+        guard connection.send((try? frame.encoded()) ?? Data()) else { return false }
+        api.streamCounters.lives.add(1, ordering: .relaxed)
+        return true
     }
 
     /// What a request would be refused, a stream is too: a key revoked (a lost device) or
