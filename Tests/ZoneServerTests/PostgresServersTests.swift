@@ -20,6 +20,21 @@ struct PostgresServersTests {
         HTTPBackend(url: try #require(URL(string: "http://127.0.0.1:\(port)")), identity: identity, key: key, policy: ConversationStore.recordPolicy())
     }
 
+    /// Two servers in this process on one fresh database, with the chat's rules: their storages
+    /// (closed by the caller), the servers (held by the caller) and their ports.
+    func twoServersInProcess() async throws -> (storages: [PostgresZoneStorage], servers: [ZoneServer], ports: [Int]) {
+        let database = try await SharedPostgres.freshDatabase()
+        let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy()),
+                        try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())]
+        let servers = storages.map { ZoneServer(storage: $0, access: ChatZoneAccess()) }
+        do {
+            return (storages, servers, try servers.map { try $0.start(host: "127.0.0.1", port: 0) })
+        } catch {
+            storages.forEach { $0.close() }
+            throw error
+        }
+    }
+
     func item(_ zone: ZoneName, _ name: String) throws -> Record {
         try message(zone, name, from: "alice", to: "bob", key: Keys.alice, text: name)
     }
@@ -279,12 +294,9 @@ struct PostgresServersTests {
     /// (PostgreSQL's notifications wake it), every version once, in the zone's order — as a
     /// fetch from the start reads it.
     @Test func aStreamOnOneServerCarriesWhatTheOtherCommitsInOrder() async throws {
-        let database = try await SharedPostgres.freshDatabase()
-        let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy()),
-                        try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())]
+        let (storages, servers, ports) = try await twoServersInProcess()
         defer { storages.forEach { $0.close() } }
-        let servers = storages.map { ZoneServer(storage: $0, access: ChatZoneAccess()) }
-        let ports = try servers.map { try $0.start(host: "127.0.0.1", port: 0) }
+        defer { withExtendedLifetime(servers) {} }
         let zone = try conversationZone("alice", "bob")
         let (onA, onB) = (try client(ports[0], "alice", Keys.alice), try client(ports[1], "alice", Keys.alice))
         try await onA.createZone(zone)
@@ -313,12 +325,9 @@ struct PostgresServersTests {
     /// told to read the feed (the commit's notification says the group's readers moved), as it
     /// is of a conversation started with him there.
     @Test func aMemberLetIntoAGroupThroughOneServerIsToldOnTheOther() async throws {
-        let database = try await SharedPostgres.freshDatabase()
-        let storages = [try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy()),
-                        try await PostgresZoneStorage(conninfo: database, poolSize: 2, policy: ConversationStore.recordPolicy())]
+        let (storages, servers, ports) = try await twoServersInProcess()
         defer { storages.forEach { $0.close() } }
-        let servers = storages.map { ZoneServer(storage: $0, access: ChatZoneAccess()) }
-        let ports = try servers.map { try $0.start(host: "127.0.0.1", port: 0) }
+        defer { withExtendedLifetime(servers) {} }
         let directory = try TemporaryDirectory("pg-feed")
         let carol = try ConversationStore(directory: directory.path + "/carol", backend: .server(try #require(URL(string: "http://127.0.0.1:\(ports[0])"))))
         try await carol.setupLocalSpeaker(identifier: "carol", name: "Carol")
