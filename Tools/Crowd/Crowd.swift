@@ -5,8 +5,9 @@ import Synchronization
 
 /// A crowd of online clients, as a zone server sees them, on one raw connection per client, from
 /// many loopback addresses: each holds a stream (`streams`: what a continuously syncing store
-/// of this version does, docs/PROTOCOL.md §2.4) following its zone, and takes the pages pushed
-/// down it, pinging every 15 s; or, as older stores did, a long poll on its zone
+/// of this version does, docs/PROTOCOL.md §2.4) following its zone and asking for the feed, and
+/// takes the pages pushed down it (and the `feed` frame each stream gets when it asks, after
+/// which a store would read the feed once: the crowd does not), pinging every 15 s; or, as older stores did, a long poll on its zone
 /// (`GET /v1/zones/{zone}/wait`), and when it answers `changed` fetches what changed and waits
 /// again from the new token. One thread and one epoll instance run them all, so that ten
 /// thousand clients cost the machine little besides the server.

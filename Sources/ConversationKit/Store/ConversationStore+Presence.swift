@@ -53,11 +53,14 @@ extension ConversationStore {
                 var version: UInt64?, shown: [Presence]?
                 while !Task.isCancelled {
                     if liveWatches.isCarried {
-                        // What was shown stays while a refused watch says nothing new.
+                        // What was shown stays while a refused watch says nothing new; the watch
+                        // may ask about more (another view's), this view shows its own.
                         await followLive(zone, asking: others) { told in
-                            guard case .success(let state) = told, state.presence != shown else { return }
-                            continuation.yield(state.presence)
-                            shown = state.presence
+                            guard case .success(let state) = told else { return }
+                            let presence = state.presence.filter { others.contains($0.identity) }
+                            guard presence != shown else { return }
+                            continuation.yield(presence)
+                            shown = presence
                         }
                         version = nil
                         continue
@@ -90,7 +93,7 @@ extension ConversationStore {
                 UNION SELECT speaker FROM group_members WHERE zone = ?
                 EXCEPT SELECT identity FROM blocked_speakers
                 ORDER BY 1 LIMIT 257
-                """, [conversation, conversation]) { $0.text(0) }.filter { $0 != local }.prefix(256).map { $0 }
+                """, [conversation, conversation]) { $0.text(0) }.filter { $0 != local }.prefix(PresenceBoard.maximumAsked).map { $0 }
         }
     }
 }

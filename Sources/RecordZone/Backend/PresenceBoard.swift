@@ -45,6 +45,17 @@ public final class PresenceBoard: Sendable {
     public static let refreshInterval = Duration.seconds(60)
     /// The shortest interval between two states from one identity.
     public static let minimumInterval = Duration.seconds(1)
+    /// The most identities one ask names (a long poll's `of`, a stream's watch).
+    public static let maximumAsked = 256
+
+    /// `asked` without repeats, if a server takes it: at most ``maximumAsked`` identities, none
+    /// empty or over 256 bytes; nil otherwise.
+    public static func ask(_ asked: [String]) -> [String]? {
+        var seen = Set<String>()
+        let identities = asked.filter { seen.insert($0).inserted }
+        guard identities.count <= maximumAsked, identities.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 256 }) else { return nil }
+        return identities
+    }
 
     private struct Entry {
         var onlineUntil: ContinuousClock.Instant?

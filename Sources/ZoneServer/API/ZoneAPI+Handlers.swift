@@ -273,15 +273,11 @@ extension ZoneAPI {
     /// The `of` argument of a presence request: 1–256 distinct identities, comma-separated.
     private func presenceIdentities(_ request: HTTPRequest) throws(APIError) -> [String] {
         guard let text = request.queryValue("of"), !text.isEmpty else { throw APIError(.invalidArguments, "of names the identities asked about, comma-separated") }
-        var seen = Set<String>()
-        let identities = text.split(separator: ",", omittingEmptySubsequences: false).map(String.init).filter { seen.insert($0).inserted }
-        guard identities.count <= Self.maximumPresenceIdentities, identities.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 256 }) else {
-            throw APIError(.invalidArguments, "of names 1–\(Self.maximumPresenceIdentities) identities, none empty")
+        guard let identities = PresenceBoard.ask(text.split(separator: ",", omittingEmptySubsequences: false).map(String.init)) else {
+            throw APIError(.invalidArguments, "of names 1–\(PresenceBoard.maximumAsked) identities, none empty")
         }
         return identities
     }
-
-    static let maximumPresenceIdentities = 256
 
     /// A long poll's `since`: a version as answered.
     private func versionParameter(_ request: HTTPRequest) throws(APIError) -> UInt64? {

@@ -154,10 +154,8 @@ final class ZoneStream: Sendable {
         while let after = api.authenticator.spend(key) {
             do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return false }
         }
-        var seen = Set<String>()
-        let identities = asked.filter { seen.insert($0).inserted }
-        guard identities.count <= Wire.StreamFrame.maximumPresenceIdentities, identities.allSatisfy({ !$0.isEmpty && $0.utf8.count <= 256 }) else {
-            return refuse(zone, RecordZoneError(.invalidArguments, "a watch asks the presence of 0–\(Wire.StreamFrame.maximumPresenceIdentities) identities, none empty"))
+        guard let identities = PresenceBoard.ask(asked) else {
+            return refuse(zone, RecordZoneError(.invalidArguments, "a watch asks the presence of 0–\(PresenceBoard.maximumAsked) identities, none empty"))
         }
         let taken = state.withLock { state -> Bool in
             guard state.watches[zone] != nil || state.watches.count < Wire.StreamFrame.maximumWatches else { return false }

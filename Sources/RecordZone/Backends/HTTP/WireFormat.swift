@@ -197,8 +197,6 @@ public enum Wire {
         public static let maximumZones = 10_000
         /// The most zones one stream watches (``Kind/watch``) at a time.
         public static let maximumWatches = 64
-        /// The most identities a watch asks the presence of.
-        public static let maximumPresenceIdentities = 256
         /// The `101`'s header naming the client frames a server reads beyond `follow` and `ping`.
         public static let framesHeader = "ConvKit-Stream-Frames"
         /// What this version's servers name there.
