@@ -5,9 +5,11 @@ import Testing
 import TestSupport
 @testable import ZoneServer
 
-/// A pull fetches the next page of a zone while the writer applies one (`SyncEngine.pullZone`): every
-/// page is fetched once, from the token of the page before it, and applied in order; a sync
-/// cancelled while pages are being fetched ahead leaves nothing half-done for the next one.
+/// A pull fetches the next page of a zone while the writer applies one, and the first page of the
+/// next zone while it applies a zone's last (`SyncEngine.pullZones`): every page is fetched once,
+/// from the token of the page before it (or the one the zone holds), and applied in order; a page
+/// fetched from a token the zone no longer holds is dropped; a sync cancelled while pages are
+/// being fetched ahead leaves nothing half-done for the next one.
 @Suite struct PagesAheadTests {
     static let count = 60
 
@@ -61,5 +63,58 @@ import TestSupport
         if case .success = first { Issue.record("the sync finished before its cancellation: nothing was tested") }
         try await bob.sync()
         #expect(try Self.texts(bob) == texts)
+    }
+
+    /// Bob's sync of nine new conversations of a message or two each, and their speakers' zones:
+    /// one page a zone, each fetched while the zone before was applied, and none fetched twice.
+    @Test func eachZoneIsFetchedOnceWithItsFirstPageFetchedAhead() async throws {
+        let fixture = try await ChatFixture(.http)
+        let server = try #require(fixture.zoneServer)
+        let bob = try await fixture.store("bob")
+        try await bob.sync()
+        var expected = [String]()
+        for index in 0..<9 {
+            let other = try await fixture.store("p\(index)")
+            for text in ["hello from \(index)", "again from \(index)"].prefix(1 + index % 2) {
+                try await other.send(text, to: "bob")
+                expected.append(text)
+            }
+            try await other.sync()
+        }
+        let before = server.api.metrics.answered(.zoneChanges)
+        try await bob.sync()
+        let fetches = server.api.metrics.answered(.zoneChanges) - before
+        // Nine conversations and their nine speakers' zones (bob's own was read before).
+        let own = ChatRecords.speakerZone("bob").rawValue
+        let zones = try await bob.engine.read { db in try db.first("SELECT count(*) FROM ck_zone_state WHERE token IS NOT NULL AND zone != ?", [own]) { $0.int(0) } ?? 0 }
+        #expect(zones == 18)
+        #expect(fetches == zones, "\(fetches) fetches for \(zones) zones of one page each")
+        var held = [String]()
+        for conversation in try bob.conversations() { held += try history(bob, conversation.id).map(\.content) }
+        #expect(held.sorted() == expected.sorted())
+    }
+
+    /// A zone's first page handed to it as fetched ahead, but from a token the zone no longer
+    /// holds: applied, it would set the zone past a message it never read. It is dropped, and the
+    /// zone read from its own token.
+    @Test func aPageFetchedAheadFromATokenTheZoneNoLongerHoldsIsDropped() async throws {
+        let pages = try await PushedPageTests.TwoPages()
+        let handed = SyncEngine.PageAhead(zone: pages.zone, since: pages.head.token, page: Task { .success(pages.rest) })
+        let report = try await pages.bob.engine.pull(pages.zone, handed: handed, backend: pages.reader)
+        #expect(report.pulled == 2)
+        let texts = try history(pages.bob, pages.zone.rawValue).map(\.content)
+        #expect(texts == ["one", "two", "three"], "\(texts)")
+        #expect(try await PushedPageTests.TwoPages.held(pages.bob, pages.zone) == pages.rest.token)
+    }
+}
+
+extension SyncEngine {
+    /// One zone pulled, given a first page as if fetched ahead.
+    func pull(_ zone: ZoneName, handed: PageAhead, backend: any RecordZoneBackend) async throws(ConversationError) -> SyncReport {
+        begin(backend)
+        defer { end() }
+        var report = SyncReport()
+        try await pullZone(zone, report: &report, handed: handed)
+        return report
     }
 }

@@ -23,18 +23,16 @@ extension SyncEngine {
             return
         }
         let total = plan.speakerZones.count + plan.conversations.count
-        for (index, zone) in plan.speakerZones.enumerated() {
-            progress?(SyncProgress(zone: zone.rawValue, zonesDone: index, zones: total, pulled: report.pulled))
-            try await pullZone(zone, report: &report)
+        try await pullZones(plan.speakerZones, report: &report) { index, zone, pulled in
+            SyncProgress(zone: zone.rawValue, zonesDone: index, zones: total, pulled: pulled)
         }
         // Conversations to read again from the start (refetched), whether or not the feed names
         // them — looked for after the speakers' zones, whose revocations and rotations may have
         // just sent some back to be decided again.
         let refetched = try await read { db in try Self.refetched(localSpeaker, in: db) }
         let zones = Set(plan.conversations).union(refetched).sorted()
-        for (index, zone) in zones.enumerated() {
-            progress?(SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: report.pulled))
-            try await pullZone(zone, report: &report)
+        try await pullZones(zones, report: &report) { index, zone, pulled in
+            SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: pulled)
         }
         // Speakers first followed while the conversations were read (a group's members): their
         // profiles and devices in this sync, not the next.
@@ -42,7 +40,7 @@ extension SyncEngine {
             try db.rows("SELECT zone FROM ck_zone_state WHERE zone LIKE 's-%' AND token IS NULL AND is_missing = 0 ORDER BY zone") { $0.text(0) }
         }
             .compactMap { try? ZoneName($0) }
-        for zone in newSpeakers { try await pullZone(zone, report: &report) }
+        try await pullZones(newSpeakers, report: &report)
         let done = plan.speakerZones.count + zones.count + newSpeakers.count
         progress?(SyncProgress(zone: nil, zonesDone: done, zones: done, pulled: report.pulled))
         try await writeRecoverable { applier in
@@ -122,10 +120,58 @@ extension SyncEngine {
         }
     }
 
-    func pullZone(_ zone: ZoneName, report: inout SyncReport) async throws(ConversationError) {
-        var token = try await read { db in
+    /// Zones pulled one after another, in order; the first page of each is fetched while the
+    /// last page of the one before is applied (``pullZone(_:report:handed:next:)``).
+    /// - Parameter progress: what to report as each zone starts, given its index and the count
+    ///   pulled so far.
+    func pullZones(_ zones: [ZoneName], report: inout SyncReport,
+                   progress made: ((Int, ZoneName, Int) -> SyncProgress)? = nil) async throws(ConversationError) {
+        var handed: PageAhead?
+        defer { handed?.cancel() }
+        for (index, zone) in zones.enumerated() {
+            if let made { progress?(made(index, zone, report.pulled)) }
+            let next = index + 1 < zones.count ? zones[index + 1] : nil
+            let given = handed
+            handed = nil
+            handed = try await pullZone(zone, report: &report, handed: given, next: next)
+        }
+    }
+
+    /// A zone's page fetched ahead of its turn (its signatures checked on every core), from the
+    /// token the zone held then.
+    struct PageAhead {
+        let zone: ZoneName
+        let since: ChangeToken?
+        let page: Task<Result<ZoneChanges, RecordZoneError>, Never>
+
+        func cancel() { page.cancel() }
+    }
+
+    /// The zone's token, as stored.
+    nonisolated func storedToken(of zone: ZoneName) async throws(ConversationError) -> ChangeToken? {
+        try await read { db in
             try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil
         }
+    }
+
+    /// A fetch of the page after `token`, started now.
+    func fetchAhead(_ zone: ZoneName, since token: ChangeToken?) -> PageAhead {
+        let backend = backend, limit = configuration.pageSize
+        return PageAhead(zone: zone, since: token, page: Task { () async -> Result<ZoneChanges, RecordZoneError> in
+            do throws(RecordZoneError) { return .success(try await backend.fetchChanges(in: zone, since: token, limit: limit)) } catch { return .failure(error) }
+        })
+    }
+
+    /// Reads a zone page by page, each applied with its token in one transaction.
+    /// - Parameters:
+    ///   - handed: this zone's first page, fetched while the zone before was applied: used when
+    ///     it was fetched from the token the zone still holds, dropped otherwise.
+    ///   - next: the zone to read after this one, whose first page is fetched while this one's
+    ///     last page is applied.
+    /// - Returns: that first page of `next`, for its turn.
+    @discardableResult
+    func pullZone(_ zone: ZoneName, report: inout SyncReport, handed: PageAhead? = nil, next: ZoneName? = nil) async throws(ConversationError) -> PageAhead? {
+        var token = try await storedToken(of: zone)
         // Damaged files this pull still finds; quarantine rows for the zone's other ones are
         // resolved at its end (the file was repaired, or read whole since).
         var damaged = Set<String>()
@@ -133,7 +179,16 @@ extension SyncEngine {
         // The next page, fetched (its signatures checked on every core) while the writer applies
         // this one: the two overlap instead of taking turns.
         var ahead: Task<Result<ZoneChanges, RecordZoneError>, Never>?
-        defer { ahead?.cancel() }
+        if let handed {
+            if handed.zone == zone, handed.since == token { ahead = handed.page } else { handed.cancel() }
+        }
+        // The next zone's first page, once this zone's last one is fetched.
+        var nextAhead: PageAhead?
+        var handingOver = false
+        defer {
+            ahead?.cancel()
+            if !handingOver { nextAhead?.cancel() }
+        }
         while true {
             let page: ZoneChanges
             do {
@@ -158,7 +213,7 @@ extension SyncEngine {
                 if ChatRecords.isSpeakerZone(zone) {
                     try await writeRecoverable { applier in try applier.db.execute("UPDATE ck_zone_state SET is_missing = 1 WHERE zone = ?", [zone.rawValue]) }
                 }
-                return
+                return nil
             } catch {
                 throw ConversationError.backend(error, "cannot fetch changes of \(zone)")
             }
@@ -167,10 +222,9 @@ extension SyncEngine {
             damaged.formUnion(pageDamage)
             let stillDamaged = damaged
             if page.moreComing {
-                let backend = backend, next = page.token, limit = configuration.pageSize
-                ahead = Task { () async -> Result<ZoneChanges, RecordZoneError> in
-                    do throws(RecordZoneError) { return .success(try await backend.fetchChanges(in: zone, since: next, limit: limit)) } catch { return .failure(error) }
-                }
+                ahead = fetchAhead(zone, since: page.token).page
+            } else if let next, nextAhead == nil {
+                nextAhead = fetchAhead(next, since: try await storedToken(of: next))
             }
             let counts = try await writeRecoverable { applier in
                 let applied = try Self.apply(page, of: zone, applier: &applier)
@@ -191,11 +245,16 @@ extension SyncEngine {
                try await read({ db in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } }) == true {
                 ahead?.cancel()
                 ahead = nil
+                nextAhead?.cancel()
+                nextAhead = nil
                 rereading = true
                 token = nil
                 continue
             }
-            if !page.moreComing { return }
+            if !page.moreComing {
+                handingOver = true
+                return nextAhead
+            }
         }
     }
 
@@ -264,7 +323,7 @@ extension SyncEngine {
         let reread = applied.isEmpty ? [] : try await read { db in
             try groups.filter { zone in try db.first("SELECT token IS NULL FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.int(0) != 0 } == true }
         }
-        for zone in reread { try await pullZone(zone, report: &report) }
+        try await pullZones(reread, report: &report)
         return (report, diverged)
     }
 }

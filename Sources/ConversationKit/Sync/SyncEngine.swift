@@ -171,7 +171,7 @@ actor SyncEngine {
         begin(backend)
         defer { end() }
         var report = SyncReport()
-        for zone in zones.sorted() { try await pullZone(zone, report: &report) }
+        try await pullZones(zones.sorted(), report: &report)
         return report
     }
 
