@@ -1,4 +1,4 @@
-import ConversationKit
+@testable import ConversationKit
 import Foundation
 import RecordZone
 import Synchronization
@@ -66,6 +66,41 @@ import TestSupport
         let polls = apis.map { $0.metrics.answered(.typing) + $0.metrics.answered(.presence) }.reduce(0, +)
         #expect(polls == 0, "\(polls) typing or presence long polls answered")
         #expect(apis.map { $0.streamCounters.lives.load(ordering: .relaxed) }.reduce(0, +) >= 3, "live frames pushed")
+    }
+
+    /// A member removed from a group is told nothing more of who types in it: membership is
+    /// checked at each change a watch tells, not only when it begins, so the watch the removed
+    /// member's stream holds is refused at the first change after the removal, and ends.
+    @Test(arguments: ChatBackend.allCases.filter(\.isServer))
+    func aRemovedMembersWatchEndsAtTheNextChange(_ kind: ChatBackend) async throws {
+        let fixture = try await ChatFixture(kind)
+        let server = try #require(fixture.zoneServer)
+        let alice = try await fixture.store("alice"), bob = try await fixture.store("bob"), carol = try await fixture.store("carol")
+        try await syncAll([alice, bob, carol])
+        let group = try await alice.createGroup(name: "Plans", members: ["bob", "carol"])
+        try await syncAll([alice, bob, carol])
+        let running = Task { try await carol.run(pollInterval: .seconds(600)) }
+        defer { running.cancel() }
+        #expect(await until(seconds: 20) { server.api.streamCounters.feeds.load(ordering: .relaxed) >= 1 }, "carol's stream carries the watches")
+        let seen = Taken(carol.typingSpeakers(in: group.id))
+        #expect(try await seen.next() == [])
+        try await bob.setTyping(true, in: group.id)
+        #expect(try await seen.next(within: 30) == ["bob"])
+
+        try await alice.removeMember("carol", from: group.id)
+        try await alice.sync()
+        try await bob.setTyping(false, in: group.id)
+        #expect(try await seen.next(within: 30) == [])
+        let zone = try ZoneName(group.id)
+        let refused = await until(seconds: 30) {
+            guard case .failure(let error)? = carol.liveWatches.current(zone).told else { return false }
+            return error.code == .notAuthorized
+        }
+        #expect(refused, "the watch was not refused after the removal")
+        // Bob types again (past the board's interval for one typist): carol is not told.
+        try await Task.sleep(for: TypingBoard.minimumInterval)
+        try await bob.setTyping(true, in: group.id)
+        await #expect(throws: Taken<[String]>.TimedOut.self, "a removed member was told who types") { try await seen.next(within: 2) }
     }
 
     /// A typist that stops saying it (its app gone) is gone within the lifetime, for every reader.

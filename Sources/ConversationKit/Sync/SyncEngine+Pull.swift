@@ -31,7 +31,7 @@ extension SyncEngine {
         // just sent some back to be decided again.
         let refetched = try await read { db in try Self.refetched(localSpeaker, in: db) }
         let zones = Set(plan.conversations).union(refetched).sorted()
-        try await pullZones(zones, report: &report) { index, zone, pulled in
+        try await pullZones(zones, report: &report, overlapping: true) { index, zone, pulled in
             SyncProgress(zone: zone.rawValue, zonesDone: plan.speakerZones.count + index, zones: max(total, plan.speakerZones.count + zones.count), pulled: pulled)
         }
         // Speakers first followed while the conversations were read (a group's members): their
@@ -120,17 +120,20 @@ extension SyncEngine {
         }
     }
 
-    /// Zones pulled one after another, in order; the first page of each is fetched while the
-    /// last page of the one before is applied (``pullZone(_:report:handed:next:)``).
-    /// - Parameter progress: what to report as each zone starts, given its index and the count
-    ///   pulled so far.
-    func pullZones(_ zones: [ZoneName], report: inout SyncReport,
+    /// Zones pulled one after another, in order.
+    /// - Parameters:
+    ///   - overlapping: the first page of each zone fetched while the last page of the one
+    ///     before is applied (``pullZone(_:report:handed:next:)``) — for conversations only.
+    ///     Speakers' zones hold the key records: each is applied, its pins stored and published,
+    ///     before the next one's records are admitted against them.
+    ///   - progress: what to report as each zone starts, given its index and the count pulled so far.
+    func pullZones(_ zones: [ZoneName], report: inout SyncReport, overlapping: Bool = false,
                    progress made: ((Int, ZoneName, Int) -> SyncProgress)? = nil) async throws(ConversationError) {
         var handed: PageAhead?
         defer { handed?.cancel() }
         for (index, zone) in zones.enumerated() {
             if let made { progress?(made(index, zone, report.pulled)) }
-            let next = index + 1 < zones.count ? zones[index + 1] : nil
+            let next = overlapping && index + 1 < zones.count ? zones[index + 1] : nil
             let given = handed
             handed = nil
             handed = try await pullZone(zone, report: &report, handed: given, next: next)
