@@ -136,7 +136,12 @@ extension SyncEngine {
             let next = overlapping && index + 1 < zones.count ? zones[index + 1] : nil
             let given = handed
             handed = nil
-            handed = try await pullZone(zone, report: &report, handed: given, next: next)
+            do {
+                handed = try await pullZone(zone, report: &report, handed: given, next: next)
+            } catch {
+                given?.cancel()   // if it failed before taking the page
+                throw error
+            }
         }
     }
 
