@@ -142,6 +142,38 @@ import TestSupport
         #expect(fixture.server.api.metrics.answered(.typing) + fixture.server.api.metrics.answered(.presence) == 0)
     }
 
+    /// A watch costs a request's worth of the key's allowance: past it, watches wait for the
+    /// allowance to come back (four a second here, after a burst of two), and none is refused.
+    @Test func watchesPastTheKeysAllowanceWaitForItAndAreNotRefused() async throws {
+        let fixture = try ServerFixture { $0.requestsPerSecond = 4; $0.burst = 2 }
+        let others = ["carol", "dave", "erin", "frank", "grace"]
+        var zones = [ZoneName]()
+        // Each zone made by the other side, with a key of its own (bob's allowance stays whole).
+        for (index, other) in others.enumerated() {
+            let zone = try conversationZone("bob", other)
+            try await fixture.client(other, key: Keys.key(UInt8(30 + index))).createZone(zone)
+            zones.append(zone)
+        }
+        let stream = try await fixture.client("bob", key: Keys.bob).openStream()
+        defer { stream.close() }
+        let events = Pushed(stream)
+        let start = ContinuousClock.now
+        for zone in zones { try stream.watch(zone, presenceOf: []) }
+        var answered = Set<ZoneName>()
+        while answered.count < zones.count {
+            guard case .live(let zone, let told)? = await events.next(seconds: 30) else {
+                Issue.record("\(answered.count) of \(zones.count) watches answered")
+                return
+            }
+            if case .failure(let error) = told { Issue.record("a watch was refused: \(error)") }
+            answered.insert(zone)
+        }
+        #expect(answered == Set(zones))
+        // At most two went on the burst; the other three or more waited a quarter second each.
+        let waited = ContinuousClock.now - start
+        #expect(waited >= .milliseconds(600), "five watches answered in \(waited) with an allowance of four a second")
+    }
+
     @Test func anOutsidersFollowFailsForThatZoneAlone() async throws {
         let fixture = try ServerFixture()
         let zone = try conversationZone("alice", "bob"), own = try conversationZone("carol", "bob")
