@@ -38,7 +38,7 @@ import TestSupport
 
         /// The token bob's store holds for the zone.
         static func held(_ bob: ConversationStore, _ zone: ZoneName) async throws -> ChangeToken? {
-            try await bob.engine.read { db in try db.first("SELECT token FROM ck_zone_state WHERE zone = ?", [zone.rawValue]) { $0.optionalBlob(0).map(ChangeToken.init(data:)) } ?? nil }
+            try await bob.engine.storedToken(of: zone)
         }
     }
 

@@ -151,9 +151,7 @@ final class ZoneStream: Sendable {
     /// spent); one the server cannot take is refused in a `live` frame with the error.
     /// - Returns: false when the stream ends meanwhile.
     private func watch(_ zone: ZoneName, of asked: [String]) async -> Bool {
-        while let after = api.authenticator.spend(key) {
-            do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return false }
-        }
+        guard await spendAllowance() else { return false }
         guard let identities = PresenceBoard.ask(asked) else {
             return refuse(zone, RecordZoneError(.invalidArguments, "a watch asks the presence of 0–\(PresenceBoard.maximumAsked) identities, none empty"))
         }
@@ -218,9 +216,7 @@ final class ZoneStream: Sendable {
         guard let token = state.withLock({ $0.tokens[zone] }) else { return true }
         // Each zone read is a request's worth of the key's rate allowance.
         guard keyAllowed() else { return false }
-        while let after = api.authenticator.spend(key) {
-            do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return false }
-        }
+        guard await spendAllowance() else { return false }
         do {
             let changes = try await api.streamChanges(in: zone, since: token, identity: identity)
             guard !changes.records.isEmpty || !changes.rejected.isEmpty || changes.token != token else { return true }
@@ -236,7 +232,7 @@ final class ZoneStream: Sendable {
         } catch {
             // The zone is no longer followed, and the client told why (a token the storage
             // cannot serve, a zone it may not read, a storage failure).
-            let failure = (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)"))
+            let failure = Self.failure(of: error)
             state.withLock { state in
                 state.tokens[zone] = nil
                 state.dirty.remove(zone)
@@ -246,6 +242,20 @@ final class ZoneStream: Sendable {
             return connection.send((try? Wire.StreamFrame(type: .failed, zone: zone.rawValue, error: failure).encoded()) ?? Data())
         }
         return true
+    }
+
+    /// Waits until the key's rate allowance has a request's worth and spends it (a watch and a
+    /// zone read each cost one). - Returns: false when the stream ended meanwhile.
+    private func spendAllowance() async -> Bool {
+        while let after = api.authenticator.spend(key) {
+            do { try await Task.sleep(for: .milliseconds(Int((after * 1000).rounded(.up)))) } catch { return false }
+        }
+        return true
+    }
+
+    /// What a client is told of an error that ends a followed zone or a watch.
+    private static func failure(of error: any Error) -> Wire.Failure {
+        (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)"))
     }
 
     private static let feedFrame = (try? Wire.StreamFrame(type: .feed).encoded()) ?? Data()
@@ -278,7 +288,7 @@ final class ZoneStream: Sendable {
                 state.watches[zone] = nil
                 state.told[zone] = nil
             }
-            frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, error: (error as? APIError)?.failure ?? Wire.Failure(error as? RecordZoneError ?? RecordZoneError(.internalError, "\(error)")))
+            frame = Wire.StreamFrame(type: .live, zone: zone.rawValue, error: Self.failure(of: error))
         }
         guard connection.send((try? frame.encoded()) ?? Data()) else { return false }
         api.streamCounters.lives.add(1, ordering: .relaxed)
