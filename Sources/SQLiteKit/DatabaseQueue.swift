@@ -23,34 +23,51 @@ public final class DatabaseQueue: Sendable {
             queue = DispatchQueue(label: label, qos: .userInitiated)
         }
 
-        /// Runs, on the queue, every job waiting in `group` in one transaction.
-        func runGroup(_ group: Group) {
+        /// Runs, on the queue, every job waiting in `group` in one transaction. With `log`, the
+        /// transaction commits without a sync (`synchronous=NORMAL`) and its writes' callers are
+        /// answered once ``LogSync`` has synced the log past it; without, the commit syncs.
+        func runGroup(_ group: Group, log: LogSync?) {
             queue.async {
                 let jobs = group.pending.withLock { pending in
                     defer { pending = [] }
                     return pending
                 }
-                var waiting = [@Sendable (Result<Void, any Error>) -> Void]()
-                func end(_ outcome: Result<Void, any Error>) {
-                    waiting.forEach { $0(outcome) }
+                var waiting = [Group.Ran]()
+                func fail(_ error: any Error) {
+                    waiting.forEach { $0.answer(.failure(error)) }
                     waiting = []
                 }
-                func commit() {
+                /// - Parameter more: jobs of this run follow (the writer is not idle after it).
+                func commit(more: Bool) {
                     let finishing = self.database.beforeCommit
                     self.database.beforeCommit = []
                     guard !self.database.isAutocommit else { return }
                     do {
                         for work in finishing { try work(self.database) }
                         try self.database.execute("COMMIT")
-                        end(.success(()))
                     } catch {
                         try? self.database.execute("ROLLBACK")
-                        end(.failure(error))
+                        return fail(error)
+                    }
+                    // Committed: what follows the stored state changes now, in commit order and
+                    // before the next write begins; the callers are answered once it is on disk.
+                    waiting.forEach { $0.afterCommit() }
+                    let answers = waiting.map(\.answer)
+                    waiting = []
+                    if let log {
+                        log.answer(answers, inline: !more && group.pending.withLock { $0.isEmpty })
+                    } else {
+                        answers.forEach { $0(.success(())) }
                     }
                 }
+                // The level cannot change inside a transaction: set around the group's.
+                if log != nil { try? self.database.execute("PRAGMA synchronous = NORMAL") }
                 self.database.isGrouped = true
-                defer { self.database.isGrouped = false }
-                for job in jobs {
+                defer {
+                    self.database.isGrouped = false
+                    if log != nil { try? self.database.execute("PRAGMA synchronous = FULL") }
+                }
+                for (index, job) in jobs.enumerated() {
                     if self.database.isAutocommit {
                         do { try self.database.execute("BEGIN IMMEDIATE") } catch {
                             // Not even a transaction: this job cannot run; the next may.
@@ -59,16 +76,16 @@ public final class DatabaseQueue: Sendable {
                         }
                     }
                     let ran = job.run(self.database)
-                    if let ran { waiting.append(ran.finish) }
+                    if let ran { waiting.append(ran) }
                     // An error SQLite answers by rolling the whole transaction back (a full
                     // disk, an I/O error) took the jobs before it along: they fail too.
                     if self.database.isAutocommit {
                         self.database.beforeCommit = []
-                        end(.failure(SQLiteError(code: 1, message: "the transaction was rolled back by an error of a write grouped with it")))
+                        fail(SQLiteError(code: 1, message: "the transaction was rolled back by an error of a write grouped with it"))
                     }
-                    if ran?.commitNow == true { commit() }
+                    if ran?.commitNow == true { commit(more: index < jobs.count - 1) }
                 }
-                commit()
+                commit(more: false)
             }
         }
 
@@ -125,8 +142,16 @@ public final class DatabaseQueue: Sendable {
         /// fate is known, or nil when it failed or was cancelled (and has answered already);
         /// or it is refused without running.
         struct Job: Sendable {
-            let run: @Sendable (Database) -> (finish: @Sendable (Result<Void, any Error>) -> Void, commitNow: Bool)?
+            let run: @Sendable (Database) -> Ran?
             let refuse: @Sendable (any Error) -> Void
+        }
+        /// A job that ran: what follows its commit (on the writer, in commit order), its
+        /// caller's answer (once the commit is on disk, or the transaction failed), and whether
+        /// the transaction commits right after it.
+        struct Ran: Sendable {
+            let afterCommit: @Sendable () -> Void
+            let answer: @Sendable (Result<Void, any Error>) -> Void
+            let commitNow: Bool
         }
         let pending = Mutex<[Job]>([])
     }
@@ -134,13 +159,23 @@ public final class DatabaseQueue: Sendable {
 
     private let writer: Serialized
     private let reader: Serialized
+    private let log: LogSync?
     public let path: String
+    /// The log's syncs apart from the commits (``LogSync``): begun, the number of the last one
+    /// done, and commits answered before a sync begun after them was done; nil without them.
+    var logSyncs: (begun: Int, done: Int, early: Int)? { log?.counts }
 
     /// Opens the file, sets WAL mode and durable commits, and runs `migrations` on the writer.
     /// - Parameter readOnly: open an existing file without write access (both connections):
     ///   nothing is created or migrated, and every write fails (`SQLITE_READONLY`).
+    /// - Parameter syncsAfterCommit: grouped writes (``writeGrouped(_:afterCommit:commitsAlone:)``)
+    ///   commit without a sync, and their callers resume once ``LogSync`` synced the log past
+    ///   them: the writer runs the next group while this one's log reaches the disk. What they
+    ///   wrote is then seen by readers before it is on disk (a power loss in between loses it
+    ///   and no caller was told it was kept): for a store, whose readers are its own; not for a
+    ///   server, whose readers would be told of versions a power loss can take back.
     /// - Throws: ``SQLiteError``; read-only, also for a file whose schema is not the newest.
-    public init(path: String, migrations: [Migration], readOnly: Bool = false) throws(SQLiteError) {
+    public init(path: String, migrations: [Migration], readOnly: Bool = false, syncsAfterCommit: Bool = false) throws(SQLiteError) {
         let writer = try Database(path: path, readOnly: readOnly)
         if readOnly {
             let current = try writer.userVersion
@@ -159,6 +194,7 @@ public final class DatabaseQueue: Sendable {
         let reader = try Database(path: path, readOnly: true)
         self.writer = Serialized(writer, label: "convkit.sqlite.writer")
         self.reader = Serialized(reader, label: "convkit.sqlite.reader")
+        self.log = syncsAfterCommit && !readOnly ? LogSync(databasePath: path) : nil
         self.path = path
     }
 
@@ -216,7 +252,7 @@ public final class DatabaseQueue: Sendable {
         let job = Mutex(JobState.waiting)
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-                let run: @Sendable (Database) -> (finish: @Sendable (Result<Void, any Error>) -> Void, commitNow: Bool)? = { db in
+                let run: @Sendable (Database) -> Group.Ran? = { db in
                     let start = job.withLock { state -> Bool in
                         guard state == .waiting else { return false }
                         state = .running
@@ -233,15 +269,12 @@ public final class DatabaseQueue: Sendable {
                         continuation.resume(throwing: error)
                         return nil
                     case .success(let value):
-                        return ({ committed in
-                            switch committed {
-                            case .success:
-                                afterCommit(value)
-                                continuation.resume(returning: value)
-                            case .failure(let error):
-                                continuation.resume(throwing: error)
+                        return Group.Ran(afterCommit: { afterCommit(value) }, answer: { durable in
+                            switch durable {
+                            case .success: continuation.resume(returning: value)
+                            case .failure(let error): continuation.resume(throwing: error)
                             }
-                        }, commitsAlone(value))
+                        }, commitNow: commitsAlone(value))
                     }
                 }
                 let first = group.pending.withLock { pending in
@@ -251,7 +284,7 @@ public final class DatabaseQueue: Sendable {
                     }))
                     return pending.count == 1
                 }
-                if first { writer.runGroup(group) }
+                if first { writer.runGroup(group, log: log) }
             }
         } onCancel: {
             job.withLock { if $0 == .waiting { $0 = .cancelled } }
@@ -282,6 +315,107 @@ public final class DatabaseQueue: Sendable {
         defer { try? db.execute("COMMIT") }
         return try body(db)
     }
+}
+
+/// The write-ahead log synced apart from the commits
+/// (``DatabaseQueue/init(path:migrations:readOnly:syncsAfterCommit:)``): a grouped transaction
+/// commits without a sync, and its callers are answered after the next `fdatasync` of the log —
+/// on the writer at once when nothing else waits (one writer keeps its latency), otherwise on
+/// a queue of its own while the writer goes on, one sync answering every commit made before
+/// it (as PostgreSQL's and InnoDB's group commit flush the log once for many).
+final class LogSync: Sendable {
+    typealias Answer = @Sendable (Result<Void, any Error>) -> Void
+    /// The callers of one commit, and the syncs begun before it (one of them does not cover it).
+    private struct Commit {
+        let answers: [Answer]
+        let syncsBefore: Int
+    }
+    private struct State {
+        var waiting: [Commit] = []
+        var running = false
+        /// The directory is synced once, with the first sync (the log's name in it).
+        var directorySynced = false
+        /// Syncs begun, and the number of the last one done; commits answered before a sync
+        /// begun after them was done (none: what a test holds the answers to).
+        var begun = 0, done = 0, early = 0
+    }
+    private let log: String
+    private let directory: String
+    private let queue = DispatchQueue(label: "convkit.sqlite.log-sync", qos: .userInitiated)
+    private let state = Mutex(State())
+
+    init(databasePath: String) {
+        log = databasePath + "-wal"
+        directory = (databasePath as NSString).deletingLastPathComponent
+    }
+
+    /// Answers the callers of a commit just made (on the writer) once the log is on disk.
+    /// - Parameter inline: nothing else waits for the writer: sync here, unless a sync is
+    ///   running already (whose callers are answered first).
+    func answer(_ answers: [Answer], inline: Bool) {
+        enum Next { case syncHere(Commit), start, queued }
+        let next = state.withLock { state -> Next in
+            let commit = Commit(answers: answers, syncsBefore: state.begun)
+            if inline, !state.running { return .syncHere(commit) }
+            state.waiting.append(commit)
+            if state.running { return .queued }
+            state.running = true
+            return .start
+        }
+        switch next {
+        case .syncHere(let commit): syncAndAnswer([commit])
+        case .start: queue.async { self.drain() }
+        case .queued: break
+        }
+    }
+
+    /// Syncs for every commit waiting, until none is.
+    private func drain() {
+        while let commits = state.withLock({ state -> [Commit]? in
+            guard !state.waiting.isEmpty else {
+                state.running = false
+                return nil
+            }
+            defer { state.waiting = [] }
+            return state.waiting
+        }) {
+            syncAndAnswer(commits)
+        }
+    }
+
+    /// `fdatasync` of the log (any descriptor of the file syncs it), and of the directory the
+    /// first time; then the commits' callers. A failure is an error for every commit it
+    /// answers: written, not known to be on disk.
+    private func syncAndAnswer(_ commits: [Commit]) {
+        let (number, directorySynced) = state.withLock { state in
+            state.begun += 1
+            return (state.begun, state.directorySynced)
+        }
+        let synced = Result {
+            try Self.sync(log, data: true)
+            if !directorySynced { try Self.sync(directory, data: false) }
+        }
+        state.withLock { state in
+            if case .success = synced { state.directorySynced = true }
+            state.done = number
+            state.early += commits.count { state.done <= $0.syncsBefore }
+        }
+        for commit in commits { commit.answers.forEach { $0(synced) } }
+    }
+
+    private static func sync(_ path: String, data: Bool) throws {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw SQLiteError(code: SQLITE_IOERR, message: "cannot open \(path) to sync it: \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        guard (data ? fdatasync(fd) : fsync(fd)) == 0 else {
+            throw SQLiteError(code: SQLITE_IOERR, message: "cannot sync \(path): \(String(cString: strerror(errno))) (the transaction is written, not known to be on disk)")
+        }
+    }
+
+    /// Syncs begun, the number of the last one done, and commits answered early.
+    var counts: (begun: Int, done: Int, early: Int) { state.withLock { ($0.begun, $0.done, $0.early) } }
 }
 
 /// One step of the schema, keyed by `PRAGMA user_version`: migration N moves the schema from

@@ -1,7 +1,7 @@
 import ConversationKit
 import Foundation
 @testable import RecordZone
-import SQLiteKit
+@testable import SQLiteKit
 import Synchronization
 import Testing
 import TestSupport
@@ -84,9 +84,9 @@ private struct GroupedJobFailed: Error {}
     /// one sync): each sees what those before it wrote, one that throws is undone alone, and one
     /// that says it commits alone ends its group, so its `afterCommit` runs before the next
     /// job's body.
-    @Test func groupedWritesShareACommitAndOneThatFailsIsUndoneAlone() async throws {
+    @Test(arguments: [false, true]) func groupedWritesShareACommitAndOneThatFailsIsUndoneAlone(syncsAfterCommit: Bool) async throws {
         let directory = try TemporaryDirectory("grouped")
-        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")])
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")], syncsAfterCommit: syncsAfterCommit)
         final class Shared: Sendable {
             let log = Mutex([String]())
             let release = Mutex(false)
@@ -129,13 +129,13 @@ private struct GroupedJobFailed: Error {}
     /// A group whose commit fails (here a deferred constraint, checked only at the commit) fails
     /// every write in it: none is acknowledged, none's `afterCommit` runs, nothing is stored —
     /// and the next write goes on as before.
-    @Test func aGroupWhoseCommitFailsFailsEveryWriteInIt() async throws {
+    @Test(arguments: [false, true]) func aGroupWhoseCommitFailsFailsEveryWriteInIt(syncsAfterCommit: Bool) async throws {
         let directory = try TemporaryDirectory("grouped-commit")
         let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: """
             CREATE TABLE t (x INTEGER) STRICT;
             CREATE TABLE parent (id INTEGER PRIMARY KEY) STRICT;
             CREATE TABLE child (parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED) STRICT;
-            """)])
+            """)], syncsAfterCommit: syncsAfterCommit)
         final class Shared: Sendable {
             let committed = Mutex([Int]())
             let release = Mutex(false)
@@ -166,9 +166,9 @@ private struct GroupedJobFailed: Error {}
     /// grouped transaction, in order, before anything is acknowledged; work left by a write that
     /// failed runs too and finds its rows undone; work that throws fails every write of the group.
     /// Grouped writes are told so (``Database/isGrouped``), a plain write is not.
-    @Test func workLeftForTheCommitRunsInTheSharedTransactionBeforeTheAcknowledgement() async throws {
+    @Test(arguments: [false, true]) func workLeftForTheCommitRunsInTheSharedTransactionBeforeTheAcknowledgement(syncsAfterCommit: Bool) async throws {
         let directory = try TemporaryDirectory("before-commit")
-        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER, done INTEGER NOT NULL DEFAULT 0) STRICT;")])
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER, done INTEGER NOT NULL DEFAULT 0) STRICT;")], syncsAfterCommit: syncsAfterCommit)
         final class Shared: Sendable {
             let release = Mutex(false)
             let order = Mutex([Int64]())
@@ -211,6 +211,81 @@ private struct GroupedJobFailed: Error {}
         #expect(try await queue.write { db in db.isGrouped } == false)
         let alone = try await queue.writeGrouped({ db in db.isGrouped }, afterCommit: { _ in }, commitsAlone: { _ in false })
         #expect(alone)
+    }
+
+    /// With the log synced apart from the commits (the store's queue), a grouped write's caller
+    /// resumes only after a sync of the log begun after its commit: the writer commits the next
+    /// group meanwhile (here four commits in one run of the writer, the first three handed to the
+    /// log's queue), one sync answers the commits made before it, and a lone write is synced on
+    /// the writer itself. The commits' `afterCommit` still run in order before the next begins,
+    /// and the connection is back to `synchronous=FULL` for the plain writes after.
+    @Test func aGroupedWriteIsAnsweredAfterASyncOfTheLogBegunAfterItsCommit() async throws {
+        let directory = try TemporaryDirectory("log-sync")
+        let queue = try DatabaseQueue(path: directory.path + "/db.sqlite", migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")],
+                                      syncsAfterCommit: true)
+        final class Shared: Sendable {
+            let release = Mutex(false)
+            /// Per write: the syncs begun when it committed; the order of the `afterCommit`s.
+            let begunAtCommit = Mutex([Int64: Int]())
+            let committed = Mutex([Int64]())
+        }
+        let shared = Shared()
+        @Sendable func syncs() throws -> (begun: Int, done: Int, early: Int) {
+            guard let syncs = queue.logSyncs else { throw GroupedJobFailed() }
+            return syncs
+        }
+        let blocker = Task { try await queue.write { _ in while !shared.release.withLock({ $0 }) { usleep(1000) } } }
+        var jobs = [Task<(Int64, Int), any Error>]()
+        for i in Int64(1)...40 {
+            jobs.append(Task {
+                let value = try await queue.writeGrouped({ db in
+                    try db.execute("INSERT INTO t VALUES (?)", [i])
+                    return i
+                }, afterCommit: { i in
+                    shared.committed.withLock { $0.append(i) }
+                    shared.begunAtCommit.withLock { $0[i] = (try? syncs().begun) ?? -1 }
+                }, commitsAlone: { $0 % 10 == 0 })
+                return (value, try syncs().done)
+            })
+            while queue.groupedWaitingCount < Int(i) { try await Task.sleep(for: .milliseconds(1)) }
+        }
+        shared.release.withLock { $0 = true }
+        try await blocker.value
+        for job in jobs {
+            let (i, doneWhenAnswered) = try await job.value
+            let begun = try #require(shared.begunAtCommit.withLock { $0[i] })
+            #expect(doneWhenAnswered > begun, "write \(i) was answered when sync \(doneWhenAnswered) was done, begun before its commit (\(begun) begun)")
+        }
+        #expect(shared.committed.withLock { $0 } == Array(1...40))
+        let after = try syncs()
+        #expect(after.early == 0, "commits answered before a sync begun after them was done")
+        #expect((1...4).contains(after.begun), "four commits, at most one sync each: \(after.begun)")
+        #expect(after.done == after.begun)
+        // A lone write: one sync more, on the writer.
+        try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (41)") }, afterCommit: { _ in }, commitsAlone: { _ in false })
+        #expect(try syncs().begun == after.begun + 1)
+        #expect(try syncs().done == after.begun + 1)
+        #expect(try queue.readNow { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 41)
+        // A plain write after the groups commits with its own sync, as before.
+        #expect(try queue.writeNow { db in try db.first("PRAGMA synchronous") { $0.int(0) } } == 2)
+    }
+
+    /// A log that cannot be synced (here removed under the store) fails the writes waiting for
+    /// it with an I/O error that says they are written but not known to be on disk: no caller
+    /// is told a write is kept that a power loss could take back.
+    @Test func aLogThatCannotBeSyncedFailsTheWritesWaitingForIt() async throws {
+        let directory = try TemporaryDirectory("log-sync-fails")
+        let path = directory.path + "/db.sqlite"
+        let queue = try DatabaseQueue(path: path, migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")], syncsAfterCommit: true)
+        try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (1)") }, afterCommit: { _ in }, commitsAlone: { _ in false })
+        try FileManager.default.removeItem(atPath: path + "-wal")
+        do {
+            try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (2)") }, afterCommit: { _ in }, commitsAlone: { _ in false })
+            Issue.record("a write whose log could not be synced was answered as kept")
+        } catch let error as SQLiteError {
+            #expect(error.resultCode == .ioError, "\(error)")
+            #expect(error.message.contains("to sync it"), "\(error)")
+        }
     }
 
     /// Another process holds the write lock of the store's and the server's databases. Writes

@@ -110,7 +110,7 @@ public final class ConversationStore: Sendable {
         let policy: RecordPolicy
         var loaded: LocalIdentity?
         do {
-            queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations, readOnly: readOnly)
+            queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations, readOnly: readOnly, syncsAfterCommit: true)
             let (pinned, conflicted) = try queue.readNow { db in
                 (try PinTable.load(from: db),
                  try db.rows("SELECT DISTINCT identity FROM ck_quarantine WHERE code = 'identityConflict' AND identity IS NOT NULL") { $0.text(0) })
