@@ -110,6 +110,8 @@ public final class ConversationStore: Sendable {
         let policy: RecordPolicy
         var loaded: LocalIdentity?
         do {
+            // The log synced after each group's commit, not in it: the readers that see a write
+            // before it is on disk are this store's own (StoreDatabase.write).
             queue = try DatabaseQueue(path: directory + "/store.sqlite", migrations: StoreSchema.migrations, readOnly: readOnly, syncsAfterCommit: true)
             let (pinned, conflicted) = try queue.readNow { db in
                 (try PinTable.load(from: db),

@@ -50,7 +50,11 @@ final class StoreDatabase: Sendable {
     /// synced writes that arrived while the writer was busy (group commit: 20 callers sending
     /// at once pay for a few syncs, not 20), each in a savepoint of its own, so one that throws
     /// is undone alone; each caller resumes only once the commit that holds its write is on
-    /// disk. A write that pinned keys commits alone (the next sees them stored).
+    /// disk. The log is synced after the commit, not in it (``DatabaseQueue``'s
+    /// `syncsAfterCommit`): the writer runs the next group meanwhile, and the store's own
+    /// readers may see a write a moment before it is on disk — a live view shows it, the pusher
+    /// is woken only once it is durable. A write that pinned keys commits alone (the next sees
+    /// them stored).
     ///
     /// A `deferred` write (what the backend holds and can give again: pushed versions settled,
     /// pulled pages with their tokens) commits without a sync of its own; one that pinned keys
@@ -74,7 +78,11 @@ final class StoreDatabase: Sendable {
         do {
             switch durability {
             case .synced:
-                return try await queue.writeGrouped(transaction, afterCommit: { self.committed($0) }, commitsAlone: { $0.pinned }).result
+                // Its events are published at the commit, in commit order; the pusher is woken
+                // once the commit is on disk (the queue syncs the log after the commit).
+                let written = try await queue.writeGrouped(transaction, afterCommit: { self.hub.publish($0.events) }, commitsAlone: { $0.pinned })
+                if written.queued { localChanges.wake(Self.outboxSignal) }
+                return written.result
             case .deferred:
                 let written = try await queue.write(.deferred, transaction)
                 if written.pinned {
