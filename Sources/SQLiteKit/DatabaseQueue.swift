@@ -23,15 +23,17 @@ public final class DatabaseQueue: Sendable {
             queue = DispatchQueue(label: label, qos: .userInitiated)
         }
 
-        /// Runs, on the queue, every job waiting in `group` in one transaction. With `log`, the
-        /// transaction commits without a sync (`synchronous=NORMAL`) and its writes' callers are
-        /// answered once ``LogSync`` has synced the log past it; without, the commit syncs.
+        /// Runs, on the queue, every job waiting in `group` in one transaction. With `log`, and
+        /// more than one job, the transactions commits without a sync (`synchronous=NORMAL`) and
+        /// its writes' callers are answered once ``LogSync`` has synced the log past it; a lone
+        /// job (or without `log`) commits with its sync, as a plain write does.
         func runGroup(_ group: Group, log: LogSync?) {
             queue.async {
                 let jobs = group.pending.withLock { pending in
                     defer { pending = [] }
                     return pending
                 }
+                let log = jobs.count > 1 ? log : nil
                 var waiting = [Group.Ran]()
                 func fail(_ error: any Error) {
                     waiting.forEach { $0.answer(.failure(error)) }

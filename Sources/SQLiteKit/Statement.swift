@@ -43,14 +43,19 @@ public final class Statement {
         self.handle = statement
         self.sql = sql
         self.database = database
+        parameterCount = Int(sqlite3_bind_parameter_count(statement))
     }
 
     deinit { sqlite3_finalize(handle) }
 
-    /// Binds the values to parameters 1…n (after clearing earlier bindings and resetting).
+    /// How many parameters the statement has.
+    private let parameterCount: Int
+
+    /// Binds the values to parameters 1…n (after resetting; earlier bindings of parameters past
+    /// n are cleared). Text is bound by its UTF-8 length (SQLite copies it), not scanned for a NUL.
     public func bind(_ values: [any DatabaseValueConvertible]) throws(SQLiteError) {
         sqlite3_reset(handle)
-        sqlite3_clear_bindings(handle)
+        if values.count < parameterCount { sqlite3_clear_bindings(handle) }
         for (offset, value) in values.enumerated() {
             let index = Int32(offset + 1)
             let code: Int32
@@ -58,7 +63,13 @@ public final class Statement {
             case .null: code = sqlite3_bind_null(handle, index)
             case .integer(let v): code = sqlite3_bind_int64(handle, index, v)
             case .real(let v): code = sqlite3_bind_double(handle, index, v)
-            case .text(let v): code = sqlite3_bind_text(handle, index, v, -1, csqlite_transient())
+            case .text(var v):
+                code = v.withUTF8 { bytes in
+                    // An empty string's buffer may have no address; any non-NULL pointer with
+                    // length 0 binds '' (NULL would bind NULL).
+                    let start = UnsafeRawPointer(bytes.baseAddress ?? UnsafePointer(bitPattern: 1)).map { $0.assumingMemoryBound(to: CChar.self) }
+                    return sqlite3_bind_text(handle, index, start, Int32(bytes.count), csqlite_transient())
+                }
             case .blob(let v):
                 code = v.withUnsafeBytes { raw in
                     sqlite3_bind_blob(handle, index, raw.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(raw.count), csqlite_transient())

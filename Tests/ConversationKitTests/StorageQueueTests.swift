@@ -216,8 +216,9 @@ private struct GroupedJobFailed: Error {}
     /// With the log synced apart from the commits (the store's queue), a grouped write's caller
     /// resumes only after a sync of the log begun after its commit: the writer commits the next
     /// group meanwhile (here four commits in one run of the writer, the first three handed to the
-    /// log's queue), one sync answers the commits made before it, and a lone write is synced on
-    /// the writer itself. The commits' `afterCommit` still run in order before the next begins,
+    /// log's queue, the last synced on the writer), one sync answers the commits made before it,
+    /// and a lone write commits with its own sync. The commits' `afterCommit` still run in order
+    /// before the next begins,
     /// and the connection is back to `synchronous=FULL` for the plain writes after.
     @Test func aGroupedWriteIsAnsweredAfterASyncOfTheLogBegunAfterItsCommit() async throws {
         let directory = try TemporaryDirectory("log-sync")
@@ -261,10 +262,9 @@ private struct GroupedJobFailed: Error {}
         #expect(after.early == 0, "commits answered before a sync begun after them was done")
         #expect((1...4).contains(after.begun), "four commits, at most one sync each: \(after.begun)")
         #expect(after.done == after.begun)
-        // A lone write: one sync more, on the writer.
+        // A lone write commits with its own sync, as a plain write does: no sync apart.
         try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (41)") }, afterCommit: { _ in }, commitsAlone: { _ in false })
-        #expect(try syncs().begun == after.begun + 1)
-        #expect(try syncs().done == after.begun + 1)
+        #expect(try syncs().begun == after.begun)
         #expect(try queue.readNow { db in try db.first("SELECT count(*) FROM t") { $0.int(0) } } == 41)
         // A plain write after the groups commits with its own sync, as before.
         #expect(try queue.writeNow { db in try db.first("PRAGMA synchronous") { $0.int(0) } } == 2)
@@ -279,12 +279,26 @@ private struct GroupedJobFailed: Error {}
         let queue = try DatabaseQueue(path: path, migrations: [Migration(version: 1, sql: "CREATE TABLE t (x INTEGER) STRICT;")], syncsAfterCommit: true)
         try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (1)") }, afterCommit: { _ in }, commitsAlone: { _ in false })
         try FileManager.default.removeItem(atPath: path + "-wal")
-        do {
-            try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (2)") }, afterCommit: { _ in }, commitsAlone: { _ in false })
-            Issue.record("a write whose log could not be synced was answered as kept")
-        } catch let error as SQLiteError {
-            #expect(error.resultCode == .ioError, "\(error)")
-            #expect(error.message.contains("to sync it"), "\(error)")
+        // Two writes queued behind a plain one share a group (a lone one syncs in its commit).
+        let release = Mutex(false)
+        let blocker = Task { try await queue.write { _ in while !release.withLock({ $0 }) { usleep(1000) } } }
+        var writes = [Task<Void, any Error>]()
+        for i in Int64(2)...3 {
+            writes.append(Task {
+                try await queue.writeGrouped({ db in try db.execute("INSERT INTO t VALUES (?)", [i]) }, afterCommit: { _ in }, commitsAlone: { _ in false })
+            })
+            while queue.groupedWaitingCount < Int(i - 1) { try await Task.sleep(for: .milliseconds(1)) }
+        }
+        release.withLock { $0 = true }
+        try await blocker.value
+        for write in writes {
+            do {
+                try await write.value
+                Issue.record("a write whose log could not be synced was answered as kept")
+            } catch let error as SQLiteError {
+                #expect(error.resultCode == .ioError, "\(error)")
+                #expect(error.message.contains("to sync it"), "\(error)")
+            }
         }
     }
 

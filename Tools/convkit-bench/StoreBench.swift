@@ -8,7 +8,7 @@ import ZoneServer
 /// The chat store: messages sent, records pulled, and the newest page of one conversation among
 /// many messages, each beside raw SQLite (and libsodium) doing the same work in the same run.
 @MainActor func storeBench(_ reporter: Reporter, seconds: Double, messageCount: Int) async throws {
-    reporter.header("Chat store (SQLite WAL, synchronous=FULL)")
+    reporter.header("Chat store (SQLite WAL, every local change synced before it returns)")
     let root = FileManager.default.temporaryDirectory.path + "/convkit-store-bench-\(UUID().uuidString.prefix(8))"
     defer { try? FileManager.default.removeItem(atPath: root) }
     let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
