@@ -24,7 +24,7 @@ public final class DatabaseQueue: Sendable {
         }
 
         /// Runs, on the queue, every job waiting in `group` in one transaction. With `log`, and
-        /// more than one job, the transactions commits without a sync (`synchronous=NORMAL`) and
+        /// more than one job, the transaction commits without a sync (`synchronous=NORMAL`) and
         /// its writes' callers are answered once ``LogSync`` has synced the log past it; a lone
         /// job (or without `log`) commits with its sync, as a plain write does.
         func runGroup(_ group: Group, log: LogSync?) {
