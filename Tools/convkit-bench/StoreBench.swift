@@ -17,12 +17,7 @@ import ZoneServer
 
     // 1. Sends, each its own durable transaction (sealed for alice's device and bob's), against
     // one-row raw transactions plus a raw seal and sign.
-    let alice = try ConversationStore(directory: root + "/alice", backend: .memory(server))
-    try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
-    try await alice.sync()
-    let bob = try ConversationStore(directory: root + "/bob", backend: .memory(server))
-    try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
-    guard try await bob.speakerExists("alice") else { throw ConversationError(.unknownSpeaker, "alice was not found") }
+    let (alice, bob) = try await senderPair(root: root, server: server)
     let sends = try await rateAsync(seconds: seconds, batch: 1) {
         try await bob.send(content, to: "alice")
         return true
@@ -181,6 +176,37 @@ import ZoneServer
     }
     reporter.report(Row(name: "search a word in \(conversations * perConversation) (best 20)", perSecond: found,
                         rawName: "same FTS5 query, raw sqlite3_step", rawPerSecond: rawFound))
+}
+
+/// alice and bob, set up on `server`, bob knowing alice (so his first send reads no directory).
+@MainActor private func senderPair(root: String, server: InMemoryBackend) async throws -> (alice: ConversationStore, bob: ConversationStore) {
+    let alice = try ConversationStore(directory: root + "/alice", backend: .memory(server))
+    try await alice.setupLocalSpeaker(identifier: "alice", name: "Alice")
+    try await alice.sync()
+    let bob = try ConversationStore(directory: root + "/bob", backend: .memory(server))
+    try await bob.setupLocalSpeaker(identifier: "bob", name: "Bob")
+    guard try await bob.speakerExists("alice") else { throw ConversationError(.unknownSpeaker, "alice was not found") }
+    return (alice, bob)
+}
+
+/// Group commit alone: one sender, then 20 concurrent senders, into the same fresh store, each
+/// for `seconds`, `rounds` times in turn — the store section runs its 20 senders after a pull,
+/// in a store four times as big, where this machine's spread hides a change of a fifth.
+@MainActor func sendersBench(_ reporter: Reporter, seconds: Double, rounds: Int = 3) async throws {
+    reporter.header("Senders into one store (group commit), \(rounds) rounds in turn")
+    let root = FileManager.default.temporaryDirectory.path + "/convkit-senders-bench-\(UUID().uuidString.prefix(8))"
+    defer { try? FileManager.default.removeItem(atPath: root) }
+    let server = InMemoryBackend(policy: ConversationStore.recordPolicy())
+    let content = "Hello there! This is a message about as long as a chat line usually is."
+    let (_, bob) = try await senderPair(root: root, server: server)
+    for round in 1...rounds {
+        let one = try await rateAsync(seconds: seconds, batch: 1) {
+            try await bob.send(content, to: "alice")
+            return true
+        }
+        let twenty = try await concurrentRate(seconds: seconds, tasks: 20) { _ = try await bob.send(content, to: "alice") }
+        reporter.report(Row(name: "round \(round): 20 concurrent senders", perSecond: twenty, rawName: "1 sender", rawPerSecond: one))
+    }
 }
 
 /// A zone server holding `count` messages from dave to erin (saved in-process, 400 per

@@ -22,7 +22,7 @@ let command = Command(
     "convkit-bench", "Measure ConversationKit against raw libsodium and disk limits on this machine.",
     options: [
         .valued("seconds", "s", "Time spent on each measurement. (default: 1.0)"),
-        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, console, postgres, or capacity or firstsync (these two run only when asked for)."),
+        .valued("only", "section", "Run one section: records, encryption, store, files, groups, server, registration, images, console, postgres, or capacity, firstsync or senders (these three run only when asked for)."),
         .valued("clients", "n", "capacity: clients online, each holding a stream. (default: 10000)"),
         .flag("long-polls", "capacity: each client holds long polls instead of a stream (as stores before streams did)."),
         .valued("rate", "n", "capacity: messages per second, all senders together. (default: 1000)"),
@@ -51,8 +51,8 @@ func parseOptions() -> Options {
         if options.postgres != nil { options.sections.insert("postgres") }
         options.largeZone = try parsed.int("large-zone", default: options.largeZone, range: 10_000...100_000_000)
         if let section = parsed.value("only") {
-            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console", "postgres", "capacity", "firstsync"].contains(section) else {
-                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, console, postgres, capacity or firstsync")
+            guard ["records", "encryption", "store", "files", "groups", "server", "registration", "images", "console", "postgres", "capacity", "firstsync", "senders"].contains(section) else {
+                throw UsageError("--only takes records, encryption, store, files, groups, server, registration, images, console, postgres, capacity, firstsync or senders")
             }
             guard section != "postgres" || options.postgres != nil else { throw UsageError("--only postgres needs --postgres <conninfo>") }
             options.sections = [section]
@@ -107,6 +107,7 @@ do {
     if options.sections.contains("registration") { try await registrationBench(reporter, seconds: options.seconds, existing: options.identities) }
     if options.sections.contains("capacity") { try await capacityBench(reporter, options.capacity) }
     if options.sections.contains("firstsync") { try await firstSyncBench(reporter, seconds: options.seconds, history: options.history) }
+    if options.sections.contains("senders") { try await sendersBench(reporter, seconds: options.seconds) }
     if options.sections.contains("groups") { try await groupBench(reporter, seconds: options.seconds) }
     if options.sections.contains("images") { try imageBench(reporter, seconds: options.seconds) }
     if options.sections.contains("console") { try await consoleBench(reporter, seconds: options.seconds) }
